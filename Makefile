@@ -1,0 +1,37 @@
+# The two commands of the README: `make demo` and `make test`.
+# Both are idempotent: they create .venv and install what is missing, then run.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.joynexus-installed
+
+.PHONY: demo test install lint typecheck unit clean
+
+demo: install
+	$(BIN)/joynexus demo
+
+test: install lint typecheck unit
+
+install: $(STAMP)
+
+# Re-run the install whenever the dependency declarations change.
+$(STAMP): pyproject.toml scripts/install-system-deps.sh
+	bash scripts/install-system-deps.sh
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+lint:
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+
+typecheck:
+	$(BIN)/mypy src/joynexus
+
+unit:
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

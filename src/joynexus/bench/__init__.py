@@ -1,0 +1,1 @@
+"""Benchmarks behind ``joynexus bench ...``: ratios and rates measured in one run."""

@@ -1,0 +1,1 @@
+"""The ``joynexus`` command line (typer + rich)."""

@@ -1,0 +1,181 @@
+"""The one error hierarchy of JoyNexus.
+
+Every error the system raises on purpose derives from :class:`JoyNexusError`. Each
+class carries a machine-readable ``code`` and the HTTP status the server maps it to,
+so the API layer never has to guess (and never answers 500 for bad input)::
+
+    JoyNexusError                      code                 http
+    ├── InvalidRequestError            invalid_request      400
+    │   ├── SpecError                  invalid_spec         422
+    │   └── SchemaMismatchError        schema_mismatch      422
+    ├── PermissionDeniedError          permission_denied    403
+    ├── NotFoundError                  not_found            404
+    │   ├── JobNotFoundError           job_not_found        404
+    │   ├── PartitionNotFoundError     partition_not_found  404
+    │   └── ModelNotFoundError         model_not_found      404
+    ├── ConflictError                  conflict             409
+    │   ├── IllegalTransitionError     illegal_transition   409
+    │   └── StaleLeaseError            stale_lease          409
+    ├── CapacityError                  capacity_exceeded    429
+    │   ├── QueueFullError             queue_full           429
+    │   └── MemoryCapExceededError     memory_cap_exceeded  429
+    ├── DeadlineExceededError          deadline_exceeded    504
+    ├── CancelledRequestError          cancelled            499
+    ├── EnvironmentServiceError        environment_error    502
+    │   └── SimulatorCrashedError      simulator_crashed    502
+    └── InternalError                  internal_error       500
+
+Raise the most specific class; catch the most general one you can handle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class JoyNexusError(Exception):
+    """Base of every error JoyNexus raises on purpose.
+
+    Args:
+        message: A human sentence that says what went wrong and, where possible,
+            what to do about it.
+        **details: Machine-readable context (field names, ids, limits) that the
+            API returns next to ``code`` and ``message``.
+    """
+
+    code: ClassVar[str] = "joynexus_error"
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON error body: ``{"code", "message", "details"}``."""
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+
+class InvalidRequestError(JoyNexusError):
+    """The caller sent something malformed: a bad field, shape, dtype or value."""
+
+    code = "invalid_request"
+    http_status = 400
+
+
+class SpecError(InvalidRequestError):
+    """A workload spec does not validate against the backend's capabilities."""
+
+    code = "invalid_spec"
+    http_status = 422
+
+
+class SchemaMismatchError(InvalidRequestError):
+    """Data does not match the tenant's schema (camera shape, state/action dim, ...)."""
+
+    code = "schema_mismatch"
+    http_status = 422
+
+
+class PermissionDeniedError(JoyNexusError):
+    """A tenant touched something that belongs to another tenant."""
+
+    code = "permission_denied"
+    http_status = 403
+
+
+class NotFoundError(JoyNexusError):
+    """A named object does not exist."""
+
+    code = "not_found"
+    http_status = 404
+
+
+class JobNotFoundError(NotFoundError):
+    """No training job with this id is known to the Training Scheduler."""
+
+    code = "job_not_found"
+
+
+class PartitionNotFoundError(NotFoundError):
+    """No Training Queue partition with this id exists (never created, or cleared)."""
+
+    code = "partition_not_found"
+
+
+class ModelNotFoundError(NotFoundError):
+    """A base model id or path could not be resolved locally."""
+
+    code = "model_not_found"
+
+
+class ConflictError(JoyNexusError):
+    """The request conflicts with the current state of an object."""
+
+    code = "conflict"
+    http_status = 409
+
+
+class IllegalTransitionError(ConflictError):
+    """A training job was asked to move along an edge that Table 4 does not allow."""
+
+    code = "illegal_transition"
+
+
+class StaleLeaseError(ConflictError):
+    """A lease holder acted with an outdated ``lease_epoch`` (fencing)."""
+
+    code = "stale_lease"
+
+
+class CapacityError(JoyNexusError):
+    """A bounded resource is full; retry later or raise the limit."""
+
+    code = "capacity_exceeded"
+    http_status = 429
+
+
+class QueueFullError(CapacityError):
+    """The Inference Queue is at its bound and rejected the request at once."""
+
+    code = "queue_full"
+
+
+class MemoryCapExceededError(CapacityError):
+    """A Training Queue write would exceed the configured memory cap."""
+
+    code = "memory_cap_exceeded"
+
+
+class DeadlineExceededError(JoyNexusError):
+    """A request did not complete before its deadline."""
+
+    code = "deadline_exceeded"
+    http_status = 504
+
+
+class CancelledRequestError(JoyNexusError):
+    """A request was cancelled by its caller before it completed."""
+
+    code = "cancelled"
+    http_status = 499
+
+
+class EnvironmentServiceError(JoyNexusError):
+    """An environment session could not serve the call."""
+
+    code = "environment_error"
+    http_status = 502
+
+
+class SimulatorCrashedError(EnvironmentServiceError):
+    """The simulator worker behind a session died or hung; only its sessions fail."""
+
+    code = "simulator_crashed"
+
+
+class InternalError(JoyNexusError):
+    """A bug: something that should not happen did. Please report it."""
+
+    code = "internal_error"
+    http_status = 500

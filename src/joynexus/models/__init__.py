@@ -1,0 +1,1 @@
+"""The model layer: resident base model, VLAFeature, tenant action modules."""
