@@ -1,0 +1,1 @@
+"""Learning algorithms that run inside the service: advantage estimators, RL losses."""
