@@ -7,7 +7,8 @@ so the API layer never has to guess (and never answers 500 for bad input)::
     JoyNexusError                      code                 http
     ├── InvalidRequestError            invalid_request      400
     │   ├── SpecError                  invalid_spec         422
-    │   └── SchemaMismatchError        schema_mismatch      422
+    │   ├── SchemaMismatchError        schema_mismatch      422
+    │   └── DatasetError               invalid_dataset      422
     ├── PermissionDeniedError          permission_denied    403
     ├── NotFoundError                  not_found            404
     │   ├── JobNotFoundError           job_not_found        404
@@ -23,6 +24,7 @@ so the API layer never has to guess (and never answers 500 for bad input)::
     ├── CancelledRequestError          cancelled            499
     ├── EnvironmentServiceError        environment_error    502
     │   └── SimulatorCrashedError      simulator_crashed    502
+    ├── ServiceUnavailableError        unavailable          503
     └── InternalError                  internal_error       500
 
 Raise the most specific class; catch the most general one you can handle.
@@ -74,6 +76,15 @@ class SchemaMismatchError(InvalidRequestError):
     """Data does not match the tenant's schema (camera shape, state/action dim, ...)."""
 
     code = "schema_mismatch"
+    http_status = 422
+
+
+class DatasetError(InvalidRequestError):
+    """A dataset on disk is malformed: a missing file or key, an unknown format version,
+    or data that disagrees with its own ``meta/info.json`` (the message names the file
+    or feature and what was expected)."""
+
+    code = "invalid_dataset"
     http_status = 422
 
 
@@ -172,6 +183,13 @@ class SimulatorCrashedError(EnvironmentServiceError):
     """The simulator worker behind a session died or hung; only its sessions fail."""
 
     code = "simulator_crashed"
+
+
+class ServiceUnavailableError(JoyNexusError):
+    """A service or queue is not running (not started yet, stopping, or stopped)."""
+
+    code = "unavailable"
+    http_status = 503
 
 
 class InternalError(JoyNexusError):
