@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from joynexus.cli import control  # noqa: F401  (registers its commands)
+from joynexus.cli import (
+    control,  # noqa: F401  (registers its commands)
+    data,  # noqa: F401  (data record, data info)
+    envs,  # noqa: F401  (env-server, bench envs)
+    models,  # noqa: F401
+    sim,  # noqa: F401  (simulate, demo)
+)
 from joynexus.cli.app import app
 
 __all__ = ["app"]

@@ -1,0 +1,95 @@
+"""Dataset commands: ``joynexus data record`` and ``joynexus data info``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from joynexus.cli.app import app
+from joynexus.errors import JoyNexusError
+
+console = Console()
+
+data_app = typer.Typer(
+    help="LeRobot-format datasets: record demonstrations, inspect datasets.",
+    no_args_is_help=True,
+)
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("record")
+def record(
+    env: Annotated[str, typer.Option("--env", help="Env kind, e.g. pusht or metaworld.")],
+    out: Annotated[Path, typer.Option("--out", help="Dataset directory to create.")],
+    episodes: Annotated[int, typer.Option("--episodes", min=1, help="Episodes to record.")] = 10,
+    policy: Annotated[str, typer.Option("--policy", help="Expert: only 'scripted'.")] = "scripted",
+    task: Annotated[
+        str | None, typer.Option("--task", help="Task within the env (MetaWorld: reach-v3).")
+    ] = None,
+    image_size: Annotated[
+        int | None, typer.Option("--image-size", min=8, help="Square camera size in pixels.")
+    ] = None,
+    max_steps: Annotated[
+        int | None, typer.Option("--max-steps", min=1, help="Steps per episode at most.")
+    ] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Episode k resets with seed + k.")] = 0,
+    videos: Annotated[
+        bool, typer.Option("--videos/--images", help="Cameras as mp4 videos or PNG images.")
+    ] = True,
+    repo_id: Annotated[
+        str | None, typer.Option("--repo-id", help="Dataset id written to info.json.")
+    ] = None,
+) -> None:
+    """Record scripted expert demonstrations into a LeRobot v3.0 dataset."""
+    from joynexus.data.record import record_episodes
+    from joynexus.envs.base import EnvSpec
+
+    def report(ep: int, length: int, success: bool) -> None:
+        mark = "[green]success[/green]" if success else "[yellow]no success[/yellow]"
+        console.print(f"episode {ep}: {length} frames, {mark}")
+
+    try:
+        spec = EnvSpec(kind=env, task=task, image_size=image_size)
+        summary = record_episodes(
+            spec,
+            out,
+            episodes=episodes,
+            policy=policy,
+            seed=seed,
+            max_steps=max_steps,
+            use_videos=videos,
+            repo_id=repo_id,
+            on_episode=report,
+        )
+    except JoyNexusError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(code=2) from exc
+    console.print(
+        f"wrote {summary.root}: {summary.episodes} episodes, {summary.frames} frames, "
+        f"success rate {summary.success_rate:.0%}"
+    )
+
+
+@data_app.command("info")
+def info(root: Annotated[Path, typer.Argument(help="Dataset directory.")]) -> None:
+    """Validate a LeRobot dataset (v3.0 or v2.x) and print its summary."""
+    from joynexus.data.reader import LeRobotDataset
+
+    try:
+        ds = LeRobotDataset(root)
+    except JoyNexusError as exc:
+        console.print(f"[red]invalid dataset:[/red] {exc.message}")
+        raise typer.Exit(code=2) from exc
+    meta = ds.meta
+    console.print(
+        f"{root}: LeRobot {meta.version}, {ds.num_episodes} episodes, {len(ds)} frames, "
+        f"{meta.fps:g} fps, {len(meta.tasks)} tasks, robot_type={meta.info.robot_type}"
+    )
+    table = Table("feature", "dtype", "shape")
+    for key, feat in meta.features.items():
+        table.add_row(key, feat.dtype, str(list(feat.shape)))
+    console.print(table)
