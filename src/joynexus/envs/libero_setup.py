@@ -1,0 +1,173 @@
+"""Where LIBERO's files come from, and making ``hf-libero`` find them without prompting.
+
+``hf-libero`` reads ``$LIBERO_CONFIG_PATH/config.yaml`` (keys ``benchmark_root``,
+``bddl_files``, ``init_states``, ``datasets``, ``assets``) when ``libero.libero`` is first
+imported; without that file the import asks questions on stdin and fails in a worker
+process. It ignores the ``assets`` key: assets are looked up next to the package and are
+otherwise downloaded. So before the first import :func:`prepare_libero` writes a config
+file (absolute paths) into a directory JoyNexus controls, and afterwards points the
+package's asset lookup at the pack's ``assets/`` (a per-process setting, which is why the
+adapter calls this inside the simulator's own worker process).
+
+An *asset pack* is a directory with ``assets/``, ``bddl_files/`` and ``init_files/`` laid
+out as upstream LIBERO has them. It is found, in order, at ``$JOYNEXUS_LIBERO_ASSETS``, or
+at ``<repo root>/../shared/libero`` for source checkouts that have one next to them. With
+no pack, LIBERO uses its packaged BDDL files and fetches assets its usual way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from joynexus.errors import SpecError
+
+__all__ = [
+    "ASSETS_ENV_VAR",
+    "LiberoPaths",
+    "find_asset_pack",
+    "prepare_libero",
+]
+
+ASSETS_ENV_VAR = "JOYNEXUS_LIBERO_ASSETS"
+_PACK_DIRS = ("assets", "bddl_files", "init_files")
+
+
+@dataclass(frozen=True)
+class LiberoPaths:
+    """The paths LIBERO was configured with.
+
+    ``pack`` is the asset pack in use, or ``None`` when LIBERO uses its own files.
+    """
+
+    config_dir: Path
+    bddl_files: Path
+    init_states: Path
+    assets: Path | None
+    pack: Path | None
+
+
+def _is_pack(path: Path) -> bool:
+    return all((path / name).is_dir() for name in _PACK_DIRS)
+
+
+def _repo_root() -> Path:
+    # src/joynexus/envs/libero_setup.py -> the checkout's root (meaningful for source trees).
+    return Path(__file__).resolve().parents[3]
+
+
+def find_asset_pack() -> Path | None:
+    """The LIBERO asset pack to use, or ``None`` if there is none.
+
+    Raises:
+        SpecError: ``$JOYNEXUS_LIBERO_ASSETS`` is set but is not an asset pack.
+    """
+    override = os.environ.get(ASSETS_ENV_VAR)
+    if override:
+        path = Path(override).expanduser().resolve()
+        if not _is_pack(path):
+            raise SpecError(
+                f"${ASSETS_ENV_VAR}={override!r} is not a LIBERO asset pack: expected the "
+                f"directories {', '.join(_PACK_DIRS)} inside it"
+            )
+        return path
+    candidate = (_repo_root().parent / "shared" / "libero").resolve()
+    return candidate if _is_pack(candidate) else None
+
+
+def _package_dir() -> Path | None:
+    # Locate hf-libero's benchmark directory without importing it (importing reads the config).
+    try:
+        spec = importlib.util.find_spec("libero")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).resolve() / "libero"
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser().resolve() / "joynexus" / "libero"
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.read_text() == text:
+        return
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".config-", suffix=".yaml")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def prepare_libero(pack: Path | None = None, *, config_root: Path | None = None) -> LiberoPaths:
+    """Configure ``hf-libero`` in this process; call before building a LIBERO env.
+
+    Args:
+        pack: The asset pack to use; ``None`` looks one up with :func:`find_asset_pack`.
+        config_root: Where config directories are written (default: JoyNexus's cache dir).
+            Each pack gets its own sub-directory, so processes using different packs never
+            overwrite each other's config.
+
+    Raises:
+        SpecError: ``hf-libero`` is not installed, or a configured pack is invalid.
+    """
+    if pack is None:
+        pack = find_asset_pack()
+    elif not _is_pack(pack):
+        raise SpecError(
+            f"{pack} is not a LIBERO asset pack: expected {', '.join(_PACK_DIRS)} inside it"
+        )
+    package_dir = _package_dir()
+    if package_dir is None:
+        raise SpecError(
+            "LIBERO needs the 'hf-libero' package; install the project's simulator extras "
+            "(scripts/install-python-extras.sh)"
+        )
+    root = (config_root or _cache_dir()).resolve()
+    if pack is not None:
+        pack = pack.resolve()
+        benchmark_root = pack
+        assets: Path | None = pack / "assets"
+    else:
+        benchmark_root = package_dir
+        assets = None
+    key = hashlib.sha256(str(benchmark_root).encode()).hexdigest()[:12]
+    config_dir = root / f"config-{key}"
+    config = {
+        "benchmark_root": str(benchmark_root),
+        "bddl_files": str(benchmark_root / "bddl_files"),
+        "init_states": str(benchmark_root / "init_files"),
+        "datasets": str(root / "datasets"),
+        "assets": str(assets if assets is not None else package_dir / "assets"),
+    }
+    _write_atomically(config_dir / "config.yaml", yaml.safe_dump(config, sort_keys=True))
+    os.environ["LIBERO_CONFIG_PATH"] = str(config_dir)
+
+    # hf-libero computes its config file name at import; follow a later switch of packs.
+    loaded = sys.modules.get("libero.libero")
+    if loaded is not None:
+        loaded.libero_config_path = str(config_dir)  # type: ignore[attr-defined]
+        loaded.config_file = str(config_dir / "config.yaml")  # type: ignore[attr-defined]
+
+    import libero.libero as libero_pkg  # reads LIBERO_CONFIG_PATH on first import
+
+    if assets is not None:
+        # Private name, but the only way to point hf-libero at existing assets without
+        # writing into site-packages; it is per process (spawned workers call this again).
+        libero_pkg._assets_path_cache = str(assets)
+    return LiberoPaths(
+        config_dir=config_dir,
+        bddl_files=Path(config["bddl_files"]),
+        init_states=Path(config["init_states"]),
+        assets=assets,
+        pack=pack,
+    )
