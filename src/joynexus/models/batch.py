@@ -105,9 +105,42 @@ class ObservationBatch:
                 )
         _check_float_array(self.state, "state", (b, schema.state_dim))
         if self.actions is not None:
-            _check_float_array(
-                self.actions, "actions", (b, schema.action_chunk, schema.action_dim)
-            )
+            _check_float_array(self.actions, "actions", (b, schema.action_chunk, schema.action_dim))
+
+    @classmethod
+    def concat(cls, batches: list[ObservationBatch]) -> ObservationBatch:
+        """Rows of several batches of the same schema, in order (e.g. one tenant's
+        requests from different sessions, before canonicalization).
+
+        Raises:
+            SchemaMismatchError: When the batches have different camera sets, or only
+                some carry actions.
+        """
+        if not batches:
+            raise SchemaMismatchError("concat: expected at least one batch", field="batches")
+        names = list(batches[0].cameras)
+        with_actions = batches[0].actions is not None
+        for b in batches[1:]:
+            if list(b.cameras) != names:
+                raise SchemaMismatchError(
+                    f"cameras: cannot concatenate batches with cameras {names} and "
+                    f"{list(b.cameras)}",
+                    field="cameras",
+                )
+            if (b.actions is not None) != with_actions:
+                raise SchemaMismatchError(
+                    "actions: either every batch carries actions or none does",
+                    field="actions",
+                )
+        actions = None
+        if with_actions:
+            actions = np.concatenate([b.actions for b in batches if b.actions is not None])
+        return cls(
+            cameras={n: np.concatenate([b.cameras[n] for b in batches]) for n in names},
+            state=np.concatenate([b.state for b in batches]),
+            instructions=[t for b in batches for t in b.instructions],
+            actions=actions,
+        )
 
     @classmethod
     def synthetic(
@@ -131,9 +164,7 @@ class ObservationBatch:
         }
         state = rng.standard_normal((batch_size, schema.state_dim)).astype(np.float32)
         picks = rng.integers(0, len(_SYNTHETIC_INSTRUCTIONS), size=batch_size)
-        instructions = [
-            schema.instruction or _SYNTHETIC_INSTRUCTIONS[int(i)] for i in picks
-        ]
+        instructions = [schema.instruction or _SYNTHETIC_INSTRUCTIONS[int(i)] for i in picks]
         actions = None
         if with_actions:
             actions = np.tanh(

@@ -1,0 +1,48 @@
+"""Commands of the model layer: ``models make-tiny``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from joynexus.cli.app import app
+
+console = Console()
+
+models_app = typer.Typer(help="Backbone models: build tiny offline models.", no_args_is_help=True)
+app.add_typer(models_app, name="models")
+
+
+@models_app.command("make-tiny")
+def make_tiny_command(
+    arch: Annotated[
+        str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the model into.")],
+    size: Annotated[
+        str, typer.Option("--size", help="tiny (~1M params, tests) | small (~20M, benchmarks)")
+    ] = "tiny",
+    seed: Annotated[int, typer.Option("--seed", help="Weight-initialisation seed.")] = 0,
+    camera_slots: Annotated[
+        int, typer.Option("--camera-slots", help="Camera slots of the canonical input.")
+    ] = 2,
+) -> None:
+    """Build a randomly initialised model of a real VLM architecture (offline) and save it."""
+    from joynexus.models.tiny import ARCHES, SIDECAR, SIZES, make_tiny
+
+    if arch not in ARCHES:
+        raise typer.BadParameter(f"must be one of {', '.join(ARCHES)}", param_hint="--arch")
+    if size not in SIZES:
+        raise typer.BadParameter(f"must be one of {', '.join(SIZES)}", param_hint="--size")
+    if camera_slots < 1:
+        raise typer.BadParameter("must be >= 1", param_hint="--camera-slots")
+    path = make_tiny(arch, out, size=size, seed=seed, num_camera_slots=camera_slots)
+    info = json.loads((path / SIDECAR).read_text())
+    console.print(
+        f"wrote {arch} ({size}, {info['num_parameters']:,} parameters, "
+        f"canonical {info['canonical_image_size']} px, {camera_slots} camera slots) to {path}"
+    )

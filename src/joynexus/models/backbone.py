@@ -1,0 +1,300 @@
+"""The resident base model: one frozen VLM backbone shared by every tenant.
+
+:class:`ResidentBaseModel` loads a ``transformers`` VLM (Qwen2.5-VL, Qwen3-VL, PaliGemma,
+SmolVLM/Idefics3) with its own processor, freezes it, canonicalizes tenants' observation
+batches into a :class:`~joynexus.models.feature.VLAFeature` and runs the shared forward
+(``encode``). Tenants never hold a copy: they get the features and split them by the
+slice table (paper §3.1, §4.3).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from joynexus.errors import InvalidRequestError, ModelNotFoundError
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.canonicalize import CanonicalSpec, canonicalize
+from joynexus.models.feature import VLAFeature
+from joynexus.models.schema import DataSchema, prefix_key, schema_signature
+from joynexus.models.tiny import SIDECAR, quiet_transformers
+from joynexus.models.types import BackboneOutput
+
+# transformers model_type → the arch name JoyNexus uses.
+SUPPORTED_ARCHES: dict[str, str] = {
+    "qwen2_5_vl": "qwen2_5_vl",
+    "qwen3_vl": "qwen3_vl",
+    "paligemma": "paligemma",
+    "smolvlm": "smolvlm",
+    "idefics3": "smolvlm",
+}
+DEFAULT_NUM_CAMERA_SLOTS = 2
+# StarVLA-style Qwen backbones see 224-px cameras; it is a multiple of 28 and of 32.
+_QWEN_DEFAULT_SIZE = 224
+
+
+def _looks_like_path(model_id_or_path: str) -> bool:
+    return (
+        os.path.isabs(model_id_or_path)
+        or model_id_or_path.startswith((".", "~"))
+        or os.path.exists(model_id_or_path)
+        or model_id_or_path.count("/") > 1
+    )
+
+
+def _read_sidecar(path: str) -> dict[str, Any]:
+    sidecar = Path(path) / SIDECAR
+    if sidecar.is_file():
+        data = json.loads(sidecar.read_text())
+        if isinstance(data, dict):
+            return data
+    return {}
+
+
+class ResidentBaseModel:
+    """A frozen, eval-mode VLM backbone with its processor and canonical input spec.
+
+    Build it with :meth:`from_pretrained`. The wrapped module never requires grad and
+    :meth:`encode` never builds an autograd graph.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_id: str,
+        arch: str,
+        model: torch.nn.Module,
+        processor: Any,
+        device: torch.device,
+        dtype: torch.dtype,
+        canonical_image_size: int,
+        num_camera_slots: int,
+        output_layers: Sequence[int] | None = None,
+    ) -> None:
+        self.model_id = model_id
+        self.arch = arch
+        self.model = model
+        self.processor = processor
+        self.device = device
+        self.dtype = dtype
+        self.canonical_image_size = canonical_image_size
+        self.num_camera_slots = num_camera_slots
+        self.output_layers: tuple[int, ...] = tuple(output_layers or ())
+        config: Any = model.config
+        text_config = config.get_text_config()
+        self.hidden_size = int(text_config.hidden_size)
+        self.num_layers = int(text_config.num_hidden_layers)
+        for layer in self.output_layers:
+            if not -(self.num_layers + 1) <= layer <= self.num_layers:
+                raise InvalidRequestError(
+                    f"output_layers: layer {layer} is out of range for a backbone with "
+                    f"{self.num_layers} layers (allowed {-(self.num_layers + 1)}.."
+                    f"{self.num_layers}; 0 is the embedding output)",
+                    field="output_layers",
+                )
+        self._spec = CanonicalSpec(arch, num_camera_slots, canonical_image_size)
+        self._check_canonical_size()
+        model.requires_grad_(False)
+        model.eval()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_id_or_path: str,
+        *,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        canonical_image_size: int | None = None,
+        output_layers: Sequence[int] | None = None,
+        num_camera_slots: int | None = None,
+    ) -> ResidentBaseModel:
+        """Load a backbone and its processor the way a user names it.
+
+        Args:
+            model_id_or_path: A hub id (downloaded normally unless ``HF_HUB_OFFLINE`` is
+                set) or a local directory (never downloaded).
+            device: Torch device string, e.g. ``"cpu"`` or ``"cuda:0"``.
+            dtype: Weights dtype; default fp32 on CPU and bf16 on CUDA.
+            canonical_image_size: Side of the square every camera is resized-with-pad
+                to. Default: the model directory's ``joynexus.json`` if present, else
+                224 for Qwen backbones and the vision tower's input size otherwise.
+            output_layers: Intermediate decoder layers to return next to the last
+                hidden state (0 = embeddings, negative indices count from the end).
+            num_camera_slots: Camera slots of the canonical input. Default: the
+                sidecar's value, else 2.
+
+        Raises:
+            ModelNotFoundError: The id/path cannot be resolved (naming it).
+            InvalidRequestError: Unsupported architecture or canonical size.
+        """
+        # Typed Any: the Auto* factories take per-architecture keyword arguments.
+        hf: Any = importlib.import_module("transformers")
+        is_path = _looks_like_path(model_id_or_path)
+        path = os.path.expanduser(model_id_or_path) if is_path else model_id_or_path
+        if is_path and not Path(path).is_dir():
+            raise ModelNotFoundError(
+                f"base model path {model_id_or_path!r} does not exist or is not a directory",
+                model=model_id_or_path,
+            )
+        local_only = is_path or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        try:
+            config = hf.AutoConfig.from_pretrained(path, local_files_only=local_only)
+        except (OSError, ValueError) as exc:
+            raise ModelNotFoundError(
+                f"base model {model_id_or_path!r} could not be found"
+                + (" locally (offline mode)" if local_only else "")
+                + f": {exc}",
+                model=model_id_or_path,
+            ) from exc
+        arch = SUPPORTED_ARCHES.get(str(config.model_type))
+        if arch is None:
+            raise InvalidRequestError(
+                f"base model {model_id_or_path!r} has architecture {config.model_type!r}; "
+                f"supported: {sorted(SUPPORTED_ARCHES)}",
+                model=model_id_or_path,
+            )
+        torch_device = torch.device(device)
+        if dtype is None:
+            dtype = torch.bfloat16 if torch_device.type == "cuda" else torch.float32
+        try:
+            with quiet_transformers():
+                # The base model class (no LM head): a frozen encoder never decodes text.
+                model = hf.AutoModel.from_pretrained(path, dtype=dtype, local_files_only=local_only)
+                processor = hf.AutoProcessor.from_pretrained(path, local_files_only=local_only)
+        except OSError as exc:
+            raise ModelNotFoundError(
+                f"base model {model_id_or_path!r} is incomplete or unreadable: {exc}",
+                model=model_id_or_path,
+            ) from exc
+        processor.tokenizer.padding_side = "left"
+        sidecar = _read_sidecar(path) if is_path else {}
+        if canonical_image_size is None:
+            canonical_image_size = int(
+                sidecar.get("canonical_image_size") or _default_size(arch, config)
+            )
+        if num_camera_slots is None:
+            num_camera_slots = int(sidecar.get("num_camera_slots") or DEFAULT_NUM_CAMERA_SLOTS)
+        if num_camera_slots < 1:
+            raise InvalidRequestError(
+                f"num_camera_slots must be >= 1, got {num_camera_slots}",
+                field="num_camera_slots",
+            )
+        return cls(
+            model_id=model_id_or_path,
+            arch=arch,
+            model=model.to(torch_device),
+            processor=processor,
+            device=torch_device,
+            dtype=dtype,
+            canonical_image_size=canonical_image_size,
+            num_camera_slots=num_camera_slots,
+            output_layers=output_layers,
+        )
+
+    def _check_canonical_size(self) -> None:
+        size = self.canonical_image_size
+        if size < 1:
+            raise InvalidRequestError(
+                f"canonical_image_size must be positive, got {size}",
+                field="canonical_image_size",
+            )
+        if self.arch in ("qwen2_5_vl", "qwen3_vl"):
+            ip = self.processor.image_processor
+            factor = int(ip.patch_size) * int(ip.merge_size)
+            lo, hi = int(ip.size["shortest_edge"]), int(ip.size["longest_edge"])
+            if size % factor or not lo <= size * size <= hi:
+                raise InvalidRequestError(
+                    f"canonical_image_size {size} does not fit {self.arch}: it must be a "
+                    f"multiple of {factor} (patch × merge) with size² in [{lo}, {hi}] "
+                    "pixels, so the processor keeps it unchanged",
+                    field="canonical_image_size",
+                )
+
+    # -- identity ---------------------------------------------------------------
+
+    def prefix_key(self) -> str:
+        """Compatibility key of this backbone's shared prefix (group-batching key)."""
+        return prefix_key(
+            base_model_id=self.model_id,
+            num_camera_slots=self.num_camera_slots,
+            canonical_image_size=self.canonical_image_size,
+        )
+
+    def signature_for(self, schema: DataSchema) -> str:
+        """The schema signature of ``schema`` served on this backbone."""
+        return schema_signature(
+            schema,
+            base_model_id=self.model_id,
+            canonical_image_size=self.canonical_image_size,
+        )
+
+    def parameter_bytes(self) -> int:
+        """Bytes held by the backbone's parameters (shared once by all tenants)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    # -- forward ----------------------------------------------------------------
+
+    def canonicalize(
+        self, groups: Sequence[tuple[str, DataSchema, ObservationBatch]]
+    ) -> VLAFeature:
+        """Validate and canonicalize ``(tenant_id, schema, batch)`` groups into one
+        left-padded :class:`VLAFeature` on this backbone's device.
+
+        Raises:
+            SchemaMismatchError: A batch does not match its schema, or a schema has
+                more cameras than this backbone's camera slots.
+            InvalidRequestError: No groups, or a tenant appears twice.
+        """
+        signatures = [self.signature_for(schema) for _, schema, _ in groups]
+        feature = canonicalize(self.processor, self._spec, groups, signatures=signatures)
+        inputs = {}
+        for key, value in feature.model_inputs.items():
+            if value.is_floating_point():
+                value = value.to(self.dtype)
+            inputs[key] = value.to(self.device)
+        feature.model_inputs = inputs
+        feature.state = feature.state.to(self.device)
+        feature.state_mask = feature.state_mask.to(self.device)
+        feature.camera_mask = feature.camera_mask.to(self.device)
+        return feature
+
+    @torch.no_grad()
+    def encode(self, feature: VLAFeature) -> BackboneOutput:
+        """The shared frozen forward: last hidden state (+ chosen layers) and mask.
+
+        Padded positions of the returned hidden states are zero.
+        """
+        want_layers = bool(self.output_layers)
+        out = self.model(
+            **feature.model_inputs,
+            output_hidden_states=want_layers,
+            use_cache=False,
+            return_dict=True,
+        )
+        mask = feature.model_inputs["attention_mask"]
+        pad = ~mask.bool().unsqueeze(-1)
+        hidden = out.last_hidden_state.masked_fill(pad, 0.0)
+        layers = None
+        if want_layers:
+            layers = {i: out.hidden_states[i].masked_fill(pad, 0.0) for i in self.output_layers}
+        return BackboneOutput(hidden_states=hidden, attention_mask=mask, layers=layers)
+
+    def encode_groups(
+        self, groups: Sequence[tuple[str, DataSchema, ObservationBatch]]
+    ) -> tuple[VLAFeature, BackboneOutput]:
+        """``canonicalize`` then ``encode`` (the grouped shared forward)."""
+        feature = self.canonicalize(groups)
+        return feature, self.encode(feature)
+
+
+def _default_size(arch: str, config: Any) -> int:
+    if arch in ("qwen2_5_vl", "qwen3_vl"):
+        return _QWEN_DEFAULT_SIZE
+    image_size = config.vision_config.image_size
+    return int(image_size[0] if isinstance(image_size, (list, tuple)) else image_size)

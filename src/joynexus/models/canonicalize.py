@@ -1,0 +1,167 @@
+"""Canonicalization: many tenants' observation batches → one backbone input.
+
+Each tenant's samples are mapped onto the backbone's canonical prototype — a fixed number
+of camera slots, every image resized-with-pad to one square size, the instruction through
+the backbone's own processor/chat template — and then concatenated. Every row is built
+by the same per-sample rules whatever else is in the batch, and text is LEFT-padded, so
+a row's real tokens (and hence its features) do not depend on its batch-mates.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from joynexus.errors import InvalidRequestError, SchemaMismatchError
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.feature import SliceEntry, VLAFeature
+from joynexus.models.schema import DataSchema
+
+# Architectures whose processor places images where the chat template says; PaliGemma
+# instead takes ``<image>`` tokens in front of a plain prompt.
+CHAT_TEMPLATE_ARCHES = frozenset({"qwen2_5_vl", "qwen3_vl", "smolvlm"})
+# Processor outputs that are training labels, never backbone inputs.
+_DROP_KEYS = frozenset({"labels"})
+
+
+def resize_with_pad(images: np.ndarray, size: int) -> torch.Tensor:
+    """Resize ``uint8 [N, H, W, C]`` images into ``size × size`` keeping aspect ratio.
+
+    The longer side becomes ``size``; the shorter side is centred and padded with black.
+    Grey (1–2 channel) images are replicated to RGB, an alpha channel is dropped.
+
+    Returns:
+        ``uint8 [N, 3, size, size]``.
+    """
+    x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
+    c = int(x.shape[1])
+    x = x[:, :1].expand(-1, 3, -1, -1) if c < 3 else x[:, :3]
+    n, _, h, w = (int(v) for v in x.shape)
+    scale = size / max(h, w)
+    new_h, new_w = max(1, round(h * scale)), max(1, round(w * scale))
+    if (new_h, new_w) != (h, w):
+        resized = F.interpolate(
+            x.float(), size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True
+        )
+        x = resized.round().clamp_(0, 255).to(torch.uint8)
+    out = torch.zeros((n, 3, size, size), dtype=torch.uint8)
+    top, left = (size - new_h) // 2, (size - new_w) // 2
+    out[:, :, top : top + new_h, left : left + new_w] = x
+    return out
+
+
+@dataclass(frozen=True)
+class CanonicalSpec:
+    """What the backbone's canonical input looks like (fixed per resident model)."""
+
+    arch: str
+    num_camera_slots: int
+    canonical_image_size: int
+
+
+def _prompt(processor: Any, spec: CanonicalSpec, instruction: str) -> str:
+    if spec.arch in CHAT_TEMPLATE_ARCHES and getattr(processor, "chat_template", None):
+        content: list[dict[str, str]] = [{"type": "image"}] * spec.num_camera_slots
+        content = [*content, {"type": "text", "text": instruction}]
+        messages = [{"role": "user", "content": content}]
+        text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return str(text)
+    # PaliGemma: the processor adds BOS after the image tokens and a trailing newline.
+    return str(processor.image_token) * spec.num_camera_slots + instruction
+
+
+def canonicalize(
+    processor: Any,
+    spec: CanonicalSpec,
+    groups: Sequence[tuple[str, DataSchema, ObservationBatch]],
+    *,
+    signatures: Sequence[str],
+) -> VLAFeature:
+    """Build one :class:`VLAFeature` from ``(tenant_id, schema, batch)`` groups (CPU).
+
+    Args:
+        processor: The backbone's own ``transformers`` processor.
+        spec: The backbone's canonical prototype.
+        groups: One entry per tenant, in the row order wanted.
+        signatures: Schema signature of each group (same order), for the slice table.
+
+    Raises:
+        InvalidRequestError: No groups, or a tenant id appears twice.
+        SchemaMismatchError: A batch does not match its schema, or a schema has more
+            cameras than the backbone has camera slots.
+    """
+    if not groups:
+        raise InvalidRequestError("canonicalize: expected at least one (tenant, schema, batch)")
+    seen: set[str] = set()
+    for tenant_id, schema, batch in groups:
+        if tenant_id in seen:
+            raise InvalidRequestError(
+                f"tenant {tenant_id!r} appears twice; concatenate its batches first "
+                "(ObservationBatch.concat)",
+                tenant_id=tenant_id,
+            )
+        seen.add(tenant_id)
+        if len(schema.cameras) > spec.num_camera_slots:
+            raise SchemaMismatchError(
+                f"cameras: schema {schema.name!r} of tenant {tenant_id!r} has "
+                f"{len(schema.cameras)} cameras but the base model has "
+                f"{spec.num_camera_slots} camera slots",
+                field="cameras",
+                tenant_id=tenant_id,
+                num_camera_slots=spec.num_camera_slots,
+            )
+        batch.validate(schema)
+
+    size, slots = spec.canonical_image_size, spec.num_camera_slots
+    total = sum(b.batch_size for _, _, b in groups)
+    max_state = max(s.state_dim for _, s, _ in groups)
+    images = torch.zeros((total, slots, 3, size, size), dtype=torch.uint8)
+    camera_mask = torch.zeros((total, slots), dtype=torch.bool)
+    state = torch.zeros((total, max_state), dtype=torch.float32)
+    state_mask = torch.zeros((total, max_state), dtype=torch.bool)
+    texts: list[str] = []
+    slices: list[SliceEntry] = []
+    row = 0
+    for (tenant_id, schema, batch), signature in zip(groups, signatures, strict=True):
+        n = batch.batch_size
+        for slot, name in enumerate(schema.camera_names):
+            images[row : row + n, slot] = resize_with_pad(batch.cameras[name], size)
+            camera_mask[row : row + n, slot] = True
+        state[row : row + n, : schema.state_dim] = torch.from_numpy(batch.state)
+        state_mask[row : row + n, : schema.state_dim] = True
+        texts.extend(_prompt(processor, spec, text) for text in batch.instructions)
+        slices.append(SliceEntry(tenant_id, signature, row, row + n))
+        row += n
+
+    nested = [[images[i, s] for s in range(slots)] for i in range(total)]
+    kwargs: dict[str, Any] = {}
+    if spec.arch == "smolvlm":
+        # One global view per camera: tiling would give rows different token counts.
+        kwargs["do_image_splitting"] = False
+    with warnings.catch_warnings():
+        # PaliGemma's processor builds (unused) labels via np.array on tensors.
+        warnings.filterwarnings("ignore", message=".*__array__ implementation.*")
+        encoded = processor(
+            text=texts,
+            images=nested,
+            padding=True,
+            padding_side="left",
+            return_tensors="pt",
+            **kwargs,
+        )
+    model_inputs = {
+        k: v for k, v in encoded.items() if isinstance(v, torch.Tensor) and k not in _DROP_KEYS
+    }
+    return VLAFeature(
+        model_inputs=model_inputs,
+        state=state,
+        state_mask=state_mask,
+        camera_mask=camera_mask,
+        slices=slices,
+    )

@@ -1,0 +1,244 @@
+"""The workload spec: one tenant's declared intent, validated before anything starts.
+
+A spec names the base model, the task (``rl`` | ``sft`` | ``eval``), the tenant's action
+module and optimizer, where data comes from (an environment for RL and evaluation, a
+LeRobot dataset for SFT), the algorithm, the scheduling knobs of the Training Scheduler,
+and where artifacts go. It is plain data (YAML or JSON); ``joynexus run`` and the Master
+Service compile it onto the services.
+
+Validation happens in two layers, both before any service starts:
+
+* **Shape** (this module, pydantic): unknown keys, wrong types, out-of-range numbers,
+  and cross-field rules (RL needs an environment, SFT a dataset, evaluation targets).
+* **Capabilities** (:func:`joynexus.spec.validate.check_capabilities`): the environment
+  kind is registered, the dataset exists and matches the schema, the head supports the
+  task. Errors list what is allowed.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from joynexus.envs.base import EnvSpec
+from joynexus.errors import SpecError
+from joynexus.models.heads import FlowMatchingHeadConfig, HeadConfig, OFTHeadConfig
+from joynexus.models.schema import PRESETS, DataSchema
+from joynexus.models.slots import OptimizerConfig
+
+_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class TaskKind(StrEnum):
+    """What a workload does with its tenant's policy."""
+
+    RL = "rl"
+    SFT = "sft"
+    EVAL = "eval"
+
+
+class BaseModelSpec(BaseModel):
+    """The resident base model every tenant of a deployment shares."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, description="Hub id or local path of the backbone.")
+    canonical_image_size: int | None = Field(default=None, gt=0, le=1024)
+    device: str = "cpu"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+
+
+class DatasetBinding(BaseModel):
+    """A LeRobot-format dataset for SFT."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path
+    cameras: dict[str, str] | None = Field(
+        default=None, description="Schema camera → dataset feature; inferred when omitted."
+    )
+    state: str | None = "observation.state"
+    action: str = "action"
+    normalization: Literal["mean_std", "quantile", "none"] = "mean_std"
+    heldout_fraction: float = Field(default=0.1, ge=0, lt=1)
+
+
+class AlgorithmSpec(BaseModel):
+    """Learning algorithm and its hyperparameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["sft", "ppo", "grpo", "reinforce"] = "sft"
+    gamma: float = Field(default=0.99, ge=0, le=1)
+    gae_lambda: float = Field(default=0.95, ge=0, le=1)
+    clip_ratio: float = Field(default=0.2, gt=0, lt=1)
+    value_coef: float = Field(default=0.5, ge=0)
+    entropy_coef: float = Field(default=0.0, ge=0)
+    epochs: int = Field(default=1, ge=1, le=64, description="Passes over each training job.")
+    microbatch_size: int = Field(default=64, ge=1, le=65536)
+    horizon: int = Field(default=64, ge=1, le=100_000, description="Rollout steps per job.")
+    actor_forward: bool = Field(
+        default=False, description="Recompute log-probs/values under the actor (App. A.5)."
+    )
+    samples_per_job: int = Field(default=256, ge=1, description="SFT samples per training job.")
+
+
+class SchedulingSpec(BaseModel):
+    """Training Scheduler knobs of this tenant–task policy (App. A.2)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    priority: int = 0
+    max_in_flight: int | None = Field(default=2, ge=1)
+    completion_target: int | None = Field(default=10, ge=1)
+    max_policy_staleness: int | None = Field(default=4, ge=0)
+    prefetch: int = Field(default=2, ge=1, le=1024, description="SFT jobs prepared ahead.")
+    checkpoint_every: int = Field(default=0, ge=0, description="Updates between checkpoints.")
+
+
+class EvaluationSpec(BaseModel):
+    """A read-only evaluation of other tenants' policies (§4.2 'Evaluation path')."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    targets: list[str] = Field(min_length=1)
+    episodes: int = Field(default=4, ge=1, le=10_000)
+    interval_s: float = Field(default=10.0, gt=0)
+    runs: int = Field(default=1, ge=1, description="Evaluation runs before the workload ends.")
+    deterministic: bool = True
+
+
+class WorkloadSpec(BaseModel):
+    """One tenant's workload. See the module docstring."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    api_version: Literal["joynexus/v1"] = "joynexus/v1"
+    tenant: str = Field(pattern=_NAME_PATTERN)
+    task: TaskKind
+    base_model: BaseModelSpec
+    schema_: DataSchema | str | None = Field(
+        default=None,
+        alias="schema",
+        description="A DataSchema or a preset name; derived from the env or dataset if omitted.",
+    )
+    action_module: HeadConfig = Field(default_factory=OFTHeadConfig)
+    value_head: bool | None = Field(default=None, description="Defaults to true for ppo.")
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    env: EnvSpec | None = None
+    dataset: DatasetBinding | None = None
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
+    evaluation: EvaluationSpec | None = None
+    output_dir: Path = Path("runs")
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _task_rules(self) -> WorkloadSpec:
+        if isinstance(self.schema_, str) and self.schema_ not in PRESETS:
+            raise ValueError(f"unknown schema preset {self.schema_!r}; presets: {sorted(PRESETS)}")
+        if self.task is TaskKind.RL:
+            if self.env is None:
+                raise ValueError("task 'rl' needs an 'env' (the simulator to collect rollouts in)")
+            if self.algorithm.name not in ("ppo", "grpo", "reinforce"):
+                raise ValueError(
+                    f"task 'rl' needs algorithm.name in ['grpo', 'ppo', 'reinforce'], "
+                    f"got {self.algorithm.name!r}"
+                )
+            if isinstance(self.action_module, FlowMatchingHeadConfig):
+                raise ValueError(
+                    "action_module type 'flow_matching' supports sft and eval; "
+                    "use type 'oft' (Gaussian policy) for rl"
+                )
+        elif self.task is TaskKind.SFT:
+            if self.dataset is None:
+                raise ValueError("task 'sft' needs a 'dataset' (a LeRobot dataset path)")
+            if self.algorithm.name != "sft":
+                raise ValueError(
+                    f"task 'sft' needs algorithm.name 'sft', got {self.algorithm.name!r}"
+                )
+        else:
+            if self.env is None or self.evaluation is None:
+                raise ValueError("task 'eval' needs an 'env' and an 'evaluation' with targets")
+        if self.evaluation is not None and self.task is not TaskKind.EVAL:
+            raise ValueError("'evaluation' belongs to a task 'eval' workload")
+        return self
+
+    @property
+    def uses_value_head(self) -> bool:
+        if self.value_head is not None:
+            return self.value_head
+        return self.task is TaskKind.RL and self.algorithm.name == "ppo"
+
+    def resolved_schema(self) -> DataSchema | None:
+        """The declared schema (preset resolved), or None when it comes from env/dataset."""
+        if isinstance(self.schema_, str):
+            return PRESETS[self.schema_]
+        return self.schema_
+
+
+def _format_validation_error(error: ValidationError, source: str) -> str:
+    lines = [f"invalid workload spec {source}:"]
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        lines.append(f"  {where}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def parse_spec(data: Any, *, source: str = "<data>") -> WorkloadSpec:
+    """Validate one spec given as a mapping.
+
+    Raises:
+        SpecError: listing every offending field and what is allowed.
+    """
+    if not isinstance(data, dict):
+        raise SpecError(f"invalid workload spec {source}: expected a mapping at the top level")
+    try:
+        return WorkloadSpec.model_validate(data)
+    except ValidationError as error:
+        raise SpecError(_format_validation_error(error, source), source=source) from None
+
+
+def load_specs(path: str | Path) -> list[WorkloadSpec]:
+    """Load one YAML file holding one spec, a list of specs, or ``{workloads: [...]}``.
+
+    Relative dataset paths and output dirs are resolved against the file's folder, so a
+    spec file works from any current directory.
+
+    Raises:
+        SpecError: when the file is missing, is not YAML, or a spec does not validate.
+    """
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"workload spec file not found: {path}", source=str(path)) from None
+    except yaml.YAMLError as error:
+        raise SpecError(f"{path} is not valid YAML: {error}", source=str(path)) from None
+    items = raw.get("workloads") if isinstance(raw, dict) and "workloads" in raw else raw
+    if not isinstance(items, list):
+        items = [items]
+    specs = [parse_spec(item, source=f"{path}[{i}]") for i, item in enumerate(items)]
+    base = path.resolve().parent
+    resolved: list[WorkloadSpec] = []
+    for spec in specs:
+        update: dict[str, Any] = {}
+        if not spec.output_dir.is_absolute():
+            update["output_dir"] = base / spec.output_dir
+        if spec.dataset is not None and not spec.dataset.path.is_absolute():
+            update["dataset"] = spec.dataset.model_copy(update={"path": base / spec.dataset.path})
+        resolved.append(spec.model_copy(update=update))
+    tenants = [s.tenant for s in resolved]
+    duplicates = sorted({t for t in tenants if tenants.count(t) > 1})
+    if duplicates:
+        raise SpecError(f"{path}: tenant names must be unique, repeated: {duplicates}")
+    return resolved
+
+
+def spec_json_schema() -> dict[str, Any]:
+    """The JSON Schema of workload specs (``joynexus spec schema``)."""
+    return WorkloadSpec.model_json_schema(by_alias=True)

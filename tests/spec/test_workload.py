@@ -1,0 +1,88 @@
+from pathlib import Path
+
+import pytest
+
+from joynexus.errors import SpecError
+from joynexus.spec.workload import TaskKind, load_specs, parse_spec, spec_json_schema
+
+BASE = {"id": "models/tiny-qwen"}
+
+
+def rl_spec(**over: object) -> dict[str, object]:
+    spec: dict[str, object] = {
+        "tenant": "alice",
+        "task": "rl",
+        "base_model": BASE,
+        "env": {"kind": "pusht", "num_envs": 2, "image_size": 32},
+        "algorithm": {"name": "ppo", "horizon": 16},
+    }
+    spec.update(over)
+    return spec
+
+
+def test_rl_spec_defaults_and_value_head() -> None:
+    spec = parse_spec(rl_spec())
+    assert spec.task is TaskKind.RL
+    assert spec.uses_value_head  # PPO trains a critic by default
+    assert spec.scheduling.max_in_flight == 2
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"env": None}, "needs an 'env'"),
+        ({"algorithm": {"name": "sft"}}, "algorithm.name in"),
+        ({"action_module": {"type": "flow_matching"}}, "flow_matching"),
+        ({"tenant": "../etc"}, "tenant"),
+        ({"schema": "nonexistent"}, "presets"),
+        ({"colour": "blue"}, "colour"),
+        ({"scheduling": {"max_in_flight": 0}}, "scheduling.max_in_flight"),
+    ],
+)
+def test_bad_specs_say_what_is_wrong(over: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError, match=message.replace("(", r"\(")):
+        parse_spec(rl_spec(**over))
+
+
+def test_sft_and_eval_rules() -> None:
+    with pytest.raises(SpecError, match="needs a 'dataset'"):
+        parse_spec({"tenant": "bob", "task": "sft", "base_model": BASE})
+    with pytest.raises(SpecError, match="targets"):
+        parse_spec({"tenant": "eve", "task": "eval", "base_model": BASE, "env": {"kind": "pusht"}})
+    spec = parse_spec(
+        {
+            "tenant": "eve",
+            "task": "eval",
+            "base_model": BASE,
+            "env": {"kind": "pusht"},
+            "evaluation": {"targets": ["alice"]},
+        }
+    )
+    assert spec.evaluation is not None and spec.evaluation.targets == ["alice"]
+
+
+def test_load_specs_resolves_paths_and_rejects_duplicates(tmp_path: Path) -> None:
+    f = tmp_path / "w.yaml"
+    f.write_text(
+        "workloads:\n"
+        "  - {tenant: a, task: sft, base_model: {id: m}, dataset: {path: data/d}}\n"
+        "  - {tenant: b, task: rl, base_model: {id: m}, env: {kind: pusht},"
+        " algorithm: {name: grpo}}\n"
+    )
+    a, b = load_specs(f)
+    assert a.dataset is not None and a.dataset.path == tmp_path / "data" / "d"
+    assert b.output_dir == tmp_path / "runs"
+    f.write_text(
+        "- {tenant: a, task: rl, base_model: {id: m}, env: {kind: pusht}, "
+        "algorithm: {name: ppo}}\n" * 2
+    )
+    with pytest.raises(SpecError, match="unique"):
+        load_specs(f)
+    with pytest.raises(SpecError, match="not found"):
+        load_specs(tmp_path / "missing.yaml")
+
+
+def test_json_schema_names_the_alias() -> None:
+    schema = spec_json_schema()
+    assert "schema" in schema["properties"]
+    assert set(schema["required"]) >= {"tenant", "task", "base_model"}
