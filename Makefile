@@ -16,11 +16,13 @@ test: install lint typecheck unit
 install: $(STAMP)
 
 # Re-run the install whenever the dependency declarations change.
-$(STAMP): pyproject.toml scripts/install-system-deps.sh
+$(STAMP): pyproject.toml scripts/install-system-deps.sh scripts/enable-debian-backports.sh \
+		scripts/install-python-extras.sh
 	bash scripts/install-system-deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,sim]'
+	bash scripts/install-python-extras.sh $(BIN)/python
 	touch $(STAMP)
 
 lint:
