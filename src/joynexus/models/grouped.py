@@ -1,0 +1,481 @@
+"""Group-batched execution over a shared frozen backbone (paper §4.3, §5.2, Appendix A.6).
+
+:class:`GroupedExecutor` runs ONE backbone forward over the concatenation of several
+tenants' batches, splits the output by the VLAFeature slice table, and hands each
+tenant's rows to that tenant's :class:`~joynexus.models.slots.TenantSlot`. Everything
+after the split is per tenant: its own loss, backward, clipping, AdamW step and policy
+version. No loss, gradient, optimizer state or version is ever averaged or shared.
+
+``serial_*`` methods do the same work one tenant at a time (one backbone forward each);
+they are the baseline of the equivalence proof (Figure 12) and of the benchmark
+(Figure 10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import numpy as np
+import torch
+
+from joynexus.errors import ConflictError, InvalidRequestError, NotFoundError
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.feature import VLAFeature
+from joynexus.models.schema import DataSchema
+from joynexus.models.slots import BaseModelRef, StepResult, TenantSlot, unique_parameter_bytes
+from joynexus.models.types import BackboneOutput
+
+
+class GroupableBackbone(BaseModelRef, Protocol):
+    """The resident base model as the executor uses it (see ``models/backbone.py``)."""
+
+    def canonicalize(
+        self, groups: Sequence[tuple[str, DataSchema, ObservationBatch]]
+    ) -> VLAFeature: ...
+
+    def encode(self, feature: VLAFeature) -> BackboneOutput: ...
+
+    def parameter_bytes(self) -> int: ...
+
+
+SlotResolver = Callable[[str, "int | None"], TenantSlot]
+"""``(tenant_id, policy_version) -> TenantSlot``: which slot decodes a request."""
+
+
+class InferenceRequestLike(Protocol):
+    """What the executor needs from an Inference Queue request."""
+
+    @property
+    def tenant_id(self) -> str: ...
+
+    @property
+    def observation(self) -> ObservationBatch: ...
+
+    @property
+    def policy_version(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class InferenceResult:
+    """One inference request's answer.
+
+    Attributes:
+        tenant_id: The requesting tenant.
+        policy_version: The version of the tenant's action module that answered.
+        actions: ``float32 [b, chunk, action_dim]`` for the request's ``b`` rows.
+        log_probs: ``float32 [b]`` log-density of sampled actions (Gaussian OFT heads
+            in ``"sample"`` mode), else ``None``.
+        values: ``float32 [b]`` critic values when the tenant has a value head.
+    """
+
+    tenant_id: str
+    policy_version: int
+    actions: np.ndarray
+    log_probs: np.ndarray | None = None
+    values: np.ndarray | None = None
+
+
+def _to_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+
+
+class GroupedExecutor:
+    """Runs tenant slots over one shared base model, grouped or serially.
+
+    Thread-safe: torch work is serialised by an internal lock, so an inference thread
+    and a training thread can share one executor.
+
+    Args:
+        base: The resident base model (shared by reference).
+        slots: The tenants' slots; each must reference ``base``.
+
+    Raises:
+        InvalidRequestError: a slot is attached to another base model, or two slots
+            have the same tenant id.
+    """
+
+    def __init__(self, base: GroupableBackbone, slots: Iterable[TenantSlot] = ()):
+        self.base = base
+        self.slots: dict[str, TenantSlot] = {}
+        self._lock = threading.Lock()
+        for slot in slots:
+            self.add_slot(slot)
+
+    # --- tenants ---------------------------------------------------------------------
+
+    def add_slot(self, slot: TenantSlot) -> None:
+        if slot.base is not self.base:
+            raise InvalidRequestError(
+                f"tenant {slot.tenant_id!r}: slot is attached to another base model "
+                f"({slot.base_model_id!r}); the executor runs {self.base.model_id!r}",
+                tenant_id=slot.tenant_id,
+            )
+        if slot.tenant_id in self.slots:
+            raise InvalidRequestError(
+                f"tenant {slot.tenant_id!r} already has a slot", tenant_id=slot.tenant_id
+            )
+        self.slots[slot.tenant_id] = slot
+
+    def remove_slot(self, tenant_id: str) -> TenantSlot:
+        return self.slots.pop(self.slot(tenant_id).tenant_id)
+
+    def slot(self, tenant_id: str) -> TenantSlot:
+        """The slot of ``tenant_id``.
+
+        Raises:
+            NotFoundError: no such tenant on this executor.
+        """
+        try:
+            return self.slots[tenant_id]
+        except KeyError:
+            raise NotFoundError(
+                f"tenant {tenant_id!r} has no action module here; known: {sorted(self.slots)}",
+                tenant_id=tenant_id,
+            ) from None
+
+    def resident_parameter_bytes(self) -> dict[str, int]:
+        """Base bytes (counted once), each tenant's slot bytes, and their sum."""
+        report = {"base": self.base.parameter_bytes()}
+        for tid, slot in self.slots.items():
+            report[f"slot:{tid}"] = slot.parameter_bytes()
+        report["total"] = sum(report.values())
+        return report
+
+    # --- shared forward --------------------------------------------------------------
+
+    def shared_forward(
+        self,
+        batches: Mapping[str, ObservationBatch],
+        *,
+        schemas: Mapping[str, DataSchema] | None = None,
+    ) -> dict[str, BackboneOutput]:
+        """ONE backbone forward over all ``batches``, split back per tenant.
+
+        Args:
+            batches: tenant id → observations.
+            schemas: Optional tenant id → schema, for tenants served by slots that are
+                not registered on this executor (versioned serving); default: each
+                registered slot's schema.
+
+        Returns:
+            tenant id → that tenant's rows of the (detached) backbone output.
+        """
+        groups = [
+            (tid, schemas[tid] if schemas and tid in schemas else self.slot(tid).schema, batch)
+            for tid, batch in batches.items()
+        ]
+        if not groups:
+            raise InvalidRequestError("expected at least one tenant batch", field="batches")
+        feature = self.base.canonicalize(groups)
+        with torch.no_grad():
+            out = self.base.encode(feature).detach()
+        result: dict[str, BackboneOutput] = {}
+        for tid in batches:
+            entry = feature.slice_of(tid)
+            result[tid] = out.rows(entry.start, entry.stop)
+        return result
+
+    def serial_forward(self, batches: Mapping[str, ObservationBatch]) -> dict[str, BackboneOutput]:
+        """One backbone forward per tenant (the serial baseline)."""
+        out: dict[str, BackboneOutput] = {}
+        for tid, batch in batches.items():
+            out.update(self.shared_forward({tid: batch}))
+        return out
+
+    # --- training --------------------------------------------------------------------
+
+    def _check_training(
+        self,
+        batches: Mapping[str, ObservationBatch],
+        action_masks: Mapping[str, torch.Tensor] | None,
+    ) -> None:
+        for tid, batch in batches.items():
+            self.slot(tid)
+            if batch.actions is None:
+                raise InvalidRequestError(
+                    f"tenant {tid!r}: a training batch needs actions "
+                    "(float32 [B, action_chunk, action_dim])",
+                    tenant_id=tid,
+                    field="actions",
+                )
+        for tid in action_masks or {}:
+            if tid not in batches:
+                raise InvalidRequestError(
+                    f"action_masks names tenant {tid!r}, which has no batch in this step",
+                    tenant_id=tid,
+                )
+
+    def _step_tenants(
+        self,
+        features: Mapping[str, BackboneOutput],
+        batches: Mapping[str, ObservationBatch],
+        action_masks: Mapping[str, torch.Tensor] | None,
+    ) -> dict[str, StepResult]:
+        results: dict[str, StepResult] = {}
+        device = self.base.device
+        for tid, batch in batches.items():
+            assert batch.actions is not None  # checked by _check_training
+            results[tid] = self.slot(tid).train_step(
+                features[tid],
+                _to_tensor(batch.state, device),
+                _to_tensor(batch.actions, device),
+                (action_masks or {}).get(tid),
+            )
+        return results
+
+    def train_step(
+        self,
+        batches: Mapping[str, ObservationBatch],
+        *,
+        action_masks: Mapping[str, torch.Tensor] | None = None,
+    ) -> dict[str, StepResult]:
+        """One grouped SFT step: shared forward, then an independent update per tenant.
+
+        Args:
+            batches: tenant id → its batch (with actions).
+            action_masks: Optional per-tenant masks of valid action entries.
+
+        Returns:
+            tenant id → its loss, new policy version and gradient norm.
+
+        Raises:
+            NotFoundError: an unknown tenant.
+            InvalidRequestError: a batch without actions.
+            SchemaMismatchError: a batch that does not match its tenant's schema.
+        """
+        self._check_training(batches, action_masks)
+        with self._lock:
+            features = self.shared_forward(batches)
+            return self._step_tenants(features, batches, action_masks)
+
+    def serial_train_step(
+        self,
+        batches: Mapping[str, ObservationBatch],
+        *,
+        action_masks: Mapping[str, torch.Tensor] | None = None,
+    ) -> dict[str, StepResult]:
+        """The same step, tenant by tenant with one backbone forward each (baseline)."""
+        self._check_training(batches, action_masks)
+        with self._lock:
+            results: dict[str, StepResult] = {}
+            for tid, batch in batches.items():
+                features = self.shared_forward({tid: batch})
+                results.update(self._step_tenants(features, {tid: batch}, action_masks))
+            return results
+
+    # --- inference -------------------------------------------------------------------
+
+    def _decode(
+        self,
+        features: Mapping[str, BackboneOutput],
+        batches: Mapping[str, ObservationBatch],
+        mode: Literal["mean", "sample"],
+        generators: Mapping[str, torch.Generator] | None,
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
+        out: dict[str, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = {}
+        device = self.base.device
+        for tid, batch in batches.items():
+            slot = self.slot(tid)
+            state = _to_tensor(batch.state, device)
+            gen = (generators or {}).get(tid, slot.inference_generator)
+            out[tid] = _decode_slot(slot, features[tid], state, mode, gen)
+        return out
+
+    def predict(
+        self,
+        batches: Mapping[str, ObservationBatch],
+        *,
+        mode: Literal["mean", "sample"] = "mean",
+        generators: Mapping[str, torch.Generator] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Grouped forward, then each tenant's head decodes its rows.
+
+        Args:
+            batches: tenant id → observations.
+            mode: ``"mean"`` = deterministic OFT mean; ``"sample"`` = draw from the
+                Gaussian policy. Flow-matching heads always integrate from noise.
+            generators: Optional per-tenant generators (default: each slot's own
+                inference generator).
+
+        Returns:
+            tenant id → ``[B, chunk, action_dim]`` actions.
+        """
+        with self._lock:
+            features = self.shared_forward(batches)
+            decoded = self._decode(features, batches, mode, generators)
+        return {tid: d[0] for tid, d in decoded.items()}
+
+    def serial_predict(
+        self,
+        batches: Mapping[str, ObservationBatch],
+        *,
+        mode: Literal["mean", "sample"] = "mean",
+        generators: Mapping[str, torch.Generator] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """:meth:`predict` with one backbone forward per tenant (baseline)."""
+        with self._lock:
+            features = self.serial_forward(batches)
+            decoded = self._decode(features, batches, mode, generators)
+        return {tid: d[0] for tid, d in decoded.items()}
+
+    def _current_slot(self, tenant_id: str, policy_version: int | None) -> TenantSlot:
+        slot = self.slot(tenant_id)
+        if policy_version is not None and policy_version != slot.policy_version:
+            raise ConflictError(
+                f"tenant {tenant_id!r}: request pins policy version "
+                f"{policy_version}, the serving slot holds {slot.policy_version}",
+                tenant_id=tenant_id,
+                requested=policy_version,
+                available=slot.policy_version,
+            )
+        return slot
+
+    def run_requests(
+        self,
+        requests: Sequence[InferenceRequestLike],
+        mode: Literal["mean", "sample"] = "mean",
+        *,
+        resolve_slot: SlotResolver | None = None,
+    ) -> list[InferenceResult]:
+        """Answer a batch of inference requests with one grouped forward (synchronous).
+
+        Requests of the same tenant are concatenated before canonicalization and split
+        again afterwards, so each request gets exactly its own rows. A request object
+        may carry its own ``mode`` attribute ("mean" | "sample"), overriding ``mode``.
+
+        Args:
+            requests: The batch.
+            mode: Default decode mode.
+            resolve_slot: ``(tenant_id, policy_version) -> TenantSlot`` picking the slot
+                that decodes a request (versioned serving: requests of one tenant may
+                name different versions; they share the tenant's rows of the forward
+                and are decoded by their own version's slot). Default: the registered
+                slot, which must hold the requested version.
+
+        Raises:
+            NotFoundError: a request names an unknown tenant.
+            ConflictError: a request pins a policy version that is not served.
+            SchemaMismatchError: an observation does not match its tenant's schema.
+        """
+        resolve = resolve_slot or self._current_slot
+        per_tenant: dict[str, list[int]] = {}
+        slots: list[TenantSlot] = []
+        modes: list[Literal["mean", "sample"]] = []
+        for i, req in enumerate(requests):
+            slot = resolve(req.tenant_id, req.policy_version)
+            req.observation.validate(slot.schema)
+            slots.append(slot)
+            modes.append(getattr(req, "mode", None) or mode)
+            per_tenant.setdefault(req.tenant_id, []).append(i)
+        # Within a tenant, order rows by (version, mode) so each decode group is one
+        # contiguous slice of the tenant's backbone rows.
+        for idx in per_tenant.values():
+            idx.sort(key=lambda i: (slots[i].policy_version, modes[i], i))
+        batches = {
+            tid: ObservationBatch.concat([requests[i].observation for i in idx])
+            for tid, idx in per_tenant.items()
+        }
+        schemas = {tid: slots[idx[0]].schema for tid, idx in per_tenant.items()}
+        results: list[InferenceResult | None] = [None] * len(requests)
+        device = self.base.device
+        with self._lock:
+            features = self.shared_forward(batches, schemas=schemas)
+            for tid, idx in per_tenant.items():
+                state = _to_tensor(batches[tid].state, device)
+                row = 0
+                k = 0
+                while k < len(idx):
+                    slot, req_mode = slots[idx[k]], modes[idx[k]]
+                    end = k
+                    while (
+                        end < len(idx) and slots[idx[end]] is slot and modes[idx[end]] == req_mode
+                    ):
+                        end += 1
+                    group = idx[k:end]
+                    rows = sum(requests[i].observation.batch_size for i in group)
+                    actions, log_probs, values = _decode_slot(
+                        slot,
+                        features[tid].rows(row, row + rows),
+                        state[row : row + rows],
+                        req_mode,
+                        slot.inference_generator,
+                    )
+                    version = slot.policy_version
+                    offset = 0
+                    for i in group:
+                        n = requests[i].observation.batch_size
+                        sl = slice(offset, offset + n)
+                        results[i] = InferenceResult(
+                            tenant_id=tid,
+                            policy_version=version,
+                            actions=actions[sl].float().cpu().numpy(),
+                            log_probs=None
+                            if log_probs is None
+                            else log_probs[sl].float().cpu().numpy(),
+                            values=None if values is None else values[sl].float().cpu().numpy(),
+                        )
+                        offset += n
+                    row += rows
+                    k = end
+        return [r for r in results if r is not None]
+
+    def inference_batch_fn(
+        self,
+        mode: Literal["mean", "sample"] = "mean",
+        *,
+        resolve_slot: SlotResolver | None = None,
+    ) -> InferenceBatchFn:
+        """An async batch function for the Inference Queue (torch runs in a worker thread).
+
+        If any request is invalid the whole call raises; the queue then retries the
+        members alone, so only the culprit fails.
+        """
+        return InferenceBatchFn(self, mode, resolve_slot=resolve_slot)
+
+
+class InferenceBatchFn:
+    """``await fn(requests) -> results`` adapter over :meth:`GroupedExecutor.run_requests`."""
+
+    def __init__(
+        self,
+        executor: GroupedExecutor,
+        mode: Literal["mean", "sample"],
+        *,
+        resolve_slot: SlotResolver | None = None,
+    ):
+        self.executor = executor
+        self.mode: Literal["mean", "sample"] = mode
+        self.resolve_slot = resolve_slot
+
+    async def __call__(self, requests: Sequence[InferenceRequestLike]) -> list[InferenceResult]:
+        return await asyncio.to_thread(
+            self.executor.run_requests, list(requests), self.mode, resolve_slot=self.resolve_slot
+        )
+
+
+def _decode_slot(
+    slot: TenantSlot,
+    features: BackboneOutput,
+    state: torch.Tensor,
+    mode: Literal["mean", "sample"],
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One slot decodes its rows: ``(actions, log_probs or None, values or None)``."""
+    log_probs: torch.Tensor | None = None
+    if mode == "sample":
+        actions, log_probs = slot.sample(features, state, generator=generator)
+    else:
+        actions = slot.predict(features, state, generator=generator)
+    return actions, log_probs, slot.value(features, state)
+
+
+def resident_bytes(base_parameters: Iterable[torch.Tensor], slots: Iterable[TenantSlot]) -> int:
+    """Resident parameter bytes of a base plus slots, each storage counted once."""
+    tensors: list[torch.Tensor] = list(base_parameters)
+    for slot in slots:
+        tensors.extend(slot.parameters())
+    return unique_parameter_bytes(tensors)

@@ -1,0 +1,319 @@
+"""The Inference Model Service (paper §4.1.2 Figure 4, §4.3).
+
+``predict`` requests of every tenant enter one :class:`InferenceQueue`; its group
+batcher forms batches of requests with the same frozen-prefix key (one backbone, so
+every tenant here is compatible) and one worker-thread call runs ONE grouped backbone
+forward and decodes each request with its own tenant's serving slot at the version the
+request names (:class:`~joynexus.services.serving.ServingStates`). Training publishes
+new versions with ``load_weights``; an evaluation or rollout ``pinned`` to version v
+keeps getting v while v+1 lands.
+
+``rollout`` and ``evaluate`` are the environment loops of
+:mod:`joynexus.services.rollout` composed over ``predict`` and the Environment Service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal
+
+import torch
+
+from joynexus.errors import SchemaMismatchError, ServiceUnavailableError
+from joynexus.models.backbone import ResidentBaseModel
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.grouped import GroupedExecutor, InferenceResult
+from joynexus.models.payload import TenantPayload
+from joynexus.models.slots import TenantSlot
+from joynexus.queues.inference import InferenceQueue, InferenceQueueMetrics, InferenceRequest
+from joynexus.queues.training import TrainingQueue
+from joynexus.services.environment import EnvironmentService
+from joynexus.services.rollout import (
+    EvalResult,
+    PredictResult,
+    RolloutConfig,
+    RolloutStats,
+    collect_rollout,
+    run_evaluation,
+)
+from joynexus.services.serving import ServingStates
+from joynexus.services.tenancy import TenantConfig, backbone_lock
+from joynexus.utils.clock import Clock
+
+__all__ = [
+    "EvalResult",
+    "InferenceModelService",
+    "PredictResult",
+    "RolloutConfig",
+    "RolloutStats",
+]
+
+
+@dataclass(frozen=True)
+class _Payload:
+    """What one queued predict carries to the batch function."""
+
+    observations: ObservationBatch
+    mode: Literal["mean", "sample"]
+
+
+@dataclass(frozen=True)
+class _ServeRequest:
+    tenant_id: str
+    policy_version: int | None
+    observation: ObservationBatch
+    mode: Literal["mean", "sample"]
+
+
+class InferenceModelService:
+    """Serves every tenant's policy through the Inference Queue (see module docstring).
+
+    Args:
+        base: The resident base model.
+        env: The Environment Service (rollouts and evaluations).
+        queue: The Training Queue rollouts write to.
+        max_batch_size: B of the group batcher, in samples.
+        max_wait_s: T of the group batcher.
+        clock: Time source of the batcher.
+    """
+
+    def __init__(
+        self,
+        base: ResidentBaseModel,
+        env: EnvironmentService,
+        queue: TrainingQueue,
+        *,
+        max_batch_size: int = 128,
+        max_wait_s: float = 0.005,
+        clock: Clock | None = None,
+    ) -> None:
+        self.base = base
+        self.env = env
+        self.queue = queue
+        self.states = ServingStates(base)
+        self._executor = GroupedExecutor(base)
+        self._lock = backbone_lock(base)
+        self._compat_key = base.prefix_key()
+        self.inference_queue = InferenceQueue(
+            self._run_batch,
+            max_batch_size=max_batch_size,
+            max_wait_s=max_wait_s,
+            clock=clock,
+        )
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.inference_queue.start()
+
+    async def stop(self) -> None:
+        await self.inference_queue.stop()
+
+    async def __aenter__(self) -> InferenceModelService:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    @property
+    def metrics(self) -> InferenceQueueMetrics:
+        """The Inference Queue's batching metrics."""
+        return self.inference_queue.metrics
+
+    # --- tenants and versions ----------------------------------------------------------
+
+    async def add_tenant(self, config: TenantConfig, payload: TenantPayload | None = None) -> None:
+        """Serve a tenant at version 0, or at ``payload``'s version with its weights.
+
+        Raises:
+            ConflictError: already served.
+            InvalidRequestError / SchemaMismatchError: a payload that does not fit.
+        """
+        await asyncio.to_thread(self._locked, self.states.add_tenant, config, payload)
+
+    def _locked(self, fn: Callable[..., None], *args: object) -> None:
+        with self._lock:
+            fn(*args)
+
+    async def load_weights(
+        self, tenant_id: str, version: int, named_tensors: Mapping[str, torch.Tensor]
+    ) -> None:
+        """Publish ``version`` of the tenant (names, shapes and dtypes validated).
+
+        Raises:
+            NotFoundError: unknown tenant.
+            ConflictError: a version older than the one served.
+            InvalidRequestError: tensors that do not fit the tenant's action module.
+        """
+        await asyncio.to_thread(
+            self._locked, self.states.publish, tenant_id, version, named_tensors
+        )
+
+    def current_policy_version(self, tenant_id: str) -> int:
+        """The latest published version of the tenant."""
+        return self.states.latest(tenant_id)
+
+    def pinned(self, tenant_id: str, version: int | None = None) -> AbstractContextManager[int]:
+        """Resolve the tenant's version once (default: latest) and keep it served until
+        the ``with`` block exits."""
+        return self.states.pinned(tenant_id, version)
+
+    def serving_slot(self, tenant_id: str, version: int | None = None) -> TenantSlot:
+        return self.states.slot(tenant_id, version)
+
+    # --- predict -----------------------------------------------------------------------
+
+    async def predict(
+        self,
+        observations: ObservationBatch,
+        tenant_id: str,
+        policy_version: int | None = None,
+        *,
+        mode: Literal["mean", "sample"] = "mean",
+        session_id: str = "predict",
+    ) -> PredictResult:
+        """Actions for ``observations`` from the tenant's policy, via the Inference Queue.
+
+        Args:
+            observations: A batch in the tenant's schema.
+            tenant_id: The tenant.
+            policy_version: A held version (pinned or latest); None = latest at run time.
+            mode: ``"mean"`` (deterministic) or ``"sample"`` (Gaussian draw + log-probs).
+            session_id: The environment session / API call the request comes from.
+
+        Raises:
+            NotFoundError: unknown tenant.
+            ConflictError: ``policy_version`` is not served.
+            SchemaMismatchError: observations that do not fit the tenant's schema.
+            ServiceUnavailableError: the service is not started.
+        """
+        slot = self.states.slot(tenant_id, policy_version)
+        observations.validate(slot.schema)
+        if not self.inference_queue.running:
+            raise ServiceUnavailableError(
+                "the inference model service is not running; call start() or use 'async with'"
+            )
+        request = InferenceRequest(
+            tenant_id=tenant_id,
+            session_id=session_id,
+            schema_signature=slot.schema_signature,
+            policy_version=policy_version,
+            observation=_Payload(observations, mode),
+            num_samples=observations.batch_size,
+            compat_key=self._compat_key,
+        )
+        result: InferenceResult = await self.inference_queue.submit(request)
+        return PredictResult(
+            actions=result.actions,
+            log_probs=result.log_probs,
+            values=result.values,
+            policy_version=result.policy_version,
+        )
+
+    async def _run_batch(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult]:
+        serve: list[_ServeRequest] = []
+        for r in requests:
+            payload = r.observation
+            assert isinstance(payload, _Payload)
+            serve.append(
+                _ServeRequest(r.tenant_id, r.policy_version, payload.observations, payload.mode)
+            )
+        return await asyncio.to_thread(self._run_locked, serve)
+
+    def _run_locked(self, serve: list[_ServeRequest]) -> list[InferenceResult]:
+        with self._lock:
+            return self._executor.run_requests(serve, resolve_slot=self.states.slot)
+
+    # --- environment loops ---------------------------------------------------------------
+
+    async def rollout(
+        self,
+        config: RolloutConfig,
+        job_id: str,
+        partition_id: str,
+        num_envs: int,
+        horizon: int,
+        version: int,
+        *,
+        heartbeat: Callable[[], None] | None = None,
+    ) -> RolloutStats:
+        """Collect ``horizon`` decisions × ``num_envs`` at ``version`` into the partition.
+
+        The version stays pinned for the whole rollout; ``heartbeat`` is called every
+        decision (the producer's lease).
+
+        Raises:
+            SchemaMismatchError: ``config.schema_signature`` is not the tenant's.
+            ConflictError: ``version`` is not served.
+            NotFoundError / PermissionDeniedError: the session is unknown or not the
+                tenant's.
+        """
+        with self.pinned(config.tenant_id, version) as v:
+            slot = self.states.slot(config.tenant_id, v)
+            if config.schema_signature != slot.schema_signature:
+                raise SchemaMismatchError(
+                    f"rollout of tenant {config.tenant_id!r}: schema signature "
+                    f"{config.schema_signature!r} is not the tenant's {slot.schema_signature!r}",
+                    field="schema_signature",
+                )
+            return await collect_rollout(
+                self.predict,
+                self.env,
+                self.queue,
+                slot.schema,
+                config,
+                job_id=job_id,
+                partition_id=partition_id,
+                num_envs=num_envs,
+                horizon=horizon,
+                version=v,
+                heartbeat=heartbeat,
+            )
+
+    async def evaluate(
+        self,
+        tenant_id: str,
+        session_id: str,
+        *,
+        episodes: int,
+        version: int | None = None,
+        deterministic: bool = True,
+        session_tenant: str | None = None,
+        seed: int | None = None,
+        max_decisions: int = 100_000,
+    ) -> EvalResult:
+        """Read-only evaluation of ``tenant_id``'s policy, resolved ONCE and pinned.
+
+        Args:
+            tenant_id: The evaluated tenant.
+            session_id: An env session owned by ``session_tenant`` (default ``tenant_id``).
+            episodes: Episodes to finish.
+            version: Version to evaluate (default: latest at start).
+            deterministic: Policy mean (True) or sampled actions.
+            session_tenant: The evaluator tenant that owns the session.
+            seed: Env reset seed.
+            max_decisions: Safety bound on decisions.
+        """
+        with self.pinned(tenant_id, version) as v:
+            return await run_evaluation(
+                self.predict,
+                self.env,
+                tenant_id=tenant_id,
+                session_id=session_id,
+                session_tenant=session_tenant or tenant_id,
+                episodes=episodes,
+                version=v,
+                deterministic=deterministic,
+                seed=seed,
+                max_decisions=max_decisions,
+            )

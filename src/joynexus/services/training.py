@@ -1,0 +1,612 @@
+"""The Training Model Service (paper §4.1.2 Figure 4, Appendix A.6).
+
+It holds every tenant's :class:`~joynexus.models.slots.TenantSlot` (action module,
+optimizer, policy version) on top of the one resident backbone, and trains them from
+leased Training Queue partitions:
+
+* :meth:`TrainingModelService.train_job` derives a global batch plan from the job's
+  ``sample_count`` and the tenant's ``microbatch_size`` (× ``epochs``), reads each
+  microbatch with ``get_meta`` / ``get_data`` (task ``"train"``), checks every sample's
+  tenant and schema annotations against the job, computes the task's loss (SFT: the
+  head's supervised loss with padded chunk steps masked out; RL: PPO / GRPO /
+  REINFORCE) and takes one optimizer step — one tenant version — per microbatch.
+* :meth:`TrainingModelService.train_jobs` trains several leased jobs of different
+  tenants together: their k-th microbatches share ONE grouped backbone forward.
+* ``train_batch`` (custom algorithms), ``actor_forward`` (App. A.5), ``export_params``,
+  ``save`` / ``restore``.
+
+Public async methods are the API; the class holds no globals beyond its constructor
+arguments, so the same class can be hosted as a Ray actor. Torch work runs in a worker
+thread under the backbone's lock (:func:`~joynexus.services.tenancy.backbone_lock`).
+Nothing is ever averaged across tenants: each tenant's loss, backward, clipping, AdamW
+step and version are its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from joynexus.control.job import TaskType, TrainingJob
+from joynexus.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    PermissionDeniedError,
+    SchemaMismatchError,
+)
+from joynexus.models.backbone import ResidentBaseModel
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.grouped import GroupedExecutor
+from joynexus.models.payload import TenantPayload, export_params, load_slot, save_slot
+from joynexus.models.slots import StepResult, TenantSlot
+from joynexus.models.types import BackboneOutput
+from joynexus.queues.meta import BatchMeta
+from joynexus.queues.training import TrainingQueue
+from joynexus.services.rl_loss import gaussian_head, policy_loss
+from joynexus.services.samples import as_numpy, float_tensor, observation_batch, observation_fields
+from joynexus.services.tenancy import TenantConfig, TenantInfo, backbone_lock, build_slot
+from joynexus.utils.clock import Clock, SystemClock
+
+__all__ = ["TrainBatch", "TrainJobResult", "TrainingModelService"]
+
+TRAIN_TASK = "train"
+ACTOR_FORWARD_TASK = "actor_forward"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+@dataclass(frozen=True)
+class TrainJobResult:
+    """Outcome of one ``train_job``.
+
+    Attributes:
+        losses: One loss per optimizer step (microbatch), in order.
+        metrics: Means over microbatches (``loss``, ``grad_norm``, PPO statistics).
+        policy_version: The tenant's version after the job.
+    """
+
+    job_id: str
+    tenant_id: str
+    task_type: str
+    num_microbatches: int
+    num_samples: int
+    losses: list[float]
+    metrics: dict[str, float]
+    policy_version: int
+
+
+@dataclass
+class TrainBatch:
+    """One custom-algorithm update (``train_batch``).
+
+    Attributes:
+        observations: The tenant's observations (with ``actions``).
+        loss: ``sft`` | ``ppo`` | ``grpo`` | ``reinforce``.
+        advantages: ``float32 [B]`` (RL).
+        old_log_probs: ``float32 [B]`` behaviour log-probs (ppo, grpo).
+        returns: ``float32 [B]`` value targets (ppo with a critic).
+        action_is_pad: Optional ``bool [B, chunk]``; padded chunk steps do not count (SFT).
+    """
+
+    observations: ObservationBatch
+    loss: Literal["sft", "ppo", "grpo", "reinforce"] = "sft"
+    advantages: np.ndarray | None = None
+    old_log_probs: np.ndarray | None = None
+    returns: np.ndarray | None = None
+    action_is_pad: np.ndarray | None = None
+
+
+@dataclass
+class _Plan:
+    """Global batch plan of one job."""
+
+    job: TrainingJob
+    config: TenantConfig
+    slot: TenantSlot
+    loss: Literal["sft", "ppo", "grpo", "reinforce"]
+    fields: list[str]
+    microbatch_size: int
+    per_epoch: int
+    epochs: int
+    losses: list[float] = field(default_factory=list)
+    stats: dict[str, list[float]] = field(default_factory=dict)
+    samples: int = 0
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.per_epoch * self.epochs
+
+    def size_of(self, k: int) -> int:
+        i = k % self.per_epoch
+        return min(self.microbatch_size, self.job.sample_count - i * self.microbatch_size)
+
+
+@dataclass
+class _Item:
+    """One tenant's microbatch in a (possibly grouped) step."""
+
+    plan_loss: Literal["sft", "ppo", "grpo", "reinforce"]
+    config: TenantConfig
+    slot: TenantSlot
+    batch: ObservationBatch
+    data: Mapping[str, Any]
+
+
+def _job_seed(seed: int, version: int) -> int:
+    # Stochastic losses draw from the slot's generator; reseeding it from (seed, version)
+    # at every job makes a resumed run draw exactly what an uninterrupted one would.
+    return (seed * 1_000_003 + version * 7_919 + 1) % (2**63 - 1)
+
+
+class TrainingModelService:
+    """Trains tenant slots from Training Queue partitions (see module docstring).
+
+    Args:
+        base: The resident base model shared by every tenant.
+        queue: The Training Queue the jobs' partitions live in.
+        output_dir: Default checkpoint root; a tenant's relative ``output_dir`` is
+            resolved against it.
+        clock: Time source (checkpoint manifests record its wall time).
+    """
+
+    def __init__(
+        self,
+        base: ResidentBaseModel,
+        queue: TrainingQueue,
+        *,
+        output_dir: Path,
+        clock: Clock | None = None,
+    ) -> None:
+        self.base = base
+        self.queue = queue
+        self.output_dir = Path(output_dir)
+        self.clock: Clock = clock or SystemClock()
+        self._executor = GroupedExecutor(base)
+        self._configs: dict[str, TenantConfig] = {}
+        self._lock = backbone_lock(base)
+
+    # --- tenants ---------------------------------------------------------------------
+
+    async def add_tenant(self, config: TenantConfig) -> TenantInfo:
+        """Create the tenant's slot (action module, optimizer, version 0).
+
+        Raises:
+            ConflictError: the tenant already exists here.
+            InvalidRequestError: a bad tenant id or head config.
+        """
+        if config.tenant_id in self._configs:
+            raise ConflictError(
+                f"tenant {config.tenant_id!r} already has a training slot",
+                tenant_id=config.tenant_id,
+            )
+        slot = await asyncio.to_thread(build_slot, config, self.base)
+        self._executor.add_slot(slot)
+        self._configs[config.tenant_id] = config
+        return TenantInfo(config.tenant_id, slot.schema_signature, slot.policy_version)
+
+    def tenant_ids(self) -> list[str]:
+        return sorted(self._configs)
+
+    def policy_version(self, tenant_id: str) -> int:
+        """The tenant's current (training) policy version.
+
+        Raises:
+            NotFoundError: unknown tenant.
+        """
+        return self._executor.slot(tenant_id).policy_version
+
+    def config(self, tenant_id: str) -> TenantConfig:
+        self._executor.slot(tenant_id)
+        return self._configs[tenant_id]
+
+    def slot(self, tenant_id: str) -> TenantSlot:
+        """The tenant's slot (in-process use: tests, benchmarks)."""
+        return self._executor.slot(tenant_id)
+
+    # --- train_job ---------------------------------------------------------------------
+
+    async def train_job(
+        self, job: TrainingJob, *, heartbeat: Callable[[], None] | None = None
+    ) -> TrainJobResult:
+        """Train the tenant on a leased job's partition (App. A.6).
+
+        Args:
+            job: The leased job (``job_id, tenant_id, partition_id, task_type,
+                sample_count``).
+            heartbeat: Called between microbatches (renew the actor's lease).
+
+        Raises:
+            NotFoundError: unknown tenant.
+            PartitionNotFoundError: the partition does not exist.
+            PermissionDeniedError: a sample of another tenant in the partition.
+            SchemaMismatchError: a sample (or the job) with another schema signature.
+            ConflictError: fewer ready samples than the job's ``sample_count``.
+            InvalidRequestError: RL on a non-Gaussian head, or an empty job.
+        """
+        results = await self.train_jobs([job], heartbeat=heartbeat)
+        return results[0]
+
+    async def train_jobs(
+        self,
+        jobs: Sequence[TrainingJob],
+        *,
+        heartbeat: Callable[[], None] | None = None,
+        heartbeats: Mapping[str, Callable[[], None]] | None = None,
+    ) -> list[TrainJobResult]:
+        """Train several leased jobs, sharing backbone forwards between tenants.
+
+        When it groups: jobs of DIFFERENT tenants advance in lock step, and for each
+        microbatch index k the k-th microbatches of every job that still has one go
+        through ONE grouped backbone forward (all tenants of this service share one
+        backbone, so their prefixes are always compatible); each tenant then computes
+        its own loss and takes its own optimizer step. Jobs with fewer microbatches
+        simply drop out of later forwards. Several jobs of the SAME tenant never share
+        a forward: they run one after another, in the given order (a tenant's k-th
+        step must see the parameters of its (k-1)-th). Results equal training each
+        job alone up to floating-point reassociation in the backbone (fp32: ~1e-6).
+
+        If a microbatch fails validation the call raises at once; the jobs' earlier
+        microbatches have already updated their tenants (the caller fails the jobs).
+
+        Args:
+            jobs: Leased jobs.
+            heartbeat: Called between microbatch indices.
+            heartbeats: Per-job heartbeat callables (by ``job_id``), also called then.
+
+        Returns:
+            One :class:`TrainJobResult` per job, in the order given.
+        """
+        plans = [await self._plan(job) for job in jobs]
+        waves: list[list[_Plan]] = []
+        for plan in plans:
+            for wave in waves:
+                if all(p.job.tenant_id != plan.job.tenant_id for p in wave):
+                    wave.append(plan)
+                    break
+            else:
+                waves.append([plan])
+        for wave in waves:
+            await self._run_wave(wave, heartbeat, heartbeats or {})
+        return [self._result(p) for p in plans]
+
+    async def _plan(self, job: TrainingJob) -> _Plan:
+        config = self._configs.get(job.tenant_id)
+        if config is None:
+            raise NotFoundError(
+                f"job {job.job_id!r}: tenant {job.tenant_id!r} has no training slot; "
+                f"known: {self.tenant_ids()}",
+                job_id=job.job_id,
+                tenant_id=job.tenant_id,
+            )
+        slot = self._executor.slot(job.tenant_id)
+        if job.schema_signature is not None and job.schema_signature != slot.schema_signature:
+            raise SchemaMismatchError(
+                f"job {job.job_id!r} declares schema signature {job.schema_signature!r}; "
+                f"tenant {job.tenant_id!r} trains {slot.schema_signature!r}",
+                job_id=job.job_id,
+                field="schema_signature",
+            )
+        if job.sample_count <= 0:
+            raise InvalidRequestError(
+                f"job {job.job_id!r}: sample_count must be positive, got {job.sample_count}",
+                job_id=job.job_id,
+            )
+        algo = config.algorithm
+        fields = [*observation_fields(slot.schema), "actions"]
+        available = set((await asyncio.to_thread(self.queue.info, job.partition_id)).fields)
+        loss: Literal["sft", "ppo", "grpo", "reinforce"]
+        if job.task_type == TaskType.SFT:
+            loss = "sft"
+            if "action_is_pad" in available:
+                fields.append("action_is_pad")
+        else:
+            if algo.name == "sft":
+                raise InvalidRequestError(
+                    f"job {job.job_id!r} is an RL job but tenant {job.tenant_id!r} is "
+                    "configured with algorithm 'sft'; use ppo, grpo or reinforce",
+                    job_id=job.job_id,
+                )
+            loss = algo.name
+            gaussian_head(slot)
+            fields.append("advantages")
+            if loss != "reinforce":
+                fields.append("actor_log_probs" if "actor_log_probs" in available else "log_probs")
+            if loss == "ppo" and slot.value_head is not None:
+                fields.append("returns")
+        await asyncio.to_thread(self.queue.reset_consumption, job.partition_id, TRAIN_TASK)
+        slot.generator.manual_seed(_job_seed(config.seed, slot.policy_version))
+        mb = algo.microbatch_size
+        return _Plan(
+            job=job,
+            config=config,
+            slot=slot,
+            loss=loss,
+            fields=fields,
+            microbatch_size=mb,
+            per_epoch=math.ceil(job.sample_count / mb),
+            epochs=algo.epochs,
+        )
+
+    async def _read(self, plan: _Plan, k: int) -> _Item:
+        job = plan.job
+        if k > 0 and k % plan.per_epoch == 0:
+            await asyncio.to_thread(self.queue.reset_consumption, job.partition_id, TRAIN_TASK)
+        size = plan.size_of(k)
+        meta = await self.queue.async_get_meta(job.partition_id, plan.fields, size, TRAIN_TASK)
+        if meta.size != size:
+            raise ConflictError(
+                f"job {job.job_id!r}: partition {job.partition_id!r} has fewer ready samples "
+                f"than its sample_count {job.sample_count} (microbatch {k} expected {size}, "
+                f"got {meta.size} with fields {plan.fields})",
+                job_id=job.job_id,
+                partition_id=job.partition_id,
+            )
+        self._validate(plan, meta)
+        data = await self.queue.async_get_data(meta)
+        batch = observation_batch(plan.slot.schema, data, with_actions=True)
+        return _Item(plan.loss, plan.config, plan.slot, batch, data)
+
+    def _validate(self, plan: _Plan, meta: BatchMeta) -> None:
+        job, sig = plan.job, plan.slot.schema_signature
+        for index, sm in zip(meta.indexes, meta.sample_meta, strict=True):
+            if sm.tenant_id != job.tenant_id:
+                raise PermissionDeniedError(
+                    f"job {job.job_id!r}: sample {index} of partition {job.partition_id!r} "
+                    f"belongs to tenant {sm.tenant_id!r}, not the job's tenant "
+                    f"{job.tenant_id!r}",
+                    job_id=job.job_id,
+                    sample=index,
+                )
+            if sm.schema_signature != sig:
+                raise SchemaMismatchError(
+                    f"job {job.job_id!r}: sample {index} of partition {job.partition_id!r} "
+                    f"has schema signature {sm.schema_signature!r}; tenant "
+                    f"{job.tenant_id!r} trains {sig!r}",
+                    job_id=job.job_id,
+                    sample=index,
+                    field="schema_signature",
+                )
+
+    async def _run_wave(
+        self,
+        wave: list[_Plan],
+        heartbeat: Callable[[], None] | None,
+        heartbeats: Mapping[str, Callable[[], None]],
+    ) -> None:
+        for k in range(max(p.num_microbatches for p in wave)):
+            active = [p for p in wave if k < p.num_microbatches]
+            items = [await self._read(p, k) for p in active]
+            outcomes = await asyncio.to_thread(self._grouped_step, items)
+            for plan, item, (result, stats) in zip(active, items, outcomes, strict=True):
+                plan.losses.append(result.loss)
+                plan.samples += item.batch.batch_size
+                plan.stats.setdefault("grad_norm", []).append(result.grad_norm)
+                for name, value in stats.items():
+                    plan.stats.setdefault(name, []).append(value)
+            if heartbeat is not None:
+                heartbeat()
+            for plan in active:
+                beat = heartbeats.get(plan.job.job_id)
+                if beat is not None:
+                    beat()
+
+    def _grouped_step(self, items: list[_Item]) -> list[tuple[StepResult, dict[str, float]]]:
+        with self._lock:
+            features = self._executor.shared_forward({it.slot.tenant_id: it.batch for it in items})
+            return [self._step_one(it, features[it.slot.tenant_id]) for it in items]
+
+    def _step_one(
+        self, item: _Item, features: BackboneOutput
+    ) -> tuple[StepResult, dict[str, float]]:
+        device = self.base.device
+        slot, data, batch = item.slot, item.data, item.batch
+        state = torch.from_numpy(batch.state).to(device)
+        assert batch.actions is not None
+        actions = torch.from_numpy(batch.actions).to(device)
+        if item.plan_loss == "sft":
+            mask = None
+            if "action_is_pad" in data:
+                pad = torch.as_tensor(as_numpy(data["action_is_pad"]), dtype=torch.bool)
+                mask = (~pad).unsqueeze(-1).to(device)
+            return slot.train_step(features, state, actions, mask), {}
+        old = data.get("actor_log_probs", data.get("log_probs"))
+        loss, stats = policy_loss(
+            slot,
+            features,
+            state,
+            actions,
+            algorithm=item.plan_loss,
+            advantages=float_tensor(data["advantages"], device),
+            old_log_probs=None if old is None else float_tensor(old, device),
+            returns=float_tensor(data["returns"], device) if "returns" in data else None,
+            config=item.config.algorithm,
+        )
+        return slot.apply_loss(loss), stats
+
+    def _result(self, plan: _Plan) -> TrainJobResult:
+        metrics = {"loss": float(np.mean(plan.losses))} if plan.losses else {}
+        metrics.update({k: float(np.mean(v)) for k, v in plan.stats.items()})
+        return TrainJobResult(
+            job_id=plan.job.job_id,
+            tenant_id=plan.job.tenant_id,
+            task_type=str(plan.job.task_type),
+            num_microbatches=len(plan.losses),
+            num_samples=plan.samples,
+            losses=list(plan.losses),
+            metrics=metrics,
+            policy_version=plan.slot.policy_version,
+        )
+
+    # --- custom algorithms ----------------------------------------------------------------
+
+    async def train_batch(self, tenant_id: str, batch: TrainBatch) -> StepResult:
+        """One update of ``tenant_id`` on a caller-built batch (custom algorithms).
+
+        Raises:
+            NotFoundError: unknown tenant.
+            SchemaMismatchError: observations that do not fit the tenant's schema.
+            InvalidRequestError: missing actions / advantages / old log-probs for the loss.
+        """
+        config = self.config(tenant_id)
+        slot = self._executor.slot(tenant_id)
+        obs = batch.observations
+        obs.validate(slot.schema)
+        if obs.actions is None:
+            raise InvalidRequestError("train_batch needs observations.actions", field="actions")
+        data: dict[str, Any] = {}
+        if batch.loss == "sft":
+            if batch.action_is_pad is not None:
+                data["action_is_pad"] = np.asarray(batch.action_is_pad, dtype=bool)
+        else:
+            if batch.advantages is None:
+                raise InvalidRequestError(
+                    f"loss {batch.loss!r} needs advantages float32 [B]", field="advantages"
+                )
+            data["advantages"] = batch.advantages
+            if batch.old_log_probs is not None:
+                data["log_probs"] = batch.old_log_probs
+            if batch.returns is not None:
+                data["returns"] = batch.returns
+        item = _Item(batch.loss, config, slot, obs, data)
+        outcomes = await asyncio.to_thread(self._grouped_step, [item])
+        return outcomes[0][0]
+
+    # --- actor forward (App. A.5) ---------------------------------------------------------
+
+    async def actor_forward(self, job: TrainingJob) -> None:
+        """Attach ``actor_log_probs`` / ``actor_values`` of the behaviour actions under the
+        tenant's current actor to every sample of the job's partition.
+
+        Raises:
+            NotFoundError, PermissionDeniedError, SchemaMismatchError, ConflictError,
+            InvalidRequestError: as :meth:`train_job`.
+        """
+        plan = await self._plan(job)
+        gaussian_head(plan.slot)
+        fields = [*observation_fields(plan.slot.schema), "actions"]
+        pid = job.partition_id
+        await asyncio.to_thread(self.queue.reset_consumption, pid, ACTOR_FORWARD_TASK)
+        done = 0
+        while done < job.sample_count:
+            size = min(plan.microbatch_size, job.sample_count - done)
+            meta = await self.queue.async_get_meta(pid, fields, size, ACTOR_FORWARD_TASK)
+            if meta.size != size:
+                raise ConflictError(
+                    f"job {job.job_id!r}: partition {pid!r} has {done + meta.size} samples, "
+                    f"fewer than its sample_count {job.sample_count}",
+                    job_id=job.job_id,
+                )
+            self._validate(plan, meta)
+            data = await self.queue.async_get_data(meta)
+            batch = observation_batch(plan.slot.schema, data, with_actions=True)
+            log_probs, values = await asyncio.to_thread(self._evaluate_actions, plan.slot, batch)
+            await self.queue.async_put({"actor_log_probs": log_probs, "actor_values": values}, meta)
+            done += size
+
+    def _evaluate_actions(
+        self, slot: TenantSlot, batch: ObservationBatch
+    ) -> tuple[np.ndarray, np.ndarray]:
+        head = gaussian_head(slot)
+        device = self.base.device
+        with self._lock, torch.no_grad():
+            features = self._executor.shared_forward({slot.tenant_id: batch})[slot.tenant_id]
+            state = torch.from_numpy(batch.state).to(device)
+            assert batch.actions is not None
+            head.eval()
+            lp = head.log_prob(features, state, torch.from_numpy(batch.actions).to(device))
+            values = slot.value(features, state)
+        lp_np = lp.float().cpu().numpy().astype(np.float32)
+        if values is None:
+            return lp_np, np.zeros_like(lp_np)
+        return lp_np, values.float().cpu().numpy().astype(np.float32)
+
+    # --- parameters and checkpoints ---------------------------------------------------------
+
+    async def export_params(self, tenant_id: str) -> TenantPayload:
+        """A CPU snapshot of the tenant's action module (+ critic): never base weights."""
+        slot = self._executor.slot(tenant_id)
+
+        def snap() -> TenantPayload:
+            with self._lock:
+                return export_params(slot)
+
+        return await asyncio.to_thread(snap)
+
+    def checkpoint_root(self, tenant_id: str) -> Path:
+        """Directory holding ``<tenant>/step_<n>`` for this tenant."""
+        out = self.config(tenant_id).output_dir
+        return out if out.is_absolute() else self.output_dir / out
+
+    async def save(
+        self,
+        step: int,
+        tenant_ids: Sequence[str] | None = None,
+        include_optim: bool = True,
+    ) -> list[Path]:
+        """Write ``<output_dir>/<tenant>/step_<step>/`` for each tenant (atomically).
+
+        Raises:
+            NotFoundError: an unknown tenant.
+            ConflictError: that checkpoint already exists.
+        """
+        ids = list(tenant_ids) if tenant_ids is not None else self.tenant_ids()
+        slots = [self._executor.slot(t) for t in ids]
+
+        def write() -> list[Path]:
+            with self._lock:
+                return [
+                    save_slot(
+                        s,
+                        self.checkpoint_root(s.tenant_id),
+                        step,
+                        include_optim=include_optim,
+                        clock=self.clock.wall,
+                    )
+                    for s in slots
+                ]
+
+        return await asyncio.to_thread(write)
+
+    def latest_checkpoint(self, tenant_id: str) -> Path | None:
+        """The tenant's checkpoint with the highest step, or None."""
+        root = self.checkpoint_root(tenant_id) / tenant_id
+        best: tuple[int, Path] | None = None
+        if root.is_dir():
+            for child in root.iterdir():
+                m = _STEP_DIR.match(child.name)
+                if m and (child / "manifest.json").is_file():
+                    n = int(m.group(1))
+                    if best is None or n > best[0]:
+                        best = (n, child)
+        return None if best is None else best[1]
+
+    async def restore(self, tenant_id: str, checkpoint: Path | None = None) -> int:
+        """Load the tenant's latest checkpoint (or ``checkpoint``); returns its version.
+
+        Raises:
+            NotFoundError: no checkpoint for the tenant.
+            InvalidRequestError / SchemaMismatchError: a checkpoint that does not fit.
+        """
+        slot = self._executor.slot(tenant_id)
+        path = checkpoint if checkpoint is not None else self.latest_checkpoint(tenant_id)
+        if path is None:
+            raise NotFoundError(
+                f"tenant {tenant_id!r} has no checkpoint under "
+                f"{self.checkpoint_root(tenant_id) / tenant_id}",
+                tenant_id=tenant_id,
+            )
+
+        def load() -> int:
+            with self._lock:
+                load_slot(slot, path)
+                return slot.policy_version
+
+        return await asyncio.to_thread(load)

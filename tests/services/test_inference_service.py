@@ -1,0 +1,183 @@
+"""Inference Model Service: versioned serving, pinning, group batching, evaluation."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from joynexus.envs.base import EnvSpec
+from joynexus.errors import ConflictError, InvalidRequestError
+from joynexus.models.backbone import ResidentBaseModel
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.heads import OFTHeadConfig
+from joynexus.models.schema import CameraSpec, DataSchema
+from joynexus.queues.training import TrainingQueue
+from joynexus.services.environment import EnvironmentService
+from joynexus.services.inference import InferenceModelService
+from joynexus.services.tenancy import TenantConfig
+
+SCHEMA = DataSchema(
+    name="tiny",
+    cameras={"cam": CameraSpec(height=32, width=32)},
+    state_dim=3,
+    action_dim=2,
+    action_chunk=2,
+    instruction="do the fake thing",
+)
+OFT = OFTHeadConfig(hidden_dim=32, num_blocks=1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def base(tiny_backbone: Any) -> ResidentBaseModel:
+    backbone: ResidentBaseModel = tiny_backbone("qwen2_5_vl")
+    return backbone
+
+
+def config(tid: str, schema: DataSchema = SCHEMA, seed: int = 0) -> TenantConfig:
+    return TenantConfig(
+        tenant_id=tid, schema_=schema, head=OFT, value_head=True, seed=seed, output_dir=Path(".")
+    )
+
+
+def perturbed(svc: InferenceModelService, tid: str) -> dict[str, torch.Tensor]:
+    return {n: t + 0.5 for n, t in svc.serving_slot(tid).state_tensors().items()}
+
+
+def make_service(base: ResidentBaseModel, **kw: Any) -> InferenceModelService:
+    return InferenceModelService(base, EnvironmentService(), TrainingQueue(), **kw)
+
+
+def test_pinned_version_keeps_serving_while_a_new_one_is_published(
+    base: ResidentBaseModel,
+) -> None:
+    async def main() -> None:
+        async with make_service(base, max_batch_size=1) as svc:
+            await svc.add_tenant(config("a"))
+            obs = ObservationBatch.synthetic(SCHEMA, 2, seed=0, with_actions=False)
+            before = await svc.predict(obs, "a")
+            assert before.policy_version == 0 and before.actions.shape == (2, 2, 2)
+            with svc.pinned("a") as v:
+                assert v == 0
+                await svc.load_weights("a", 1, perturbed(svc, "a"))
+                assert svc.current_policy_version("a") == 1
+                old = await svc.predict(obs, "a", v)
+                new = await svc.predict(obs, "a")
+                assert old.policy_version == 0 and new.policy_version == 1
+                np.testing.assert_array_equal(old.actions, before.actions)
+                assert not np.allclose(new.actions, before.actions)
+                assert svc.states.held_versions("a") == [0, 1]
+            assert svc.states.held_versions("a") == [1]
+            with pytest.raises(ConflictError, match="version 0 is not served"):
+                await svc.predict(obs, "a", 0)
+
+    asyncio.run(main())
+
+
+def test_load_weights_validates_names_shapes_and_order(base: ResidentBaseModel) -> None:
+    async def main() -> None:
+        async with make_service(base) as svc:
+            await svc.add_tenant(config("a"))
+            tensors = perturbed(svc, "a")
+            bad_shape = dict(tensors)
+            bad_shape["action_module.log_std"] = torch.zeros(5)
+            with pytest.raises(InvalidRequestError, match=r"log_std: expected shape \[2\]"):
+                await svc.load_weights("a", 1, bad_shape)
+            missing = {k: v for k, v in tensors.items() if not k.startswith("value_head.")}
+            with pytest.raises(InvalidRequestError, match="missing"):
+                await svc.load_weights("a", 1, missing)
+            assert svc.current_policy_version("a") == 0
+            await svc.load_weights("a", 3, tensors)
+            with pytest.raises(ConflictError, match="already served"):
+                await svc.load_weights("a", 2, tensors)
+
+    asyncio.run(main())
+
+
+def test_two_tenants_concurrent_predicts_share_one_batch(base: ResidentBaseModel) -> None:
+    other = SCHEMA.model_copy(update={"action_dim": 3, "state_dim": 4})
+
+    async def main() -> None:
+        obs_a = ObservationBatch.synthetic(SCHEMA, 1, seed=1, with_actions=False)
+        obs_b = ObservationBatch.synthetic(other, 2, seed=2, with_actions=False)
+        # B = 3 samples and a long T: the batch fires exactly when both requests are in.
+        async with make_service(base, max_batch_size=3, max_wait_s=60.0) as svc:
+            await svc.add_tenant(config("a"))
+            await svc.add_tenant(config("b", other, seed=1))
+            ra, rb = await asyncio.gather(svc.predict(obs_a, "a"), svc.predict(obs_b, "b"))
+            metrics = svc.metrics
+            assert metrics.batches == 1 and metrics.batch_size_histogram == {3: 1}
+        assert ra.actions.shape == (1, 2, 2) and rb.actions.shape == (2, 2, 3)
+        assert rb.values is not None and rb.values.shape == (2,)
+        async with make_service(base, max_batch_size=1) as alone:
+            await alone.add_tenant(config("a"))
+            await alone.add_tenant(config("b", other, seed=1))
+            sa = await alone.predict(obs_a, "a")
+            sb = await alone.predict(obs_b, "b")
+        np.testing.assert_allclose(ra.actions, sa.actions, atol=1e-5)
+        np.testing.assert_allclose(rb.actions, sb.actions, atol=1e-5)
+
+    asyncio.run(main())
+
+
+def test_sample_mode_returns_log_probs(base: ResidentBaseModel) -> None:
+    async def main() -> None:
+        async with make_service(base, max_batch_size=1) as svc:
+            await svc.add_tenant(config("a"))
+            obs = ObservationBatch.synthetic(SCHEMA, 2, seed=0, with_actions=False)
+            mean = await svc.predict(obs, "a")
+            drawn = await svc.predict(obs, "a", mode="sample")
+            assert mean.log_probs is None
+            assert drawn.log_probs is not None and drawn.log_probs.shape == (2,)
+            assert not np.allclose(mean.actions, drawn.actions)
+
+    asyncio.run(main())
+
+
+def test_evaluation_stays_on_its_version_while_training_publishes(
+    base: ResidentBaseModel,
+) -> None:
+    async def main() -> None:
+        env = EnvironmentService()
+        svc = InferenceModelService(base, env, TrainingQueue(), max_batch_size=2)
+        spec = EnvSpec(kind="fake", num_envs=2, image_size=32, options={"episode_len": 3})
+        try:
+            await svc.start()
+            session = await env.create_session("evaluator", spec)
+            schema = session.schema.model_copy(update={"action_chunk": 1})
+            await svc.add_tenant(config("a", schema))
+
+            async def publish_mid_run() -> None:
+                while svc.metrics.completed < 1:
+                    await asyncio.sleep(0.001)
+                await svc.load_weights("a", 1, perturbed(svc, "a"))
+
+            result, _ = await asyncio.gather(
+                svc.evaluate(
+                    "a", session.session_id, episodes=4, session_tenant="evaluator", seed=0
+                ),
+                publish_mid_run(),
+            )
+            assert result.version == 0 and result.versions_seen == {0}
+            assert result.episodes == 4 and 0.0 <= result.success_rate <= 1.0
+            assert svc.metrics.completed >= 6  # 2 episodes per env of 3 steps each
+            assert svc.current_policy_version("a") == 1
+            assert svc.states.held_versions("a") == [1]
+        finally:
+            await svc.stop()
+            await env.aclose()
+
+    asyncio.run(main())

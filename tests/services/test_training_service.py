@@ -1,0 +1,373 @@
+"""Training Model Service: train_job (SFT / PPO / GRPO / REINFORCE), grouping, checkpoints."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from joynexus.control.job import JobState, JobTimestamps, TaskType, TrainingJob
+from joynexus.errors import InvalidRequestError, PermissionDeniedError, SchemaMismatchError
+from joynexus.models.backbone import ResidentBaseModel
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.heads import FlowMatchingHeadConfig, OFTHeadConfig
+from joynexus.models.schema import CameraSpec, DataSchema
+from joynexus.models.slots import OptimizerConfig
+from joynexus.queues.meta import SampleMeta
+from joynexus.queues.training import TrainingQueue
+from joynexus.services.samples import camera_field, instructions_array
+from joynexus.services.tenancy import TenantConfig
+from joynexus.services.training import TrainBatch, TrainingModelService
+from joynexus.spec.workload import AlgorithmSpec
+
+SCHEMA = DataSchema(
+    name="tiny",
+    cameras={"cam": CameraSpec(height=32, width=32)},
+    state_dim=3,
+    action_dim=2,
+    action_chunk=4,
+    instruction="push the block",
+)
+OTHER = SCHEMA.model_copy(update={"action_dim": 3})
+OFT = OFTHeadConfig(hidden_dim=32, num_blocks=1)
+FM = FlowMatchingHeadConfig(hidden_dim=32, num_layers=1, num_heads=2, num_inference_steps=2)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def base(tiny_backbone: Any) -> ResidentBaseModel:
+    backbone: ResidentBaseModel = tiny_backbone("qwen2_5_vl")
+    return backbone
+
+
+def config(
+    tid: str,
+    out: Path,
+    *,
+    algo: str = "sft",
+    value_head: bool = False,
+    head: OFTHeadConfig | FlowMatchingHeadConfig = OFT,
+    mb: int = 4,
+    epochs: int = 1,
+    schema: DataSchema = SCHEMA,
+    lr: float = 1e-3,
+) -> TenantConfig:
+    return TenantConfig(
+        tenant_id=tid,
+        schema_=schema,
+        head=head,
+        optimizer=OptimizerConfig(lr=lr),
+        value_head=value_head,
+        algorithm=AlgorithmSpec(name=algo, microbatch_size=mb, epochs=epochs),  # type: ignore[arg-type]
+        seed=7,
+        output_dir=out,
+    )
+
+
+def make_job(
+    tid: str, pid: str, n: int, sig: str, task: TaskType = TaskType.SFT, job_id: str = "job-1"
+) -> TrainingJob:
+    return TrainingJob(
+        job_id=job_id,
+        policy_key=f"{tid}/{task}",
+        tenant_id=tid,
+        task_type=task,
+        partition_id=pid,
+        sample_count=n,
+        domain="d",
+        metadata={"schema_signature": sig},
+        created_seq=1,
+        producer_role="producer",
+        consumer_role="actor",
+        state=JobState.LEASED,
+        timestamps=JobTimestamps(created_at=0.0, updated_at=0.0),
+    )
+
+
+def obs_columns(schema: DataSchema, n: int, seed: int) -> dict[str, np.ndarray]:
+    batch = ObservationBatch.synthetic(schema, n, seed=seed)
+    assert batch.actions is not None
+    cols = {camera_field(c): batch.cameras[c] for c in schema.camera_names}
+    cols["state"] = batch.state
+    cols["instruction"] = instructions_array(batch.instructions)
+    cols["actions"] = batch.actions
+    return cols
+
+
+def put_sft(
+    queue: TrainingQueue, pid: str, tid: str, sig: str, n: int, seed: int = 0, **extra: np.ndarray
+) -> None:
+    cols = obs_columns(SCHEMA, n, seed)
+    cols["action_is_pad"] = np.zeros((n, SCHEMA.action_chunk), bool)
+    cols.update(extra)
+    queue.queue_put(pid, cols, SampleMeta(tenant_id=tid, schema_signature=sig))
+
+
+def put_rl(queue: TrainingQueue, pid: str, tid: str, sig: str, n: int, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    cols = obs_columns(SCHEMA, n, seed)
+    cols["log_probs"] = rng.normal(-2.0, 0.5, n).astype(np.float32)
+    cols["advantages"] = rng.standard_normal(n).astype(np.float32)
+    cols["returns"] = rng.standard_normal(n).astype(np.float32)
+    queue.queue_put(
+        pid, cols, SampleMeta(tenant_id=tid, schema_signature=sig, behavior_policy_version=0)
+    )
+
+
+def service(base: ResidentBaseModel, tmp_path: Path, queue: TrainingQueue | None = None) -> Any:
+    return TrainingModelService(base, queue or TrainingQueue(), output_dir=tmp_path)
+
+
+def test_sft_train_job_lowers_loss_and_bumps_version_per_microbatch(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        info = await svc.add_tenant(config("a", tmp_path, lr=3e-3))
+        put_sft(svc.queue, "p", "a", info.schema_signature, 8)
+        job = make_job("a", "p", 8, info.schema_signature)
+        beats: list[int] = []
+        results = [await svc.train_job(job, heartbeat=lambda: beats.append(1)) for _ in range(6)]
+        assert [r.num_microbatches for r in results] == [2] * 6
+        assert results[-1].policy_version == 12 == svc.policy_version("a")
+        assert len(beats) == 12
+        first, last = np.mean(results[0].losses), np.mean(results[-1].losses)
+        assert last < 0.7 * first
+
+    asyncio.run(main())
+
+
+def test_sft_masks_padded_action_steps(base: ResidentBaseModel, tmp_path: Path) -> None:
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        info = await svc.add_tenant(config("a", tmp_path))
+        await svc.add_tenant(config("b", tmp_path))
+        pad = np.zeros((4, SCHEMA.action_chunk), bool)
+        pad[:, 2:] = True
+        clean = obs_columns(SCHEMA, 4, 0)["actions"]
+        garbage = clean.copy()
+        garbage[:, 2:] = 1e3
+        sig = info.schema_signature
+        put_sft(svc.queue, "pa", "a", sig, 4, action_is_pad=pad, actions=clean)
+        put_sft(svc.queue, "pb", "b", sig, 4, action_is_pad=pad, actions=garbage)
+        ra = await svc.train_job(make_job("a", "pa", 4, sig))
+        rb = await svc.train_job(make_job("b", "pb", 4, sig))
+        assert ra.losses[0] == pytest.approx(rb.losses[0], rel=1e-6)
+        assert rb.losses[0] < 10.0
+
+    asyncio.run(main())
+
+
+def test_ppo_train_job_with_critic_steps_once_per_microbatch(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        info = await svc.add_tenant(
+            config("a", tmp_path, algo="ppo", value_head=True, mb=4, epochs=2)
+        )
+        put_rl(svc.queue, "p", "a", info.schema_signature, 10)
+        before = {n: p.detach().clone() for n, p in svc.slot("a").named_parameters()}
+        res = await svc.train_job(make_job("a", "p", 10, info.schema_signature, TaskType.RL))
+        assert res.num_microbatches == 6 and res.num_samples == 20
+        assert res.policy_version == 6
+        assert {"value_loss", "clip_fraction", "approx_kl", "entropy"} <= set(res.metrics)
+        assert all(np.isfinite(res.losses))
+        after = dict(svc.slot("a").named_parameters())
+        assert not torch.equal(before["value_head.out.weight"], after["value_head.out.weight"])
+        assert not torch.equal(before["action_module.log_std"], after["action_module.log_std"])
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("algo", ["grpo", "reinforce"])
+def test_critic_free_rl_variants_update_the_policy(
+    base: ResidentBaseModel, tmp_path: Path, algo: str
+) -> None:
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        info = await svc.add_tenant(config("a", tmp_path, algo=algo, mb=8))
+        put_rl(svc.queue, "p", "a", info.schema_signature, 8)
+        before = svc.slot("a").action_module.out_proj.weight.detach().clone()
+        res = await svc.train_job(make_job("a", "p", 8, info.schema_signature, TaskType.RL))
+        assert res.policy_version == 1 and "value_loss" not in res.metrics
+        assert not torch.equal(before, svc.slot("a").action_module.out_proj.weight)
+
+    asyncio.run(main())
+
+
+def test_flow_matching_heads_train_sft_but_refuse_rl(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        info = await svc.add_tenant(config("fm", tmp_path, head=FM))
+        await svc.add_tenant(config("fmrl", tmp_path, head=FM, algo="ppo"))
+        sig = info.schema_signature
+        put_sft(svc.queue, "p", "fm", sig, 4)
+        assert (await svc.train_job(make_job("fm", "p", 4, sig))).policy_version == 1
+        put_rl(svc.queue, "r", "fmrl", sig, 4)
+        with pytest.raises(InvalidRequestError, match="Gaussian 'oft'"):
+            await svc.train_job(make_job("fmrl", "r", 4, sig, TaskType.RL))
+        assert svc.policy_version("fmrl") == 0
+
+    asyncio.run(main())
+
+
+def test_annotations_of_every_sample_are_checked(base: ResidentBaseModel, tmp_path: Path) -> None:
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        info = await svc.add_tenant(config("a", tmp_path))
+        sig = info.schema_signature
+        put_sft(svc.queue, "p", "a", sig, 3)
+        put_sft(svc.queue, "p", "intruder", sig, 1, seed=1)
+        with pytest.raises(PermissionDeniedError, match=r"job 'job-1': sample 3 .*'intruder'"):
+            await svc.train_job(make_job("a", "p", 4, sig))
+        put_sft(svc.queue, "q", "a", "sig-other", 2)
+        with pytest.raises(SchemaMismatchError, match=r"job 'job-1': sample 0"):
+            await svc.train_job(make_job("a", "q", 2, sig))
+        with pytest.raises(SchemaMismatchError, match="declares schema signature"):
+            await svc.train_job(make_job("a", "p", 3, "sig-other"))
+        assert svc.policy_version("a") == 0
+
+    asyncio.run(main())
+
+
+def test_train_jobs_share_forwards_and_equal_serial_training(
+    base: ResidentBaseModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows: list[int] = []
+    encode = base.encode
+
+    def counting(feature: Any) -> Any:
+        out = encode(feature)
+        rows.append(int(out.hidden_states.shape[0]))
+        return out
+
+    monkeypatch.setattr(base, "encode", counting)
+
+    async def run(grouped: bool) -> list[list[float]]:
+        svc = service(base, tmp_path / str(grouped))
+        sig = (await svc.add_tenant(config("s", tmp_path))).schema_signature
+        await svc.add_tenant(config("r", tmp_path, algo="ppo", value_head=True, mb=3))
+        put_sft(svc.queue, "ps", "s", sig, 8)
+        put_rl(svc.queue, "pr", "r", sig, 9)
+        jobs = [
+            make_job("s", "ps", 8, sig, job_id="js"),
+            make_job("r", "pr", 9, sig, TaskType.RL, "jr"),
+        ]
+        if grouped:
+            results = await svc.train_jobs(jobs)
+        else:
+            results = [await svc.train_job(j) for j in jobs]
+        assert [r.policy_version for r in results] == [2, 3]
+        return [r.losses for r in results]
+
+    grouped = asyncio.run(run(True))
+    assert rows == [7, 7, 3]  # 4 SFT + 3 RL rows per shared forward; then RL alone
+    rows.clear()
+    serial = asyncio.run(run(False))
+    assert rows == [4, 4, 3, 3, 3]
+    for g, s in zip(grouped, serial, strict=True):
+        np.testing.assert_allclose(g, s, rtol=1e-5, atol=1e-6)
+
+
+def test_export_params_holds_only_the_tenant_modules(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        await svc.add_tenant(config("a", tmp_path, algo="ppo", value_head=True))
+        payload = await svc.export_params("a")
+        assert payload.tenant_id == "a" and payload.policy_version == 0
+        assert payload.named_tensors
+        assert all(n.startswith(("action_module.", "value_head.")) for n in payload.named_tensors)
+        base_numel = sum(p.numel() for p in base.model.parameters())
+        assert sum(t.numel() for t in payload.named_tensors.values()) < base_numel
+        base_ptrs = {p.data_ptr() for p in base.model.parameters()}
+        assert not base_ptrs & {t.data_ptr() for t in payload.named_tensors.values()}
+
+    asyncio.run(main())
+
+
+def test_train_batch_custom_algorithm(base: ResidentBaseModel, tmp_path: Path) -> None:
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        await svc.add_tenant(config("a", tmp_path, algo="ppo"))
+        obs = ObservationBatch.synthetic(SCHEMA, 3, seed=2)
+        res = await svc.train_batch(
+            "a",
+            TrainBatch(
+                observations=obs,
+                loss="reinforce",
+                advantages=np.array([1.0, -1.0, 0.5], np.float32),
+            ),
+        )
+        assert res.policy_version == 1 and np.isfinite(res.loss)
+        with pytest.raises(InvalidRequestError, match="advantages"):
+            await svc.train_batch("a", TrainBatch(observations=obs, loss="ppo"))
+
+    asyncio.run(main())
+
+
+def test_actor_forward_log_probs_replace_behaviour_log_probs(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        info = await svc.add_tenant(config("a", tmp_path, algo="ppo", value_head=True, mb=6))
+        put_rl(svc.queue, "p", "a", info.schema_signature, 6)  # log_probs far from the actor
+        job = make_job("a", "p", 6, info.schema_signature, TaskType.RL)
+        await svc.actor_forward(job)
+        assert {"actor_log_probs", "actor_values"} <= set(svc.queue.info("p").fields)
+        res = await svc.train_job(job)
+        # One microbatch under the unchanged actor: the ratio is exactly 1.
+        assert res.metrics["approx_kl"] == pytest.approx(0.0, abs=1e-6)
+        assert res.metrics["clip_fraction"] == 0.0
+
+    asyncio.run(main())
+
+
+def test_resume_from_checkpoint_reproduces_next_losses(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    async def losses(svc: Any, sig: str, first: int, count: int) -> list[float]:
+        out: list[float] = []
+        for j in range(first, first + count):
+            pid = f"p{j}"
+            put_sft(svc.queue, pid, "fm", sig, 4, seed=j)
+            out += (await svc.train_job(make_job("fm", pid, 4, sig, job_id=f"j{j}"))).losses
+        return out
+
+    async def main() -> None:
+        cfg = config("fm", tmp_path / "ckpt", head=FM, mb=2)
+        straight = service(base, tmp_path / "a")
+        sig = (await straight.add_tenant(cfg)).schema_signature
+        full = await losses(straight, sig, 0, 4)
+
+        first = service(base, tmp_path / "b")
+        await first.add_tenant(cfg)
+        head = await losses(first, sig, 0, 2)
+        (path,) = await first.save(step=2)
+        assert path == tmp_path / "ckpt" / "fm" / "step_2"
+        assert (path / "manifest.json").is_file() and (path / "optimizer.safetensors").is_file()
+
+        resumed = service(base, tmp_path / "c")
+        await resumed.add_tenant(cfg)
+        assert await resumed.restore("fm") == 4
+        tail = await losses(resumed, sig, 2, 2)
+        np.testing.assert_allclose(head + tail, full, rtol=0, atol=1e-6)
+
+    asyncio.run(main())
