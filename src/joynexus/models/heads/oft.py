@@ -1,0 +1,186 @@
+"""OFT-style action head: an MLP-ResNet from pooled backbone features (+ state) to a chunk.
+
+Following the OpenVLA-OFT recipe, the whole chunk is regressed in one shot with an L1
+loss. For RL the same network is the mean of a diagonal Gaussian policy whose
+state-independent log-std is a learned parameter, so PPO can compute log-probs and
+entropy without a second network.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from joynexus.models.heads.base import (
+    ActionModule,
+    ResidualMLPBlock,
+    expand_mask,
+    features_as,
+    masked_mean,
+    masked_reduce,
+)
+from joynexus.models.types import BackboneOutput
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+
+class OFTHeadConfig(BaseModel):
+    """Hyperparameters of :class:`OFTHead` (small defaults suit tests and CPU runs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    type: Literal["oft"] = "oft"
+    hidden_dim: int = Field(default=128, gt=0, le=8192)
+    num_blocks: int = Field(default=2, ge=0, le=32)
+    pooling: Literal["mean", "attention"] = Field(
+        default="mean",
+        description="'mean' = masked mean over valid tokens; 'attention' = one learned query.",
+    )
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    init_log_std: float = Field(default=-1.0, ge=-10.0, le=2.0)
+    min_log_std: float = Field(default=-5.0, ge=-20.0, le=0.0)
+    max_log_std: float = Field(default=2.0, ge=-5.0, le=5.0)
+
+
+class AttentionPooling(nn.Module):
+    """One learned query attending over the valid backbone tokens."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(hidden_size))
+        self.key = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.scale = hidden_size**-0.5
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        scores = (self.key(hidden_states) @ self.query) * self.scale  # [B, L]
+        scores = scores.masked_fill(attention_mask == 0, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1).unsqueeze(-1)
+        return (weights * hidden_states).sum(dim=1)
+
+
+class OFTHead(ActionModule):
+    """MLP-ResNet action head with a Gaussian policy on top of its mean.
+
+    Args:
+        config: Head hyperparameters.
+        hidden_size: Backbone feature width ``D``.
+        state_dim, action_dim, action_chunk: The tenant schema's dims.
+    """
+
+    def __init__(
+        self,
+        config: OFTHeadConfig,
+        *,
+        hidden_size: int,
+        state_dim: int,
+        action_dim: int,
+        action_chunk: int,
+    ):
+        super().__init__(
+            hidden_size=hidden_size,
+            state_dim=state_dim,
+            action_dim=action_dim,
+            action_chunk=action_chunk,
+        )
+        self.config = config
+        self.pool: AttentionPooling | None = (
+            AttentionPooling(hidden_size) if config.pooling == "attention" else None
+        )
+        self.input_norm = nn.LayerNorm(hidden_size)
+        self.input_proj = nn.Linear(hidden_size + state_dim, config.hidden_dim)
+        self.blocks = nn.Sequential(
+            *(
+                ResidualMLPBlock(config.hidden_dim, dropout=config.dropout)
+                for _ in range(config.num_blocks)
+            )
+        )
+        self.out_norm = nn.LayerNorm(config.hidden_dim)
+        self.out_proj = nn.Linear(config.hidden_dim, action_chunk * action_dim)
+        self.log_std = nn.Parameter(torch.full((action_dim,), config.init_log_std))
+
+    def mean(self, features: BackboneOutput, state: torch.Tensor) -> torch.Tensor:
+        """The regressed action chunk ``[B, chunk, action_dim]`` (the policy mean)."""
+        self.check_inputs(features, state)
+        features = features_as(features, self)
+        hs, mask = features.hidden_states, features.attention_mask
+        pooled = masked_mean(hs, mask) if self.pool is None else self.pool(hs, mask)
+        x = torch.cat([self.input_norm(pooled), state.to(pooled)], dim=-1)
+        h = self.out_norm(self.blocks(self.input_proj(x)))
+        out: torch.Tensor = self.out_proj(h)
+        return out.view(-1, self.action_chunk, self.action_dim)
+
+    def loss(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        actions: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """L1 between the regressed chunk and ``actions`` over valid entries."""
+        self.check_inputs(features, state, actions)
+        pred = self.mean(features, state)
+        return masked_reduce((pred - actions.to(pred)).abs(), action_mask)
+
+    @torch.no_grad()
+    def predict(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Deterministic action: the policy mean."""
+        return self.mean(features, state)
+
+    # --- Gaussian policy (RL) -------------------------------------------------------
+
+    def clamped_log_std(self) -> torch.Tensor:
+        """The per-action-dim log-std, clamped to the configured range."""
+        return self.log_std.clamp(self.config.min_log_std, self.config.max_log_std)
+
+    def log_prob(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        actions: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Log-density ``[B]`` of each whole chunk under the diagonal Gaussian policy.
+
+        Masked-out entries contribute nothing, so padded action dims and steps past the
+        end of an episode do not bias PPO ratios.
+        """
+        self.check_inputs(features, state, actions)
+        mu = self.mean(features, state)
+        log_std = self.clamped_log_std()
+        z = (actions.to(mu) - mu) * torch.exp(-log_std)
+        per_entry = -0.5 * z.pow(2) - log_std - 0.5 * _LOG_2PI
+        if action_mask is not None:
+            per_entry = per_entry * expand_mask(action_mask, per_entry)
+        return per_entry.flatten(1).sum(dim=-1)
+
+    def entropy(self) -> torch.Tensor:
+        """Entropy of the policy for one chunk (scalar; state-independent log-std)."""
+        per_dim = self.clamped_log_std() + 0.5 * (1.0 + _LOG_2PI)
+        return per_dim.sum() * self.action_chunk
+
+    def sample(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw a chunk from the policy; returns ``(actions [B, chunk, A], log_prob [B])``."""
+        mu = self.mean(features, state)
+        log_std = self.clamped_log_std()
+        noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
+        actions = mu + noise * torch.exp(log_std)
+        per_entry = -0.5 * noise.pow(2) - log_std - 0.5 * _LOG_2PI
+        return actions, per_entry.flatten(1).sum(dim=-1)

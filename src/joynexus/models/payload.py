@@ -1,0 +1,388 @@
+"""Tenant parameter payloads and checkpoints (paper §4.1.2, Figure 4).
+
+* :func:`export_params` / :func:`load_weights` move one tenant's action-module tensors
+  from the Training Model Service to the Inference Model Service. A payload never
+  contains base-model weights.
+* :func:`save_slot` / :func:`load_slot` persist a slot to
+  ``<output_dir>/<tenant>/step_<n>/`` with ``action_module.safetensors``, optionally
+  ``optimizer.safetensors`` + ``optimizer.json``, and ``manifest.json`` (tenant, schema
+  signature, base model id + hash, policy version, step, creation time, sha256 of every
+  file). The directory is written under a temporary name and renamed into place, so a
+  crash never leaves a half-written checkpoint that looks complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from safetensors.torch import load_file, save_file
+
+from joynexus.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    SchemaMismatchError,
+)
+from joynexus.models.slots import TenantSlot, validate_tenant_id
+
+ACTION_MODULE_FILE = "action_module.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+OPTIMIZER_META_FILE = "optimizer.json"
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = 1
+
+
+@dataclass
+class TenantPayload:
+    """One tenant's exported action-module state.
+
+    Attributes:
+        tenant_id: Owner of the tensors.
+        policy_version: The version these tensors are.
+        schema_signature: Interface they were trained for; ``load_weights`` refuses a
+            slot with a different one.
+        named_tensors: ``action_module.<name>`` / ``value_head.<name>`` → tensor (CPU
+            copies, independent of later training).
+    """
+
+    tenant_id: str
+    policy_version: int
+    schema_signature: str
+    named_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.named_tensors.values())
+
+
+def export_params(slot: TenantSlot) -> TenantPayload:
+    """Snapshot ``slot``'s action module (+ value head): never the base model."""
+    return TenantPayload(
+        tenant_id=slot.tenant_id,
+        policy_version=slot.policy_version,
+        schema_signature=slot.schema_signature,
+        named_tensors={
+            name: t.detach().to("cpu", copy=True) for name, t in slot.state_tensors().items()
+        },
+    )
+
+
+def load_weights(slot: TenantSlot, payload: TenantPayload) -> None:
+    """Install ``payload`` into ``slot`` and adopt its policy version.
+
+    Validation happens before any tensor is written, so a rejected payload leaves the
+    slot untouched.
+
+    Raises:
+        InvalidRequestError: wrong tenant, a missing or unexpected tensor name, or a
+            tensor whose shape/dtype differs from the slot's (the message names it and
+            the expected shape).
+        SchemaMismatchError: the payload was trained for another schema signature.
+    """
+    if payload.tenant_id != slot.tenant_id:
+        raise InvalidRequestError(
+            f"payload belongs to tenant {payload.tenant_id!r}, not {slot.tenant_id!r}",
+            field="tenant_id",
+        )
+    if payload.schema_signature != slot.schema_signature:
+        raise SchemaMismatchError(
+            f"tenant {slot.tenant_id!r}: payload schema signature "
+            f"{payload.schema_signature!r} does not match the slot's "
+            f"{slot.schema_signature!r}",
+            field="schema_signature",
+            expected=slot.schema_signature,
+            got=payload.schema_signature,
+        )
+    if payload.policy_version < 0:
+        raise InvalidRequestError(
+            f"policy_version must be >= 0, got {payload.policy_version}", field="policy_version"
+        )
+    _copy_validated(slot, payload.named_tensors)
+    slot.policy_version = payload.policy_version
+
+
+def _copy_validated(slot: TenantSlot, tensors: dict[str, torch.Tensor]) -> None:
+    current = slot.state_tensors()
+    missing = sorted(set(current) - set(tensors))
+    unexpected = sorted(set(tensors) - set(current))
+    if missing or unexpected:
+        raise InvalidRequestError(
+            f"tenant {slot.tenant_id!r}: payload tensor names do not match the action "
+            f"module: missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}",
+            field="named_tensors",
+            missing=missing,
+            unexpected=unexpected,
+        )
+    for name, target in current.items():
+        src = tensors[name]
+        if not isinstance(src, torch.Tensor):
+            raise InvalidRequestError(
+                f"{name}: expected a tensor, got {type(src).__name__}", field=name
+            )
+        if tuple(src.shape) != tuple(target.shape):
+            raise InvalidRequestError(
+                f"{name}: expected shape {list(target.shape)}, got {list(src.shape)}",
+                field=name,
+                expected_shape=list(target.shape),
+                shape=list(src.shape),
+            )
+        if src.dtype != target.dtype:
+            raise InvalidRequestError(
+                f"{name}: expected dtype {target.dtype}, got {src.dtype}",
+                field=name,
+                expected_dtype=str(target.dtype),
+                dtype=str(src.dtype),
+            )
+    with torch.no_grad():
+        for name, target in current.items():
+            target.copy_(tensors[name])
+
+
+# --- checkpoints ---------------------------------------------------------------------
+
+
+class CheckpointManifest(BaseModel):
+    """``manifest.json`` of one tenant checkpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: int = MANIFEST_FORMAT
+    tenant_id: str
+    schema_signature: str
+    base_model_id: str
+    base_model_hash: str | None = None
+    policy_version: int = Field(ge=0)
+    step: int = Field(ge=0)
+    created: float
+    head: dict[str, Any]
+    value_head: dict[str, Any] | None = None
+    includes_optimizer: bool
+    files: dict[str, str] = Field(description="file name → sha256 hex digest")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def checkpoint_dir(output_dir: str | os.PathLike[str], tenant_id: str, step: int) -> Path:
+    """``<output_dir>/<tenant>/step_<n>`` (tenant id validated against path traversal)."""
+    if step < 0:
+        raise InvalidRequestError(f"step must be >= 0, got {step}", field="step")
+    return Path(output_dir) / validate_tenant_id(tenant_id) / f"step_{step}"
+
+
+def _optimizer_tensors(slot: TenantSlot) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Flatten AdamW state to ``state.<param name>.<key>`` tensors + JSON hyperparameters.
+
+    Parameters are identified by name, not by position, so a reordering of modules
+    cannot silently attach moments to the wrong tensor.
+    """
+    names = {id(p): n for n, p in slot.named_parameters()}
+    sd = slot.optimizer.state_dict()
+    index_to_name: dict[int, str] = {}
+    for group in slot.optimizer.param_groups:
+        for p in group["params"]:
+            index_to_name[len(index_to_name)] = names[id(p)]
+    tensors: dict[str, torch.Tensor] = {}
+    for idx, state in sd["state"].items():
+        pname = index_to_name[int(idx)]
+        for key, value in state.items():
+            t = value if isinstance(value, torch.Tensor) else torch.tensor(value)
+            tensors[f"state.{pname}.{key}"] = t.detach().to("cpu").contiguous()
+    groups = []
+    for group, sd_group in zip(slot.optimizer.param_groups, sd["param_groups"], strict=True):
+        hyper = {k: v for k, v in sd_group.items() if k != "params"}
+        hyper["param_names"] = [names[id(p)] for p in group["params"]]
+        groups.append(hyper)
+    return tensors, {"type": type(slot.optimizer).__name__, "param_groups": groups}
+
+
+def _restore_optimizer(
+    slot: TenantSlot, tensors: dict[str, torch.Tensor], meta: dict[str, Any]
+) -> None:
+    names = [n for n, _ in slot.named_parameters()]
+    groups = meta.get("param_groups", [])
+    if meta.get("type") != type(slot.optimizer).__name__ or len(groups) != len(
+        slot.optimizer.param_groups
+    ):
+        raise SchemaMismatchError(
+            f"optimizer checkpoint is {meta.get('type')} with {len(groups)} group(s); the "
+            f"slot has {type(slot.optimizer).__name__} with "
+            f"{len(slot.optimizer.param_groups)}",
+            field="optimizer",
+        )
+    param_groups: list[dict[str, Any]] = []
+    order: list[str] = []
+    for g in groups:
+        g = dict(g)
+        gnames = list(g.pop("param_names"))
+        g["params"] = list(range(len(order), len(order) + len(gnames)))
+        order.extend(gnames)
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+        param_groups.append(g)
+    if sorted(order) != sorted(names):
+        raise SchemaMismatchError(
+            "optimizer checkpoint parameter names do not match the slot's action module",
+            field="optimizer",
+        )
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for idx, pname in enumerate(order):
+        prefix = f"state.{pname}."
+        entry = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+        if entry:
+            state[idx] = entry
+    slot.optimizer.load_state_dict({"state": state, "param_groups": param_groups})
+
+
+def save_slot(
+    slot: TenantSlot,
+    output_dir: str | os.PathLike[str],
+    step: int,
+    *,
+    include_optim: bool = True,
+    base_model_id: str | None = None,
+    base_model_hash: str | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Path:
+    """Write ``slot`` to ``<output_dir>/<tenant>/step_<step>/`` atomically.
+
+    Args:
+        slot: The tenant slot.
+        output_dir: Root of the tenant checkpoints.
+        step: Training step recorded in the directory name and the manifest.
+        include_optim: Also write the AdamW state (needed to resume training).
+        base_model_id: Recorded in the manifest; defaults to the slot's base model id.
+        base_model_hash: Optional digest of the base weights, checked on load.
+        clock: Returns the creation timestamp (seconds since the epoch).
+
+    Returns:
+        The checkpoint directory.
+
+    Raises:
+        InvalidRequestError: bad tenant id or step.
+        ConflictError: that checkpoint directory already exists.
+    """
+    final = checkpoint_dir(output_dir, slot.tenant_id, step)
+    if final.exists():
+        raise ConflictError(f"checkpoint {final} already exists", path=str(final))
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}.", suffix=".tmp", dir=final.parent))
+    try:
+        tensors = {n: t.detach().to("cpu").contiguous() for n, t in slot.state_tensors().items()}
+        save_file(tensors, str(tmp / ACTION_MODULE_FILE))
+        if include_optim:
+            opt_tensors, opt_meta = _optimizer_tensors(slot)
+            save_file(opt_tensors, str(tmp / OPTIMIZER_FILE))
+            (tmp / OPTIMIZER_META_FILE).write_text(json.dumps(opt_meta, indent=2, sort_keys=True))
+        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
+        manifest = CheckpointManifest(
+            tenant_id=slot.tenant_id,
+            schema_signature=slot.schema_signature,
+            base_model_id=base_model_id or slot.base_model_id,
+            base_model_hash=base_model_hash,
+            policy_version=slot.policy_version,
+            step=step,
+            created=float(clock()),
+            head=slot.head_config.model_dump(mode="json"),
+            value_head=None
+            if slot.value_head_config is None
+            else slot.value_head_config.model_dump(mode="json"),
+            includes_optimizer=include_optim,
+            files=files,
+        )
+        (tmp / MANIFEST_FILE).write_text(manifest.model_dump_json(indent=2))
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def read_manifest(path: str | os.PathLike[str]) -> CheckpointManifest:
+    """Parse ``<path>/manifest.json``.
+
+    Raises:
+        NotFoundError: no manifest there.
+        InvalidRequestError: the manifest does not parse.
+    """
+    mpath = Path(path) / MANIFEST_FILE
+    if not mpath.is_file():
+        raise NotFoundError(f"no checkpoint manifest at {mpath}", path=str(mpath))
+    try:
+        return CheckpointManifest.model_validate_json(mpath.read_text())
+    except ValueError as exc:
+        raise InvalidRequestError(f"corrupt manifest {mpath}: {exc}", path=str(mpath)) from exc
+
+
+def load_slot(
+    slot: TenantSlot,
+    path: str | os.PathLike[str],
+    *,
+    base_model_hash: str | None = None,
+    load_optim: bool = True,
+) -> CheckpointManifest:
+    """Restore ``slot``'s module, optimizer (when saved) and policy version from ``path``.
+
+    Every file is verified against the manifest's sha256 before anything is loaded.
+
+    Raises:
+        NotFoundError: no checkpoint at ``path``.
+        InvalidRequestError: another tenant's checkpoint, a hash mismatch, or tensors
+            that do not fit the slot.
+        SchemaMismatchError: a different schema signature or base model.
+    """
+    root = Path(path)
+    manifest = read_manifest(root)
+    if manifest.tenant_id != slot.tenant_id:
+        raise InvalidRequestError(
+            f"checkpoint {root} belongs to tenant {manifest.tenant_id!r}, not {slot.tenant_id!r}",
+            field="tenant_id",
+        )
+    if manifest.schema_signature != slot.schema_signature:
+        raise SchemaMismatchError(
+            f"checkpoint schema signature {manifest.schema_signature!r} does not match the "
+            f"slot's {slot.schema_signature!r}",
+            field="schema_signature",
+        )
+    if manifest.base_model_id != slot.base_model_id or (
+        base_model_hash is not None
+        and manifest.base_model_hash is not None
+        and manifest.base_model_hash != base_model_hash
+    ):
+        raise SchemaMismatchError(
+            f"checkpoint was trained on base model {manifest.base_model_id!r} "
+            f"(hash {manifest.base_model_hash}); this slot runs on {slot.base_model_id!r} "
+            f"(hash {base_model_hash})",
+            field="base_model",
+        )
+    for name, digest in manifest.files.items():
+        fpath = root / name
+        if not fpath.is_file() or _sha256(fpath) != digest:
+            raise InvalidRequestError(
+                f"checkpoint file {fpath} is missing or its sha256 does not match the manifest",
+                path=str(fpath),
+            )
+    _copy_validated(slot, load_file(str(root / ACTION_MODULE_FILE)))
+    if load_optim and manifest.includes_optimizer:
+        device = next(slot.parameters()).device
+        opt_tensors = load_file(str(root / OPTIMIZER_FILE), device=str(device))
+        meta = json.loads((root / OPTIMIZER_META_FILE).read_text())
+        _restore_optimizer(slot, opt_tensors, meta)
+    slot.policy_version = manifest.policy_version
+    return manifest

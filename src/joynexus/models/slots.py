@@ -1,0 +1,315 @@
+"""TenantSlot: everything one tenant owns next to the shared resident base model.
+
+A slot holds the tenant's action module (and optional value head), its own AdamW
+optimizer, its own random generator, its schema and schema signature, and its policy
+version. The base model is held *by reference*: N tenants cost the base once plus the
+sum of their slots (see :func:`unique_parameter_bytes`). Nothing in a slot is ever
+shared with, or averaged against, another tenant's slot (paper Appendix A.6).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from joynexus.errors import InvalidRequestError
+from joynexus.models.heads import (
+    ActionModule,
+    FlowMatchingHeadConfig,
+    OFTHead,
+    OFTHeadConfig,
+    ValueHead,
+    ValueHeadConfig,
+    build_action_module,
+)
+from joynexus.models.schema import DataSchema
+from joynexus.models.types import BackboneOutput
+
+_TENANT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+ACTION_MODULE_PREFIX = "action_module."
+VALUE_HEAD_PREFIX = "value_head."
+
+
+def validate_tenant_id(tenant_id: str) -> str:
+    """Return ``tenant_id`` if it is safe as a path component, else raise.
+
+    Raises:
+        InvalidRequestError: unless it is 1–128 chars of letters, digits, ``_ . -``,
+            starts with a letter or digit and contains no ``..``.
+    """
+    if not isinstance(tenant_id, str) or not _TENANT_ID.match(tenant_id) or ".." in tenant_id:
+        raise InvalidRequestError(
+            f"tenant_id {tenant_id!r} is invalid: expected 1-128 characters of letters, "
+            "digits, '_', '.', '-', starting with a letter or digit, without '..'",
+            field="tenant_id",
+        )
+    return tenant_id
+
+
+class BaseModelRef(Protocol):
+    """What a slot needs to know about the resident base model it is attached to."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def hidden_size(self) -> int: ...
+
+    @property
+    def device(self) -> torch.device: ...
+
+    def signature_for(self, schema: DataSchema) -> str: ...
+
+
+class OptimizerConfig(BaseModel):
+    """Per-tenant AdamW settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lr: float = Field(default=1e-4, gt=0, le=10.0)
+    weight_decay: float = Field(default=0.01, ge=0, le=1.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(default=1e-8, gt=0)
+    grad_clip: float | None = Field(
+        default=1.0, gt=0, description="Max global grad norm; None disables clipping."
+    )
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Outcome of one optimizer step on one tenant slot.
+
+    Attributes:
+        loss: The tenant's loss before the step.
+        policy_version: The tenant's version *after* the step.
+        grad_norm: Global gradient norm before clipping.
+    """
+
+    loss: float
+    policy_version: int
+    grad_norm: float
+
+
+class TenantSlot:
+    """One tenant's private training/serving state on top of a shared base model.
+
+    Args:
+        tenant_id: The tenant (validated: it becomes a checkpoint directory name).
+        schema: The tenant's data schema.
+        base: The resident base model; referenced, never copied.
+        head: Action module config (OFT or flow matching).
+        optimizer: AdamW settings for this tenant alone.
+        value_head: Optional critic config (RL).
+        seed: Seeds the module initialisation and the tenant's own generator, so two
+            slots built with equal arguments are identical.
+        dtype: Parameter dtype of the tenant modules (fp32 by default, also when the
+            base runs in bf16).
+
+    Raises:
+        InvalidRequestError: on a bad tenant id.
+    """
+
+    def __init__(
+        self,
+        tenant_id: str,
+        schema: DataSchema,
+        base: BaseModelRef,
+        head: OFTHeadConfig | FlowMatchingHeadConfig,
+        *,
+        optimizer: OptimizerConfig | None = None,
+        value_head: ValueHeadConfig | None = None,
+        seed: int = 0,
+        dtype: torch.dtype = torch.float32,
+    ):
+        self.tenant_id = validate_tenant_id(tenant_id)
+        self.schema = schema
+        self.base = base
+        self.head_config = head
+        self.value_head_config = value_head
+        self.optimizer_config = optimizer or OptimizerConfig()
+        self.schema_signature = base.signature_for(schema)
+        self.base_model_id = base.model_id
+        self.seed = seed
+        self.policy_version = 0
+        device = base.device
+        # Initialise on CPU under a private RNG so the global RNG (and other tenants)
+        # neither influence nor observe this tenant's initial weights.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            module = build_action_module(head, hidden_size=base.hidden_size, schema=schema)
+            critic = (
+                ValueHead(value_head, hidden_size=base.hidden_size, state_dim=schema.state_dim)
+                if value_head is not None
+                else None
+            )
+        self.action_module: ActionModule = module.to(device=device, dtype=dtype)
+        self.value_head: ValueHead | None = (
+            critic.to(device=device, dtype=dtype) if critic is not None else None
+        )
+        # Separate streams: serving draws must never shift the training noise sequence.
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed + 1)
+        self.inference_generator = torch.Generator(device=device)
+        self.inference_generator.manual_seed(seed + 2)
+        cfg = self.optimizer_config
+        self.optimizer = torch.optim.AdamW(
+            list(self.parameters()),
+            lr=cfg.lr,
+            betas=cfg.betas,
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+        )
+
+    # --- parameters ------------------------------------------------------------------
+
+    def modules(self) -> dict[str, nn.Module]:
+        """The tenant's modules by payload prefix (``action_module``, ``value_head``)."""
+        out: dict[str, nn.Module] = {"action_module": self.action_module}
+        if self.value_head is not None:
+            out["value_head"] = self.value_head
+        return out
+
+    def parameters(self) -> Iterator[nn.Parameter]:
+        for module in self.modules().values():
+            yield from module.parameters()
+
+    def named_parameters(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """Parameters with payload names (``action_module.<name>``, ``value_head.<name>``)."""
+        for prefix, module in self.modules().items():
+            for name, p in module.named_parameters():
+                yield f"{prefix}.{name}", p
+
+    def state_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor of the tenant's modules (parameters and buffers) by payload name."""
+        out: dict[str, torch.Tensor] = {}
+        for prefix, module in self.modules().items():
+            for name, t in module.state_dict().items():
+                out[f"{prefix}.{name}"] = t
+        return out
+
+    def parameter_bytes(self) -> int:
+        """Bytes held by this tenant's parameters (its share of resident memory)."""
+        return unique_parameter_bytes(self.parameters())
+
+    # --- compute ---------------------------------------------------------------------
+
+    def _state_tensor(self, state: torch.Tensor) -> torch.Tensor:
+        p = next(self.action_module.parameters())
+        return state.to(device=p.device, dtype=p.dtype)
+
+    def loss(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        actions: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The action module's supervised loss, drawing randomness from this tenant's RNG."""
+        self.action_module.train()
+        state = self._state_tensor(state)
+        return self.action_module.loss(
+            features, state, actions.to(state), action_mask, generator=self.generator
+        )
+
+    def apply_loss(self, loss: torch.Tensor) -> StepResult:
+        """Backward ``loss`` into this slot only, clip, step AdamW, bump the version.
+
+        This is the one place a tenant's parameters change, so custom algorithms (PPO,
+        GRPO) call it with their own loss.
+
+        Raises:
+            InvalidRequestError: if the loss is not a finite scalar.
+        """
+        if loss.dim() != 0:
+            raise InvalidRequestError(
+                f"loss must be a scalar tensor, got shape {list(loss.shape)}", field="loss"
+            )
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise InvalidRequestError(
+                f"tenant {self.tenant_id!r}: loss is {value}; refusing to step", field="loss"
+            )
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(loss)
+        params = [p for p in self.parameters() if p.grad is not None]
+        clip = self.optimizer_config.grad_clip
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            params, max_norm=clip if clip is not None else math.inf
+        )
+        self.optimizer.step()
+        self.policy_version += 1
+        return StepResult(
+            loss=value, policy_version=self.policy_version, grad_norm=float(grad_norm)
+        )
+
+    def train_step(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        actions: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+    ) -> StepResult:
+        """One supervised (SFT) update on this tenant's rows of backbone output."""
+        return self.apply_loss(self.loss(features.detach(), state, actions, action_mask))
+
+    @torch.no_grad()
+    def predict(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """The action chunk ``[B, chunk, A]`` for each row."""
+        self.action_module.eval()
+        return self.action_module.predict(features, self._state_tensor(state), generator=generator)
+
+    @torch.no_grad()
+    def sample(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Stochastic actions for RL rollouts: ``(actions, log_probs [B] or None)``.
+
+        Gaussian OFT heads sample their policy and return log-probs; other heads return
+        their (already stochastic) prediction and no log-probs.
+        """
+        self.action_module.eval()
+        state = self._state_tensor(state)
+        if isinstance(self.action_module, OFTHead):
+            return self.action_module.sample(features, state, generator=generator)
+        return self.action_module.predict(features, state, generator=generator), None
+
+    @torch.no_grad()
+    def value(self, features: BackboneOutput, state: torch.Tensor) -> torch.Tensor | None:
+        """Critic values ``[B]``, or ``None`` when the slot has no value head."""
+        if self.value_head is None:
+            return None
+        out: torch.Tensor = self.value_head(features, self._state_tensor(state))
+        return out
+
+
+def unique_parameter_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors``.
+
+    Tensors that share storage (tied weights, the same base referenced by many slots)
+    count once, so ``unique_parameter_bytes(base + all slots)`` is the real resident
+    footprint.
+    """
+    seen: dict[tuple[str, int], int] = {}
+    for t in tensors:
+        storage = t.untyped_storage()
+        key = (str(t.device), storage.data_ptr())
+        seen[key] = max(seen.get(key, 0), storage.nbytes())
+    return sum(seen.values())
