@@ -1,0 +1,290 @@
+"""Group-batching benchmark: shared-forward throughput, serial vs grouped (paper §5.2).
+
+For every (tenant count, local batch size) cell, tenants alternate between the LIBERO
+and CALVIN schemas. *Serial* runs one backbone forward per tenant; *grouped* runs one
+forward over the concatenation of all tenants' canonical inputs. Canonicalization is
+done before timing (it is per-sample CPU work, the same total either way) and reported
+separately, so ``serial_s``/``grouped_s`` isolate the shared forward stage, as Figure 10
+does. The breakdown (Figure 11) sets that stage next to the tenant-private action-module
+forward (OFT and flow-matching heads at their default sizes).
+
+Everything runs on a model built locally by :func:`joynexus.models.tiny.make_tiny` and
+loaded through ``from_pretrained``: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from joynexus.models.backbone import ResidentBaseModel
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.feature import VLAFeature, max_abs_diff_left_padded
+from joynexus.models.heads import FlowMatchingHeadConfig, OFTHeadConfig
+from joynexus.models.schema import CALVIN, LIBERO, DataSchema
+from joynexus.models.slots import TenantSlot
+from joynexus.models.tiny import make_tiny
+from joynexus.models.types import BackboneOutput
+
+Group = tuple[str, DataSchema, ObservationBatch]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_time(
+    fn: Callable[[], object], device: torch.device, repeats: int, warmup: int
+) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _groups(num_tenants: int, batch: int, seed: int = 0) -> list[Group]:
+    out: list[Group] = []
+    for i in range(num_tenants):
+        schema = LIBERO if i % 2 == 0 else CALVIN
+        obs = ObservationBatch.synthetic(schema, batch, seed=seed + 1000 * i + batch)
+        out.append((f"{schema.name}-{i}", schema, obs))
+    return out
+
+
+def _encode_all(base: ResidentBaseModel, features: Sequence[VLAFeature]) -> list[BackboneOutput]:
+    return [base.encode(f) for f in features]
+
+
+def _max_diff(
+    grouped_feature: VLAFeature, grouped: BackboneOutput, serial: Sequence[BackboneOutput]
+) -> float:
+    worst = 0.0
+    for entry, out in zip(grouped_feature.slices, serial, strict=True):
+        rows = grouped.rows(entry.start, entry.stop)
+        worst = max(
+            worst,
+            max_abs_diff_left_padded(
+                rows.hidden_states, rows.attention_mask, out.hidden_states, out.attention_mask
+            ),
+        )
+    return worst
+
+
+def measure_cell(
+    base: ResidentBaseModel, num_tenants: int, batch: int, *, repeats: int, warmup: int
+) -> dict[str, Any]:
+    """Time serial vs grouped shared forward for one grid cell."""
+    groups = _groups(num_tenants, batch)
+    device = base.device
+    start = time.perf_counter()
+    serial_features = [base.canonicalize([g]) for g in groups]
+    canon_serial = time.perf_counter() - start
+    start = time.perf_counter()
+    grouped_feature = base.canonicalize(groups)
+    canon_grouped = time.perf_counter() - start
+    serial_s = _median_time(
+        lambda: _encode_all(base, serial_features), device, repeats=repeats, warmup=warmup
+    )
+    grouped_s = _median_time(
+        lambda: base.encode(grouped_feature), device, repeats=repeats, warmup=warmup
+    )
+    diff = _max_diff(
+        grouped_feature, base.encode(grouped_feature), _encode_all(base, serial_features)
+    )
+    return {
+        "tenants": num_tenants,
+        "batch": batch,
+        "serial_s": serial_s,
+        "grouped_s": grouped_s,
+        "speedup": serial_s / grouped_s if grouped_s > 0 else float("inf"),
+        "canonicalize_serial_s": canon_serial,
+        "canonicalize_grouped_s": canon_grouped,
+        "max_abs_diff": diff,
+    }
+
+
+def measure_breakdown(
+    base: ResidentBaseModel, num_tenants: int, batch: int, *, repeats: int, warmup: int
+) -> dict[str, Any]:
+    """Base forward (serial and grouped) vs tenant action-module forward (Figure 11).
+
+    The action-module time is the training forward (loss, no backward) of every
+    tenant's head on its slice of the grouped output, summed over tenants.
+    """
+    groups = _groups(num_tenants, batch, seed=7)
+    device = base.device
+    serial_features = [base.canonicalize([g]) for g in groups]
+    grouped_feature = base.canonicalize(groups)
+    out = base.encode(grouped_feature)
+    result: dict[str, Any] = {
+        "tenants": num_tenants,
+        "batch": batch,
+        "base_forward_serial_s": _median_time(
+            lambda: _encode_all(base, serial_features), device, repeats, warmup
+        ),
+        "base_forward_grouped_s": _median_time(
+            lambda: base.encode(grouped_feature), device, repeats, warmup
+        ),
+        "action_module_forward_s": {},
+        "action_module_params": {},
+    }
+    heads: dict[str, OFTHeadConfig | FlowMatchingHeadConfig] = {
+        "oft": OFTHeadConfig(),
+        "flow_matching": FlowMatchingHeadConfig(),
+    }
+    for name, head in heads.items():
+        slots = [
+            TenantSlot(tid, schema, base, head, seed=i) for i, (tid, schema, _) in enumerate(groups)
+        ]
+        inputs = []
+        for slot, (tid, _, obs) in zip(slots, groups, strict=True):
+            entry = grouped_feature.slice_of(tid)
+            assert obs.actions is not None
+            inputs.append(
+                (
+                    slot,
+                    out.rows(entry.start, entry.stop),
+                    torch.from_numpy(obs.state).to(device),
+                    torch.from_numpy(obs.actions).to(device),
+                )
+            )
+
+        def heads_forward(inputs: list[Any] = inputs) -> None:
+            for slot, feats, state, actions in inputs:
+                slot.loss(feats, state, actions)
+
+        result["action_module_forward_s"][name] = _median_time(
+            heads_forward, device, repeats, warmup
+        )
+        result["action_module_params"][name] = sum(p.numel() for p in slots[0].parameters())
+    return result
+
+
+def run_group_batching(
+    *,
+    arch: str = "qwen2_5_vl",
+    size: str = "tiny",
+    tenants: Sequence[int] = (2, 4, 6, 8),
+    batches: Sequence[int] = (1, 2, 4, 8),
+    device: str = "cpu",
+    repeats: int = 5,
+    warmup: int = 2,
+    breakdown: tuple[int, int] | None = (8, 4),
+    threads: int | None = None,
+    model_dir: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the benchmark and return its JSON-ready results.
+
+    Args:
+        arch, size: Which tiny/small model to build (``joynexus models make-tiny``).
+        tenants, batches: The grid (Figure 10).
+        device: ``cpu`` (fp32) or ``cuda`` (bf16).
+        repeats, warmup: Timed and untimed runs per measurement; the median is kept.
+        breakdown: ``(tenants, batch)`` of the Figure 11 breakdown, or ``None``.
+        threads: ``torch.set_num_threads`` for the run (default: leave as is).
+        model_dir: Reuse an already built model directory instead of building one.
+        progress: Called with a short line before each measurement.
+
+    Raises:
+        ValueError: an empty grid or non-positive sizes.
+    """
+    if not tenants or not batches or min(*tenants, *batches) < 1 or repeats < 1 or warmup < 0:
+        raise ValueError(
+            "tenants and batches need positive entries, repeats >= 1 and warmup >= 0; got "
+            f"tenants={list(tenants)}, batches={list(batches)}, repeats={repeats}, "
+            f"warmup={warmup}"
+        )
+    previous_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        with tempfile.TemporaryDirectory(prefix="joynexus-bench-") as tmp:
+            path = Path(model_dir) if model_dir is not None else make_tiny(arch, tmp, size=size)
+            base = ResidentBaseModel.from_pretrained(str(path), device=device)
+            grid = []
+            for t in tenants:
+                for b in batches:
+                    if progress is not None:
+                        progress(f"{t} tenants x batch {b}")
+                    grid.append(measure_cell(base, t, b, repeats=repeats, warmup=warmup))
+            result: dict[str, Any] = {
+                "config": {
+                    "arch": arch,
+                    "size": size,
+                    "device": str(base.device),
+                    "dtype": str(base.dtype).removeprefix("torch."),
+                    "threads": torch.get_num_threads(),
+                    "repeats": repeats,
+                    "warmup": warmup,
+                    "base_parameters": sum(p.numel() for p in base.model.parameters()),
+                    "canonical_image_size": base.canonical_image_size,
+                },
+                "grid": grid,
+                "breakdown": None,
+                "max_abs_diff": max(cell["max_abs_diff"] for cell in grid),
+            }
+            if breakdown is not None:
+                if progress is not None:
+                    progress(f"breakdown at {breakdown[0]} tenants x batch {breakdown[1]}")
+                result["breakdown"] = measure_breakdown(
+                    base, breakdown[0], breakdown[1], repeats=repeats, warmup=warmup
+                )
+            return result
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def print_report(result: dict[str, Any], console: Console) -> None:
+    """Rich tables: the speedup grid (Figure 10) and the breakdown (Figure 11)."""
+    cfg = result["config"]
+    grid = result["grid"]
+    tenants = sorted({c["tenants"] for c in grid})
+    batches = sorted({c["batch"] for c in grid})
+    cells = {(c["tenants"], c["batch"]): c for c in grid}
+    title = f"{cfg['arch']} {cfg['size']}, {cfg['device']} {cfg['dtype']}, {cfg['threads']} threads"
+    speed = Table(title=f"Group batching speedup, shared forward ({title})")
+    times = Table(title="Shared forward time, serial / grouped (ms)")
+    for table in (speed, times):
+        table.add_column("tenants \\ batch", justify="right")
+        for b in batches:
+            table.add_column(f"b={b}", justify="right")
+    for t in tenants:
+        speed_row, time_row = [str(t)], [str(t)]
+        for b in batches:
+            c = cells.get((t, b))
+            speed_row.append("-" if c is None else f"{c['speedup']:.2f}x")
+            time_row.append(
+                "-" if c is None else f"{c['serial_s'] * 1e3:.1f} / {c['grouped_s'] * 1e3:.1f}"
+            )
+        speed.add_row(*speed_row)
+        times.add_row(*time_row)
+    console.print(speed)
+    console.print(times)
+    console.print(f"max |grouped - serial| feature diff: {result['max_abs_diff']:.2e}")
+    bd = result.get("breakdown")
+    if bd:
+        t2 = Table(title=f"Forward breakdown at {bd['tenants']} tenants x batch {bd['batch']}")
+        t2.add_column("component")
+        t2.add_column("time (ms)", justify="right")
+        t2.add_row("base forward, serial", f"{bd['base_forward_serial_s'] * 1e3:.2f}")
+        t2.add_row("base forward, grouped", f"{bd['base_forward_grouped_s'] * 1e3:.2f}")
+        for name, secs in bd["action_module_forward_s"].items():
+            params = bd["action_module_params"][name]
+            t2.add_row(f"action modules: {name} ({params:,} params each)", f"{secs * 1e3:.2f}")
+        console.print(t2)

@@ -1,0 +1,85 @@
+"""``joynexus bench group-batching``: serial vs grouped shared forward (Figures 10–11)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from joynexus.cli.app import bench_app
+
+console = Console()
+
+
+def _int_list(value: str, option: str) -> list[int]:
+    try:
+        items = [int(v) for v in value.split(",") if v.strip()]
+    except ValueError:
+        items = []
+    if not items or min(items) < 1:
+        raise typer.BadParameter(
+            f"expected comma-separated positive integers, e.g. 2,4,8; got {value!r}",
+            param_hint=option,
+        )
+    return items
+
+
+@bench_app.command("group-batching")
+def bench_group_batching(
+    arch: Annotated[
+        str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm")
+    ] = "qwen2_5_vl",
+    size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
+    tenants: Annotated[str, typer.Option("--tenants", help="Tenant counts.")] = "2,4,6,8",
+    batch: Annotated[str, typer.Option("--batch", help="Local batch sizes.")] = "1,2,4,8",
+    device: Annotated[str, typer.Option("--device", help="cpu (fp32) | cuda (bf16)")] = "cpu",
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed runs (median).")] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs first.")] = 2,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="torch intra-op threads.")
+    ] = None,
+    breakdown: Annotated[
+        str, typer.Option("--breakdown", help="TENANTS,BATCH of the breakdown table.")
+    ] = "8,4",
+    model_dir: Annotated[
+        Path | None,
+        typer.Option("--model-dir", help="Use this saved model instead of building one."),
+    ] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
+    ] = None,
+) -> None:
+    """Shared-forward throughput, serial vs grouped: speedup grid and forward breakdown."""
+    from joynexus.bench.group_batching import print_report, run_group_batching
+    from joynexus.models.tiny import ARCHES, SIZES
+
+    if arch not in ARCHES:
+        raise typer.BadParameter(f"must be one of {', '.join(ARCHES)}", param_hint="--arch")
+    if size not in SIZES:
+        raise typer.BadParameter(f"must be one of {', '.join(SIZES)}", param_hint="--size")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise typer.BadParameter("must be cpu, cuda or cuda:N", param_hint="--device")
+    bd = _int_list(breakdown, "--breakdown")
+    if len(bd) != 2:
+        raise typer.BadParameter("expected TENANTS,BATCH, e.g. 8,4", param_hint="--breakdown")
+    result = run_group_batching(
+        arch=arch,
+        size=size,
+        tenants=_int_list(tenants, "--tenants"),
+        batches=_int_list(batch, "--batch"),
+        device=device,
+        repeats=repeats,
+        warmup=warmup,
+        breakdown=(bd[0], bd[1]),
+        threads=threads,
+        model_dir=model_dir,
+        progress=lambda line: console.print(f"[dim]measuring {line}[/dim]"),
+    )
+    print_report(result, console)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=2, sort_keys=True))
+        console.print(f"wrote {json_path}")

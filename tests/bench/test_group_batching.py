@@ -1,0 +1,58 @@
+"""`bench group-batching`: JSON shape and grouped == serial features (no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from joynexus.bench.group_batching import run_group_batching
+from joynexus.cli.main import app
+from joynexus.models.tiny import make_tiny
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny("qwen2_5_vl", tmp_path_factory.mktemp("bench-qwen"), size="tiny")
+
+
+def test_smallest_grid_json_shape(model_dir: Path) -> None:
+    result = run_group_batching(
+        tenants=[2],
+        batches=[1],
+        repeats=1,
+        warmup=0,
+        breakdown=(2, 1),
+        threads=1,
+        model_dir=model_dir,
+    )
+    json.dumps(result)  # JSON-ready
+    assert set(result) >= {"config", "grid", "breakdown", "max_abs_diff"}
+    (cell,) = result["grid"]
+    assert set(cell) >= {"tenants", "batch", "serial_s", "grouped_s", "speedup"}
+    assert (cell["tenants"], cell["batch"]) == (2, 1)
+    assert cell["serial_s"] > 0 and cell["grouped_s"] > 0
+    assert cell["speedup"] == pytest.approx(cell["serial_s"] / cell["grouped_s"])
+    assert result["max_abs_diff"] <= 1e-5
+    bd = result["breakdown"]
+    assert set(bd["action_module_forward_s"]) == {"oft", "flow_matching"}
+    assert bd["base_forward_serial_s"] > 0 and bd["base_forward_grouped_s"] > 0
+    assert result["config"]["dtype"] == "float32" and result["config"]["threads"] == 1
+
+
+def test_cli_writes_json_and_rejects_bad_lists(model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "gb.json"
+    args = ["bench", "group-batching", "--tenants", "2", "--batch", "1", "--repeats", "1"]
+    args += ["--warmup", "0", "--breakdown", "2,1", "--threads", "1"]
+    args += ["--model-dir", str(model_dir), "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "speedup" in result.output
+    data = json.loads(out.read_text())
+    assert data["grid"][0]["tenants"] == 2 and data["max_abs_diff"] <= 1e-5
+
+    bad = CliRunner().invoke(app, ["bench", "group-batching", "--tenants", "two"])
+    assert bad.exit_code == 2
+    assert "--tenants" in bad.output

@@ -1,0 +1,221 @@
+"""GroupedExecutor: one shared forward, per-tenant isolation, inference batch function."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+
+from joynexus.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    SchemaMismatchError,
+)
+from joynexus.models.backbone import ResidentBaseModel
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.feature import VLAFeature
+from joynexus.models.grouped import GroupedExecutor, resident_bytes
+from joynexus.models.heads import FlowMatchingHeadConfig, OFTHeadConfig, ValueHeadConfig
+from joynexus.models.schema import CALVIN, LIBERO, PUSHT, CameraSpec, DataSchema
+from joynexus.models.slots import TenantSlot
+from joynexus.models.types import BackboneOutput
+from tests.models.conftest import TinyBackbone
+
+OFT = OFTHeadConfig(hidden_dim=32, num_blocks=1)
+FM = FlowMatchingHeadConfig(hidden_dim=32, num_layers=1, num_heads=2, num_inference_steps=3)
+
+
+def _small(schema: DataSchema, side: int = 24) -> DataSchema:
+    cams = {n: CameraSpec(height=side, width=side) for n in schema.cameras}
+    return schema.model_copy(update={"cameras": cams})
+
+
+LIB, CAL, PT = _small(LIBERO), _small(CALVIN), _small(PUSHT)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture
+def base(tiny_backbone: TinyBackbone) -> ResidentBaseModel:
+    return tiny_backbone("qwen2_5_vl")
+
+
+class CountingBase:
+    """The real backbone, counting its shared forwards (delegates everything)."""
+
+    def __init__(self, inner: ResidentBaseModel):
+        self.inner = inner
+        self.model_id = inner.model_id
+        self.hidden_size = inner.hidden_size
+        self.device = inner.device
+        self.encoded_rows: list[int] = []
+
+    def signature_for(self, schema: DataSchema) -> str:
+        return self.inner.signature_for(schema)
+
+    def canonicalize(self, groups: list[tuple[str, DataSchema, ObservationBatch]]) -> VLAFeature:
+        return self.inner.canonicalize(groups)
+
+    def encode(self, feature: VLAFeature) -> BackboneOutput:
+        self.encoded_rows.append(feature.batch_size)
+        return self.inner.encode(feature)
+
+    def parameter_bytes(self) -> int:
+        return self.inner.parameter_bytes()
+
+
+def _executor(base: object, heads: dict[str, tuple[DataSchema, object]]) -> GroupedExecutor:
+    slots = [
+        # Seeded by name so a tenant starts identical in every executor it joins.
+        TenantSlot(tid, schema, base, head, seed=sum(map(ord, tid)))  # type: ignore[arg-type]
+        for tid, (schema, head) in heads.items()
+    ]
+    return GroupedExecutor(base, slots)  # type: ignore[arg-type]
+
+
+TENANTS = {"lib": (LIB, OFT), "cal": (CAL, FM), "pt": (PT, OFT)}
+
+
+def _batches(sizes: dict[str, int], seed: int = 0) -> dict[str, ObservationBatch]:
+    schemas = {"lib": LIB, "cal": CAL, "pt": PT}
+    return {
+        t: ObservationBatch.synthetic(schemas[t], n, seed=seed + i)
+        for i, (t, n) in enumerate(sizes.items())
+    }
+
+
+def test_train_step_is_one_forward_and_isolates_tenants(base: ResidentBaseModel) -> None:
+    counting = CountingBase(base)
+    ex = _executor(counting, TENANTS)
+    untouched = {n: p.detach().clone() for n, p in ex.slot("pt").named_parameters()}
+    results = ex.train_step(_batches({"lib": 2, "cal": 1}))
+    assert counting.encoded_rows == [3]  # ONE backbone forward over both tenants
+    assert set(results) == {"lib", "cal"}
+    assert results["lib"].policy_version == 1 and results["cal"].policy_version == 1
+    assert ex.slot("pt").policy_version == 0
+    assert all(torch.equal(p, untouched[n]) for n, p in ex.slot("pt").named_parameters())
+    # The frozen base gets no gradient and no trainable parameter.
+    assert all(not p.requires_grad and p.grad is None for p in base.model.parameters())
+
+    counting.encoded_rows.clear()
+    ex.serial_train_step(_batches({"lib": 2, "cal": 1, "pt": 2}))
+    assert counting.encoded_rows == [2, 1, 2]  # one forward per tenant
+    assert [ex.slot(t).policy_version for t in ("lib", "cal", "pt")] == [2, 2, 1]
+
+
+def test_one_tenants_step_equals_training_it_alone(base: ResidentBaseModel) -> None:
+    grouped = _executor(base, TENANTS)
+    alone = _executor(base, {"cal": TENANTS["cal"]})
+    batches = _batches({"lib": 3, "cal": 2, "pt": 1})
+    g = grouped.train_step(batches)
+    a = alone.train_step({"cal": batches["cal"]})
+    assert g["cal"].loss == pytest.approx(a["cal"].loss, rel=1e-5)
+    assert g["cal"].grad_norm == pytest.approx(a["cal"].grad_norm, rel=1e-4)
+    # Each tenant's optimizer state belongs to its own parameters only.
+    for tid in TENANTS:
+        own = {id(p) for p in grouped.slot(tid).parameters()}
+        assert set(map(id, grouped.slot(tid).optimizer.state)) <= own
+
+
+def test_training_errors_name_the_tenant(base: ResidentBaseModel) -> None:
+    ex = _executor(base, TENANTS)
+    no_actions = ObservationBatch.synthetic(LIB, 1, seed=0, with_actions=False)
+    with pytest.raises(InvalidRequestError, match=r"'lib'.*needs actions"):
+        ex.train_step({"lib": no_actions})
+    with pytest.raises(NotFoundError, match="'ghost'"):
+        ex.train_step({"ghost": no_actions})
+    wrong = ObservationBatch.synthetic(CAL, 1, seed=0)
+    with pytest.raises(SchemaMismatchError, match="cameras"):
+        ex.train_step({"lib": wrong})
+    assert ex.slot("lib").policy_version == 0
+    with pytest.raises(InvalidRequestError, match="another base model"):
+        ex.add_slot(TenantSlot("other", LIB, copy.copy(base), OFT))
+    with pytest.raises(InvalidRequestError, match="already has a slot"):
+        ex.add_slot(TenantSlot("lib", LIB, base, OFT))
+
+
+def test_grouped_predict_equals_serial_predict(base: ResidentBaseModel) -> None:
+    ex = _executor(base, TENANTS)
+    batches = _batches({"lib": 2, "cal": 3, "pt": 1}, seed=5)
+
+    def gens() -> dict[str, torch.Generator]:
+        return {t: torch.Generator().manual_seed(11) for t in batches}
+
+    grouped = ex.predict(batches, generators=gens())
+    serial = ex.serial_predict(batches, generators=gens())
+    for tid, schema in (("lib", LIB), ("cal", CAL), ("pt", PT)):
+        assert grouped[tid].shape == (
+            batches[tid].batch_size,
+            schema.action_chunk,
+            schema.action_dim,
+        )
+        torch.testing.assert_close(grouped[tid], serial[tid], rtol=0, atol=1e-5)
+
+
+@dataclass
+class Request:
+    tenant_id: str
+    observation: ObservationBatch
+    policy_version: int | None = None
+
+
+def test_inference_batch_fn_answers_each_request_with_its_rows(base: ResidentBaseModel) -> None:
+    ex = _executor(base, {"lib": (LIB, OFT), "pt": (PT, OFT)})
+    obs = [
+        ObservationBatch.synthetic(LIB, 2, seed=1, with_actions=False),
+        ObservationBatch.synthetic(PT, 1, seed=2, with_actions=False),
+        ObservationBatch.synthetic(LIB, 1, seed=3, with_actions=False),
+    ]
+    requests = [Request("lib", obs[0], 0), Request("pt", obs[1]), Request("lib", obs[2])]
+    fn = ex.inference_batch_fn()
+    results = asyncio.run(fn(requests))
+    assert [r.tenant_id for r in results] == ["lib", "pt", "lib"]
+    assert [r.actions.shape for r in results] == [(2, 8, 7), (1, 8, 2), (1, 8, 7)]
+    assert all(r.policy_version == 0 and r.actions.dtype == np.float32 for r in results)
+    for req, res in zip(requests, results, strict=True):
+        alone = ex.predict({req.tenant_id: req.observation})[req.tenant_id]
+        np.testing.assert_allclose(res.actions, alone.numpy(), atol=1e-5, rtol=0)
+
+    with pytest.raises(ConflictError, match="pins policy version 3"):
+        asyncio.run(fn([Request("lib", obs[0], 3)]))
+    with pytest.raises(NotFoundError):
+        asyncio.run(fn([Request("nobody", obs[0])]))
+    with pytest.raises(SchemaMismatchError):
+        asyncio.run(fn([Request("pt", obs[0])]))
+
+
+def test_sample_mode_returns_log_probs_and_values(base: ResidentBaseModel) -> None:
+    slot = TenantSlot("rl", LIB, base, OFT, value_head=ValueHeadConfig(hidden_dim=16))
+    ex = GroupedExecutor(base, [slot])
+    obs = ObservationBatch.synthetic(LIB, 3, seed=4, with_actions=False)
+    (res,) = asyncio.run(ex.inference_batch_fn("sample")([Request("rl", obs)]))
+    assert res.log_probs is not None and res.log_probs.shape == (3,)
+    assert res.values is not None and res.values.shape == (3,)
+    mean = ex.predict({"rl": obs})["rl"].numpy()
+    assert not np.allclose(res.actions, mean)  # sampled, not the mean
+    features = ex.shared_forward({"rl": obs})["rl"]
+    lp = slot.action_module.log_prob(  # type: ignore[operator]
+        features, torch.from_numpy(obs.state), torch.from_numpy(res.actions)
+    )
+    np.testing.assert_allclose(res.log_probs, lp.detach().numpy(), rtol=1e-4)
+
+
+def test_memory_for_n_tenants_is_base_plus_slots(base: ResidentBaseModel) -> None:
+    ex = _executor(base, {f"t{i}": (LIB if i % 2 else CAL, OFT if i % 2 else FM) for i in range(6)})
+    report = ex.resident_parameter_bytes()
+    slot_sum = sum(s.parameter_bytes() for s in ex.slots.values())
+    assert report["total"] == base.parameter_bytes() + slot_sum
+    assert resident_bytes(base.model.parameters(), ex.slots.values()) == report["total"]
+    assert all(s.base is base for s in ex.slots.values())
