@@ -37,7 +37,16 @@ __all__ = [
     "unregister_env",
 ]
 
-_ADAPTER_MODULES = ("pusht", "metaworld", "gym_generic", "remote", "aloha", "maniskill", "libero")
+_ADAPTER_MODULES = (
+    "pusht",
+    "metaworld",
+    "gym_generic",
+    "remote",
+    "aloha",
+    "maniskill",
+    "libero",
+    "reach2d",
+)
 
 
 def _register_builtin_kinds() -> None:

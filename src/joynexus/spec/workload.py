@@ -65,6 +65,13 @@ class DatasetBinding(BaseModel):
     action: str = "action"
     normalization: Literal["mean_std", "quantile", "none"] = "mean_std"
     heldout_fraction: float = Field(default=0.1, ge=0, lt=1)
+    record_episodes: int = Field(
+        default=20,
+        ge=1,
+        le=100_000,
+        description="Episodes `joynexus run` records with the env's scripted expert "
+        "when the dataset folder does not exist yet.",
+    )
 
 
 class AlgorithmSpec(BaseModel):

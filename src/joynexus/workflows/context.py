@@ -1,0 +1,188 @@
+"""What the workflow loops share: the tenant they work for, the services they call,
+and where they record what happened.
+
+The loops are coupled only through the Training Scheduler and the Training Queue
+(paper §4.2); they reach the model services through the small protocols below, which
+the real :class:`~joynexus.services.training.TrainingModelService` and
+:class:`~joynexus.services.inference.InferenceModelService` satisfy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from joynexus.control.job import TaskType, TrainingJob
+from joynexus.control.scheduler import TrainingScheduler
+from joynexus.models.schema import DataSchema
+from joynexus.queues.training import TrainingQueue
+from joynexus.services.tenancy import TenantConfig
+from joynexus.spec.workload import WorkloadSpec
+from joynexus.utils.clock import Clock
+
+__all__ = [
+    "ACTOR_ROLE",
+    "MetricsLog",
+    "TrainingService",
+    "WorkflowContext",
+    "WorkflowTenant",
+    "job_heartbeat",
+]
+
+ACTOR_ROLE = "actor"
+ROLLOUT_ROLE = "rollout"
+SFT_ROLE = "sft"
+
+
+class TrainingService(Protocol):
+    """The Training Model Service calls the loops make."""
+
+    async def train_job(
+        self, job: TrainingJob, *, heartbeat: Callable[[], None] | None = None
+    ) -> Any: ...
+
+    async def actor_forward(self, job: TrainingJob) -> None: ...
+
+    async def export_params(self, tenant_id: str) -> Any: ...
+
+    async def save(
+        self, step: int, tenant_ids: Sequence[str] | None = None, include_optim: bool = True
+    ) -> list[Path]: ...
+
+    def policy_version(self, tenant_id: str) -> int: ...
+
+
+class InferenceService(Protocol):
+    """The Inference Model Service calls the loops make."""
+
+    def current_policy_version(self, tenant_id: str) -> int: ...
+
+    async def load_weights(self, tenant_id: str, version: int, named_tensors: Any) -> None: ...
+
+    async def rollout(
+        self,
+        config: Any,
+        job_id: str,
+        partition_id: str,
+        num_envs: int,
+        horizon: int,
+        version: int,
+        *,
+        heartbeat: Callable[[], None] | None = None,
+    ) -> Any: ...
+
+    async def evaluate(
+        self,
+        tenant_id: str,
+        session_id: str,
+        *,
+        episodes: int,
+        version: int | None = None,
+        deterministic: bool = True,
+        session_tenant: str | None = None,
+    ) -> Any: ...
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLog:
+    """Append-only JSONL metrics of one tenant (``<tenant output dir>/metrics.jsonl``)."""
+
+    def __init__(self, path: Path | None, clock: Clock) -> None:
+        self.path = path
+        self.clock = clock
+        self.records: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, kind: str, **values: Any) -> None:
+        record = {"kind": kind, "time": self.clock.wall()}
+        record.update({k: _finite(v) for k, v in values.items()})
+        with self._lock:
+            self.records.append(record)
+            if self.path is not None:
+                with self.path.open("a") as fh:
+                    fh.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [r for r in self.records if r["kind"] == kind]
+
+
+@dataclass
+class WorkflowTenant:
+    """One tenant as the loops see it.
+
+    Attributes:
+        spec: Its workload spec.
+        schema: Its resolved data schema.
+        schema_signature: The signature the model services assigned to it.
+        config: Its tenant config (None for an evaluation workload).
+        session_id: Its Environment Service session (RL rollouts, evaluation).
+        serve: Publish weights to inference after every update (RL tenants and
+            evaluation targets).
+        metrics: Its metrics log.
+    """
+
+    spec: WorkloadSpec
+    schema: DataSchema
+    schema_signature: str
+    config: TenantConfig | None
+    metrics: MetricsLog
+    session_id: str | None = None
+    serve: bool = True
+    last_checkpoint_version: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def tenant_id(self) -> str:
+        return self.spec.tenant
+
+    @property
+    def task_type(self) -> TaskType | None:
+        task = self.spec.task.value
+        return TaskType(task) if task in ("rl", "sft") else None
+
+
+@dataclass
+class WorkflowContext:
+    """The shared objects every loop of one runtime uses."""
+
+    scheduler: TrainingScheduler
+    queue: TrainingQueue
+    training: TrainingService
+    inference: InferenceService
+    clock: Clock
+    tenants: Mapping[str, WorkflowTenant]
+    domain: str = "vla"
+    #: Back-off after a refused reservation or an empty stage (scheduler has no waiter
+    #: for those transitions); short, and on the injected clock.
+    poll_s: float = 0.05
+    #: How long the actor parks on ``async_wait_for_ready`` before re-checking.
+    ready_wait_s: float = 1.0
+
+
+def job_heartbeat(scheduler: TrainingScheduler, job: TrainingJob) -> Callable[[], None]:
+    """A callback that keeps ``job``'s current lease alive."""
+
+    def beat() -> None:
+        scheduler.heartbeat(job.job_id, job.lease_epoch)
+
+    return beat
+
+
+def reason_of(error: BaseException) -> str:
+    """A terminal reason for a failed job: the error's code or class, and message."""
+    code = getattr(error, "code", None) or type(error).__name__
+    text = str(error).splitlines()[0] if str(error) else ""
+    return f"{code}: {text}"[:500]

@@ -1,0 +1,124 @@
+"""The RL producer (paper Figure 6 left, Appendix A.4).
+
+Each iteration records the tenant's current serving version *before* any env
+interaction, reserves an RL job with it as ``behavior_policy_version`` (sample count =
+``num_envs × horizon``), runs the rollout through the Inference Model Service (which
+writes the job's partition), heartbeating the producer lease meanwhile, and ends
+production: ``mark(needs_advantages)``, or ``hand_off`` when the tenant's pipeline has
+the actor-forward stage. Weights reach inference from the actor side (``load_weights``
+after each update), so the next rollout picks up the latest published version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import numpy as np
+
+from joynexus.control.admission import REFUSED_COMPLETION_TARGET
+from joynexus.control.job import JobState, TaskType
+from joynexus.services.inference import RolloutConfig
+from joynexus.workflows.compile import policy_key
+from joynexus.workflows.context import (
+    ACTOR_ROLE,
+    ROLLOUT_ROLE,
+    WorkflowContext,
+    WorkflowTenant,
+    job_heartbeat,
+    reason_of,
+)
+
+__all__ = ["produce_rl", "rl_producer"]
+
+log = logging.getLogger(__name__)
+
+
+async def produce_rl(ctx: WorkflowContext, tenant: WorkflowTenant) -> str | None:
+    """One producer iteration (App. A.4 ``produce_rl``).
+
+    Returns:
+        None when a job was produced, else the scheduler's refusal reason.
+
+    Raises:
+        Whatever the rollout raised, after cleaning up the partition and failing the job.
+    """
+    spec = tenant.spec
+    assert spec.env is not None and tenant.session_id is not None
+    num_envs, horizon = spec.env.num_envs, spec.algorithm.horizon
+    version = ctx.inference.current_policy_version(tenant.tenant_id)
+    job = ctx.scheduler.reserve(
+        policy_key=policy_key(tenant.tenant_id, TaskType.RL),
+        domain=ctx.domain,
+        tenant_id=tenant.tenant_id,
+        task_type=TaskType.RL,
+        sample_count=num_envs * horizon,
+        behavior_policy_version=version,
+        max_policy_staleness=spec.scheduling.max_policy_staleness,
+        producer_role=ROLLOUT_ROLE,
+        consumer_role=ACTOR_ROLE,
+        metadata={"schema_signature": tenant.schema_signature},
+    )
+    if job is None:
+        return ctx.scheduler.last_refusal(tenant.tenant_id, TaskType.RL) or "refused"
+    config = RolloutConfig(
+        tenant_id=tenant.tenant_id,
+        session_id=tenant.session_id,
+        schema_signature=tenant.schema_signature,
+        seed=spec.seed * 100_003 + job.created_seq,
+    )
+    try:
+        stats = await ctx.inference.rollout(
+            config,
+            job.job_id,
+            job.partition_id,
+            num_envs,
+            horizon,
+            version,
+            heartbeat=job_heartbeat(ctx.scheduler, job),
+        )
+        if spec.algorithm.actor_forward:
+            ctx.scheduler.hand_off(job.job_id, job.lease_epoch)
+        else:
+            ctx.scheduler.mark(job.job_id, JobState.NEEDS_ADVANTAGES, lease_epoch=job.lease_epoch)
+    except BaseException as error:
+        await ctx.queue.async_clear(job.partition_id)
+        if not ctx.scheduler.get(job.job_id).is_terminal:
+            reason = "cancelled" if isinstance(error, asyncio.CancelledError) else None
+            ctx.scheduler.fail(job.job_id, reason or reason_of(error))
+        raise
+    returns = list(stats.episode_returns)
+    tenant.metrics.write(
+        "rollout",
+        job_id=job.job_id,
+        behavior_version=version,
+        num_samples=stats.num_samples,
+        episodes=len(returns),
+        mean_return=float(np.mean(returns)) if returns else None,
+        success_rate=stats.success_rate,
+        mean_reward=stats.mean_reward,
+    )
+    return None
+
+
+async def rl_producer(ctx: WorkflowContext, tenant: WorkflowTenant) -> None:
+    """Produce RL jobs until the tenant's completion target is reached (or cancelled).
+
+    A refused reservation backs off for ``ctx.poll_s`` on the injected clock (a slot
+    frees only when one of the tenant's jobs ends); a failed rollout is recorded and
+    the loop goes on.
+    """
+    while True:
+        try:
+            refusal = await produce_rl(ctx, tenant)
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # one bad rollout must not stop the tenant
+            log.warning("rl producer %s: rollout failed: %s", tenant.tenant_id, error)
+            tenant.errors.append(reason_of(error))
+            await ctx.clock.sleep(ctx.poll_s)
+            continue
+        if refusal == REFUSED_COMPLETION_TARGET:
+            return
+        if refusal is not None:
+            await ctx.clock.sleep(ctx.poll_s)

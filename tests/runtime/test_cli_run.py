@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from joynexus.cli.main import app
+
+
+def test_joynexus_run_writes_the_summary(tmp_path: Path, tiny_model: str) -> None:
+    spec = {
+        "tenant": "cli-rl",
+        "task": "rl",
+        "base_model": {"id": tiny_model},
+        "env": {"kind": "reach2d", "num_envs": 2, "image_size": 32, "max_episode_steps": 4},
+        "action_module": {"type": "oft", "hidden_dim": 32, "num_blocks": 1},
+        "algorithm": {"name": "ppo", "horizon": 4, "microbatch_size": 8},
+        "scheduling": {"completion_target": 1, "max_in_flight": 1},
+        "output_dir": "out",
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "summary.json"
+    result = CliRunner().invoke(
+        app, ["run", str(path), "--json", str(out), "--run-dir", str(tmp_path / "run")]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    entry = doc["cli-rl"]
+    assert entry["task"] == "rl" and entry["jobs_completed"] >= 1
+    assert entry["final_version"] >= 1 and "rl_return_initial" in entry
+    assert (tmp_path / "out" / "cli-rl" / "metrics.jsonl").is_file()
+
+
+def test_joynexus_run_rejects_a_bad_spec_before_starting(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "tenant": "x",
+                "task": "rl",
+                "base_model": {"id": "tiny:qwen2_5_vl"},
+                "env": {"kind": "no-such-env"},
+                "algorithm": {"name": "ppo"},
+            }
+        )
+    )
+    result = CliRunner().invoke(app, ["run", str(path), "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert "known kinds" in result.output
+    assert not (tmp_path / "run").exists()
