@@ -7,7 +7,10 @@ from joynexus.cli import (
     data,  # noqa: F401  (data record, data info)
     envs,  # noqa: F401  (env-server, bench envs)
     models,  # noqa: F401
+    models_bench,  # noqa: F401  (bench group-batching)
+    run,  # noqa: F401  (run workloads in the embedded runtime)
     sim,  # noqa: F401  (simulate, demo)
+    spec,  # noqa: F401  (spec schema, spec check)
 )
 from joynexus.cli.app import app
 
