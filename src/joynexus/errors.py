@@ -8,7 +8,10 @@ so the API layer never has to guess (and never answers 500 for bad input)::
     ├── InvalidRequestError            invalid_request      400
     │   ├── SpecError                  invalid_spec         422
     │   ├── SchemaMismatchError        schema_mismatch      422
-    │   └── DatasetError               invalid_dataset      422
+    │   ├── DatasetError               invalid_dataset      422
+    │   ├── PayloadTooLargeError       payload_too_large    413
+    │   └── UnsupportedMediaTypeError  unsupported_media_type 415
+    ├── AuthenticationError            unauthenticated      401
     ├── PermissionDeniedError          permission_denied    403
     ├── NotFoundError                  not_found            404
     │   ├── JobNotFoundError           job_not_found        404
@@ -19,7 +22,8 @@ so the API layer never has to guess (and never answers 500 for bad input)::
     │   └── StaleLeaseError            stale_lease          409
     ├── CapacityError                  capacity_exceeded    429
     │   ├── QueueFullError             queue_full           429
-    │   └── MemoryCapExceededError     memory_cap_exceeded  429
+    │   ├── MemoryCapExceededError     memory_cap_exceeded  429
+    │   └── QuotaExceededError         quota_exceeded       429
     ├── DeadlineExceededError          deadline_exceeded    504
     ├── CancelledRequestError          cancelled            499
     ├── EnvironmentServiceError        environment_error    502
@@ -86,6 +90,27 @@ class DatasetError(InvalidRequestError):
 
     code = "invalid_dataset"
     http_status = 422
+
+
+class PayloadTooLargeError(InvalidRequestError):
+    """A request body is larger than the server accepts."""
+
+    code = "payload_too_large"
+    http_status = 413
+
+
+class UnsupportedMediaTypeError(InvalidRequestError):
+    """A request body has a content type the endpoint does not read."""
+
+    code = "unsupported_media_type"
+    http_status = 415
+
+
+class AuthenticationError(JoyNexusError):
+    """No API key, or one the server does not know (or that was revoked)."""
+
+    code = "unauthenticated"
+    http_status = 401
 
 
 class PermissionDeniedError(JoyNexusError):
@@ -156,6 +181,12 @@ class MemoryCapExceededError(CapacityError):
     """A Training Queue write would exceed the configured memory cap."""
 
     code = "memory_cap_exceeded"
+
+
+class QuotaExceededError(CapacityError):
+    """A tenant hit one of its quotas; ``details["reason"]`` names which one."""
+
+    code = "quota_exceeded"
 
 
 class DeadlineExceededError(JoyNexusError):

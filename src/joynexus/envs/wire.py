@@ -1,18 +1,18 @@
 """msgpack encoding of env observations and steps (remote env protocol).
 
-numpy arrays travel as a msgpack extension (dtype, shape, raw bytes): no base64, no
-per-element boxing, so an image costs about one memory copy each way.
+numpy arrays travel as a msgpack extension (dtype, shape, raw bytes); the codec itself
+(:func:`packb` / :func:`unpackb`, with its validation) lives in :mod:`joynexus.wire` and
+is shared with the HTTP API.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from joynexus.envs.base import EnvObservation, EnvStep
-from joynexus.errors import InvalidRequestError
+from joynexus.wire import packb, unpackb
 
 __all__ = [
     "decode_observation",
@@ -22,46 +22,6 @@ __all__ = [
     "packb",
     "unpackb",
 ]
-
-_ND_EXT = 42
-
-
-def _default(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        arr = np.ascontiguousarray(obj)
-        header = msgpack.packb([arr.dtype.str, list(arr.shape)])
-        return msgpack.ExtType(_ND_EXT, header + arr.tobytes())
-    if isinstance(obj, np.generic):
-        return obj.item()
-    raise TypeError(f"cannot encode {type(obj).__name__} for the remote env protocol")
-
-
-def _ext_hook(code: int, data: bytes) -> Any:
-    if code != _ND_EXT:
-        return msgpack.ExtType(code, data)
-    unpacker = msgpack.Unpacker()
-    unpacker.feed(data)
-    dtype, shape = unpacker.unpack()
-    offset = unpacker.tell()
-    return np.frombuffer(data, dtype=np.dtype(dtype), offset=offset).reshape(shape).copy()
-
-
-def packb(obj: Any) -> bytes:
-    """Encode a msgpack body; numpy arrays and scalars included."""
-    out: bytes = msgpack.packb(obj, default=_default, use_bin_type=True)
-    return out
-
-
-def unpackb(data: bytes) -> Any:
-    """Decode a msgpack body produced by :func:`packb`.
-
-    Raises:
-        InvalidRequestError: The body is not valid msgpack.
-    """
-    try:
-        return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
-    except (ValueError, msgpack.UnpackException) as exc:
-        raise InvalidRequestError(f"body is not valid msgpack: {exc}") from exc
 
 
 def encode_observation(obs: EnvObservation) -> dict[str, Any]:

@@ -1,0 +1,133 @@
+"""The FastAPI application factory of the JoyNexus server.
+
+``create_app`` wires injected services to routers, one per concern (health, tenants,
+futures, environment, training queue, scheduler), installs the error handlers and a
+request-id middleware, and publishes the OpenAPI document at ``/openapi.json``. Later
+routers (model services, the Master's workloads) are passed as ``extra_routers`` and
+find their services in ``ServiceRegistry.extras``.
+
+This module never imports torch (the Training Queue instance it receives may).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi.openapi.utils import get_openapi
+
+from joynexus.server.config import ServerConfig
+from joynexus.server.errors import (
+    REQUEST_ID_HEADER,
+    document_error_bodies,
+    install_error_handlers,
+)
+from joynexus.server.futures import FutureRegistry
+from joynexus.server.ownership import PartitionOwnership
+from joynexus.server.quotas import QuotaManager
+from joynexus.server.routes import env, futures, health, queue, scheduler, tenants
+from joynexus.server.state import ServerState, ServiceRegistry
+from joynexus.server.wire import add_component_schemas
+from joynexus.utils.clock import Clock, SystemClock
+
+__all__ = ["API_VERSION", "create_app"]
+
+API_VERSION = "v1"
+_TITLE = "JoyNexus"
+_DESCRIPTION = (
+    "Multi-tenant post-training service for Vision-Language-Action models. Control "
+    "messages are JSON; tensor payloads are msgpack (`application/msgpack`, arrays as "
+    "extension type 42) or JSON tensors `{dtype, shape, data: base64}`. Every error body is "
+    "`{code, message, details}`. Authenticate with `Authorization: Bearer <api key>`."
+)
+
+
+def create_app(
+    *,
+    config: ServerConfig | None = None,
+    services: ServiceRegistry,
+    clock: Clock | None = None,
+    extra_routers: Sequence[APIRouter] = (),
+) -> FastAPI:
+    """Build the HTTP application over ``services``.
+
+    Args:
+        config: Limits and defaults (quotas, body sizes, denied env kinds).
+        services: The services the routes call; the app does not own their lifetime,
+            except that pending futures are cancelled at shutdown.
+        clock: Time source of rate limits, futures and long polls (tests: FakeClock).
+        extra_routers: More routers to mount (they read ``app.state.joynexus``).
+    """
+    cfg = config or ServerConfig()
+    clk: Clock = clock or SystemClock()
+    quota_manager = QuotaManager(clk)
+    state = ServerState(
+        config=cfg,
+        services=services,
+        clock=clk,
+        quotas=quota_manager,
+        futures=FutureRegistry(
+            clk,
+            quota_manager,
+            retention_s=cfg.future_retention_s,
+            max_per_tenant=cfg.max_futures_per_tenant,
+        ),
+        partitions=PartitionOwnership(services.scheduler, services.training_queue),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await state.futures.aclose()
+
+    app = FastAPI(
+        title=_TITLE,
+        version=API_VERSION,
+        description=_DESCRIPTION,
+        lifespan=lifespan,
+        docs_url="/docs" if cfg.expose_docs else None,
+        redoc_url=None,
+    )
+    app.state.joynexus = state
+    install_error_handlers(app)
+
+    @app.middleware("http")
+    async def request_ids(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        incoming = request.headers.get(REQUEST_ID_HEADER, "")
+        rid = incoming if 0 < len(incoming) <= 64 and incoming.isalnum() else uuid.uuid4().hex
+        request.state.request_id = rid
+        response = await call_next(request)
+        response.headers.setdefault(REQUEST_ID_HEADER, rid)
+        return response
+
+    for router in (
+        health.router,
+        tenants.router,
+        futures.router,
+        env.router,
+        queue.router,
+        scheduler.router,
+        *extra_routers,
+    ):
+        app.include_router(router)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            add_component_schemas(document)
+            document_error_bodies(document)
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app

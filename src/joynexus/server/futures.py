@@ -1,0 +1,236 @@
+"""Long operations as futures (Tinker style): submit now, poll or await the result later.
+
+A route that starts something slow (a simulator worker, a training job, a rollout)
+calls :meth:`FutureRegistry.submit` with a coroutine and answers ``202 {"future_id"}``
+at once; ``GET /v1/futures/{id}`` reports its state and, once finished, its result or
+its error body; ``?wait=<s>`` holds the poll open until the future finishes or ``wait``
+seconds of the registry's clock pass. Futures are tenant-scoped: another tenant's id
+answers 403 exactly as a foreign session does.
+
+Finished futures are kept ``retention_s`` (clock time) for late pollers, then
+forgotten; a tenant holds at most ``max_per_tenant`` futures and at most its
+``max_pending_futures`` quota unfinished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from joynexus.errors import (
+    CapacityError,
+    JoyNexusError,
+    NotFoundError,
+    PermissionDeniedError,
+)
+from joynexus.server.quotas import QuotaManager
+from joynexus.utils.clock import Clock
+
+__all__ = ["FutureRef", "FutureRegistry", "FutureState", "FutureStatus"]
+
+log = logging.getLogger("joynexus.server")
+
+
+class FutureState(StrEnum):
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class FutureRef(BaseModel):
+    """What a route that started a long operation answers (HTTP 202)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    future_id: str
+    kind: str
+    state: FutureState
+
+
+class FutureStatus(BaseModel):
+    """The state of one future; ``result`` once succeeded, ``error`` once failed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    future_id: str
+    kind: str
+    state: FutureState
+    created_at: float
+    finished_at: float | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+@dataclass
+class _Future:
+    future_id: str
+    tenant_id: str
+    kind: str
+    created_at: float
+    task: asyncio.Task[dict[str, Any]]
+    finished_at: float | None = None
+    finished_mono: float | None = None
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def status(self) -> FutureStatus:
+        state, result, error = FutureState.PENDING, None, None
+        if self.task.done():
+            if self.task.cancelled():
+                state = FutureState.CANCELLED
+            elif (exc := self.task.exception()) is not None:
+                state = FutureState.FAILED
+                error = _error_body(exc, self.future_id)
+            else:
+                state, result = FutureState.SUCCEEDED, self.task.result()
+        return FutureStatus(
+            future_id=self.future_id,
+            kind=self.kind,
+            state=state,
+            created_at=self.created_at,
+            finished_at=self.finished_at,
+            result=result,
+            error=error,
+        )
+
+
+def _error_body(exc: BaseException, future_id: str) -> dict[str, Any]:
+    if isinstance(exc, JoyNexusError):
+        return exc.to_dict()
+    return {
+        "code": "internal_error",
+        "message": f"the operation failed with an internal error; quote future {future_id}",
+        "details": {"future_id": future_id},
+    }
+
+
+class FutureRegistry:
+    """Tenant-scoped futures over asyncio tasks.
+
+    Args:
+        clock: Source of timestamps, retention and long-poll waits.
+        quotas: Checks the tenant's ``max_pending_futures``.
+        retention_s: How long finished futures stay readable.
+        max_per_tenant: Futures (pending and retained) one tenant may hold.
+    """
+
+    def __init__(
+        self, clock: Clock, quotas: QuotaManager, *, retention_s: float, max_per_tenant: int
+    ) -> None:
+        self._clock = clock
+        self._quotas = quotas
+        self._retention_s = retention_s
+        self._max_per_tenant = max_per_tenant
+        self._futures: dict[str, _Future] = {}
+        self._seq = itertools.count(1)
+
+    def submit(
+        self,
+        tenant_id: str,
+        kind: str,
+        work: Callable[[], Awaitable[dict[str, Any]]],
+        *,
+        max_pending: int,
+    ) -> FutureRef:
+        """Start ``work()`` as a task owned by ``tenant_id``.
+
+        Raises:
+            QuotaExceededError: the tenant already has ``max_pending`` unfinished futures.
+            CapacityError: the tenant holds ``max_per_tenant`` futures (pending + retained).
+        """
+        self._expire()
+        mine = [f for f in self._futures.values() if f.tenant_id == tenant_id]
+        pending = sum(1 for f in mine if not f.task.done())
+        self._quotas.check_count(
+            tenant_id, "pending_futures", pending, 1, max_pending, "unfinished operations"
+        )
+        if len(mine) >= self._max_per_tenant:
+            raise CapacityError(
+                f"tenant {tenant_id!r} holds {len(mine)} futures, the server's limit; poll "
+                "finished ones less often or wait for them to expire",
+                limit=self._max_per_tenant,
+            )
+        future_id = f"fut-{next(self._seq)}-{secrets.token_hex(6)}"
+
+        async def run() -> dict[str, Any]:
+            try:
+                return await work()
+            finally:
+                fut.finished_at = self._clock.wall()
+                fut.finished_mono = self._clock.now()
+                fut.done.set()
+
+        task = asyncio.get_running_loop().create_task(run(), name=future_id)
+        fut = _Future(future_id, tenant_id, kind, self._clock.wall(), task)
+        task.add_done_callback(self._log_unexpected)
+        self._futures[future_id] = fut
+        return FutureRef(future_id=future_id, kind=kind, state=FutureState.PENDING)
+
+    @staticmethod
+    def _log_unexpected(task: asyncio.Task[dict[str, Any]]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and not isinstance(exc, JoyNexusError):
+            log.error("future %s failed", task.get_name(), exc_info=exc)
+
+    def _owned(self, tenant_id: str, future_id: str) -> _Future:
+        self._expire()
+        fut = self._futures.get(future_id)
+        if fut is None:
+            raise NotFoundError(
+                f"no future {future_id!r} (never created, or expired)", future_id=future_id
+            )
+        if fut.tenant_id != tenant_id:
+            raise PermissionDeniedError(
+                f"future {future_id!r} belongs to another tenant", future_id=future_id
+            )
+        return fut
+
+    async def get(self, tenant_id: str, future_id: str, wait_s: float = 0.0) -> FutureStatus:
+        """The future's status, after waiting up to ``wait_s`` clock seconds for it to finish."""
+        fut = self._owned(tenant_id, future_id)
+        if wait_s > 0 and not fut.task.done():
+            sleeper = asyncio.ensure_future(self._clock.sleep(wait_s))
+            waiter = asyncio.ensure_future(fut.done.wait())
+            try:
+                await asyncio.wait({sleeper, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                sleeper.cancel()
+                waiter.cancel()
+        return fut.status()
+
+    def cancel(self, tenant_id: str, future_id: str) -> FutureStatus:
+        """Cancel a pending future (a finished one is left as it is)."""
+        fut = self._owned(tenant_id, future_id)
+        if not fut.task.done():
+            fut.task.cancel()
+        return fut.status()
+
+    def list(self, tenant_id: str) -> list[FutureStatus]:
+        self._expire()
+        return [f.status() for f in self._futures.values() if f.tenant_id == tenant_id]
+
+    def _expire(self) -> None:
+        cutoff = self._clock.now() - self._retention_s
+        for fid in [
+            fid
+            for fid, f in self._futures.items()
+            if f.finished_mono is not None and f.finished_mono <= cutoff
+        ]:
+            del self._futures[fid]
+
+    async def aclose(self) -> None:
+        """Cancel every pending future (server shutdown)."""
+        tasks = [f.task for f in self._futures.values() if not f.task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

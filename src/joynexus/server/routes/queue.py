@@ -1,0 +1,229 @@
+"""Training Queue primitives (paper Figure 4, Appendix A.5) on the tenant's partitions.
+
+``put`` appends samples (msgpack or JSON tensors, one leading sample dimension), the
+two-step read is ``get_meta`` (JSON: which samples) then ``get_data`` (their tensors),
+``put_fields`` writes derived fields (advantages, returns) against a ``BatchMeta``,
+and ``DELETE`` clears a partition. Every sample's ``SampleMeta.tenant_id`` is the
+caller: a tenant cannot write samples in another tenant's name.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request, status
+from pydantic import BaseModel, ConfigDict, Field
+
+from joynexus.queues.meta import BatchMeta, PartitionInfo, SampleMeta
+from joynexus.server.names import Name, PathName
+from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
+from joynexus.server.wire import Tensor, decode_body, respond, tensor_body, tensor_response
+
+router = APIRouter(prefix="/v1/queue/partitions", tags=["training-queue"])
+
+_MAX_FIELDS = 64
+
+
+class SampleMetaIn(BaseModel):
+    """A sample's identity; the server fills ``tenant_id`` with the caller."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    schema_signature: Annotated[str, Field(min_length=1, max_length=256)]
+    behavior_policy_version: Annotated[int, Field(ge=0)] | None = None
+
+
+class PutIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    data: dict[Name, Tensor] = Field(
+        min_length=1, max_length=_MAX_FIELDS, description="field -> [N, ...] array"
+    )
+    metadata: SampleMetaIn | list[SampleMetaIn] = Field(
+        description="one for all N samples, or exactly N"
+    )
+
+
+class PutOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    partition_id: str
+    indexes: list[int]
+
+
+class GetMetaIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    fields: list[Name] = Field(min_length=1, max_length=_MAX_FIELDS)
+    batch_size: int = Field(ge=1, le=1_000_000)
+    task_name: Name
+
+
+class BatchRef(BaseModel):
+    """The part of a ``BatchMeta`` that ``get_data`` / ``put_fields`` need."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    indexes: list[Annotated[int, Field(ge=0)]] = Field(max_length=1_000_000)
+    fields: list[Name] = Field(max_length=_MAX_FIELDS)
+    task_name: Name = "client"
+
+
+class DataOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    data: dict[str, Tensor]
+
+
+class PutFieldsIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    indexes: list[Annotated[int, Field(ge=0)]] = Field(
+        max_length=1_000_000, description="sample i of every field is written to indexes[i]"
+    )
+    data: dict[Name, Tensor] = Field(min_length=1, max_length=_MAX_FIELDS)
+
+
+def _queue_bytes(state: ServerState, tenant: str) -> int:
+    queue = state.services.training_queue
+    total = 0
+    for pid in state.partitions.partitions_of(tenant):
+        if queue.has_partition(pid):
+            total += queue.info(pid).nbytes
+    return total
+
+
+def _batch_meta(partition_id: str, ref: BatchRef) -> BatchMeta:
+    # get_data/put use only the partition, indexes and fields; SampleMeta is the queue's.
+    return BatchMeta.model_construct(
+        partition_id=partition_id,
+        task_name=ref.task_name,
+        indexes=list(ref.indexes),
+        fields=list(ref.fields),
+        sample_meta=[],
+    )
+
+
+def _check_quota_bytes(state: ServerState, tenant: str, data: dict[str, Any]) -> None:
+    incoming = sum(int(v.nbytes) for v in data.values())
+    quotas = state.quotas_of(tenant)
+    state.quotas.check_count(
+        tenant,
+        "queue_bytes",
+        _queue_bytes(state, tenant),
+        incoming,
+        quotas.max_queue_bytes,
+        "bytes in the Training Queue",
+    )
+
+
+async def _body(request: Request, state: ServerState, model: type[Any]) -> Any:
+    return await decode_body(
+        request,
+        model,
+        max_body_bytes=state.config.max_body_bytes,
+        max_tensor_bytes=state.config.max_tensor_bytes,
+    )
+
+
+@router.get("", response_model=list[PartitionInfo])
+async def list_partitions(principal: TenantPrincipal, state: State) -> list[PartitionInfo]:
+    """The calling tenant's partitions."""
+    queue = state.services.training_queue
+    pids = state.partitions.partitions_of(tenant_id_of(principal))
+    return [queue.info(p) for p in pids if queue.has_partition(p)]
+
+
+@router.get("/{partition_id}", response_model=PartitionInfo)
+async def partition_info(
+    partition_id: PathName, principal: TenantPrincipal, state: State
+) -> PartitionInfo:
+    """Sample count, fields, bytes and consumption of one partition."""
+    state.partitions.require(partition_id, tenant_id_of(principal))
+    return state.services.training_queue.info(partition_id)
+
+
+@router.post(
+    "/{partition_id}/put",
+    status_code=status.HTTP_201_CREATED,
+    response_model=PutOut,
+    openapi_extra=tensor_body(PutIn),
+)
+async def queue_put(
+    partition_id: PathName, request: Request, principal: TenantPrincipal, state: State
+) -> PutOut:
+    """``queue_put``: append samples; the first put creates the partition and fixes its fields."""
+    tenant = tenant_id_of(principal)
+    state.partitions.require(partition_id, tenant)
+    body: PutIn = await _body(request, state, PutIn)
+    metas = body.metadata if isinstance(body.metadata, list) else [body.metadata]
+    sample_meta = [
+        SampleMeta(
+            tenant_id=tenant,
+            schema_signature=m.schema_signature,
+            behavior_policy_version=m.behavior_policy_version,
+        )
+        for m in metas
+    ]
+    _check_quota_bytes(state, tenant, body.data)
+    state.partitions.claim(partition_id, tenant)
+    indexes = await state.services.training_queue.async_queue_put(
+        partition_id,
+        body.data,
+        sample_meta[0] if not isinstance(body.metadata, list) else sample_meta,
+    )
+    return PutOut(partition_id=partition_id, indexes=indexes)
+
+
+@router.post("/{partition_id}/get_meta", response_model=BatchMeta)
+async def get_meta(
+    partition_id: PathName, body: GetMetaIn, principal: TenantPrincipal, state: State
+) -> BatchMeta:
+    """Choose the next ``batch_size`` samples ``task_name`` has not received (Appendix A.5)."""
+    state.partitions.require(partition_id, tenant_id_of(principal))
+    return await state.services.training_queue.async_get_meta(
+        partition_id, body.fields, body.batch_size, body.task_name
+    )
+
+
+@router.post(
+    "/{partition_id}/get_data",
+    responses=tensor_response(DataOut),
+)
+async def get_data(
+    partition_id: PathName,
+    body: BatchRef,
+    request: Request,
+    principal: TenantPrincipal,
+    state: State,
+) -> Any:
+    """The tensors of the samples a ``get_meta`` chose, rows in ``indexes`` order."""
+    tenant = tenant_id_of(principal)
+    state.partitions.require(partition_id, tenant)
+    data = await state.services.training_queue.async_get_data(_batch_meta(partition_id, body))
+    arrays: dict[str, Any] = dict(data)  # torch tensors too: the codec converts them
+    return respond(request, DataOut.model_construct(data=arrays))
+
+
+@router.post(
+    "/{partition_id}/put_fields",
+    status_code=status.HTTP_204_NO_CONTENT,
+    openapi_extra=tensor_body(PutFieldsIn),
+)
+async def put_fields(
+    partition_id: PathName, request: Request, principal: TenantPrincipal, state: State
+) -> None:
+    """``put``: write derived fields (advantages, returns, ...) for the samples of ``batch``."""
+    tenant = tenant_id_of(principal)
+    state.partitions.require(partition_id, tenant)
+    body: PutFieldsIn = await _body(request, state, PutFieldsIn)
+    _check_quota_bytes(state, tenant, body.data)
+    ref = BatchRef(indexes=body.indexes, fields=list(body.data))
+    await state.services.training_queue.async_put(body.data, _batch_meta(partition_id, ref))
+
+
+@router.delete("/{partition_id}", status_code=status.HTTP_204_NO_CONTENT)
+async def clear(partition_id: PathName, principal: TenantPrincipal, state: State) -> None:
+    """``queue_clear``: release a consumed partition (a no-op for an unknown one)."""
+    state.partitions.require(partition_id, tenant_id_of(principal))
+    await state.services.training_queue.async_clear(partition_id)

@@ -1,0 +1,52 @@
+"""The API contract: the committed OpenAPI snapshot, the torch-free server, the spec CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from joynexus.cli.main import app
+from joynexus.server.openapi import openapi_document, render
+
+ROOT = Path(__file__).resolve().parents[2]
+SNAPSHOT = ROOT / "docs" / "openapi.json"
+
+
+def test_live_openapi_document_equals_the_committed_snapshot() -> None:
+    live = render(openapi_document())
+    assert live == SNAPSHOT.read_text(), (
+        "the HTTP API changed; if that is deliberate, regenerate the snapshot with "
+        "`python -m joynexus.server.openapi > docs/openapi.json` and commit the diff"
+    )
+    document = json.loads(live)
+    assert all(p.startswith("/v1/") or p in ("/healthz", "/readyz") for p in document["paths"])
+    assert document["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+
+def test_the_server_does_not_import_torch() -> None:
+    code = "import sys, joynexus.server.app; print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_spec_schema_and_check(tmp_path: Path) -> None:
+    runner = CliRunner()
+    result = runner.invoke(app, ["spec", "schema"])
+    assert result.exit_code == 0, result.output
+    assert "tenant" in json.loads(result.output)["properties"]
+
+    result = runner.invoke(app, ["spec", "check", str(ROOT / "examples/workloads/eval-pusht.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "pusht-train: rl" in result.output and "pusht-eval: eval" in result.output
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tenant: ../x\ntask: rl\nbase_model: {id: tiny}\n")
+    result = runner.invoke(app, ["spec", "check", str(bad)])
+    assert result.exit_code == 1
+    assert "tenant" in result.output
