@@ -11,6 +11,7 @@ from joynexus.cli import (
     run,  # noqa: F401  (run workloads in the embedded runtime)
     sim,  # noqa: F401  (simulate, demo)
     spec,  # noqa: F401  (spec schema, spec check)
+    usage,  # noqa: F401  (usage of a run)
 )
 from joynexus.cli.app import app
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,9 @@ from joynexus.errors import (
     NotFoundError,
     PermissionDeniedError,
 )
+from joynexus.metrics.events import MetricsService
+from joynexus.metrics.hooks import Instruments
+from joynexus.metrics.usage import UsageMeter
 from joynexus.models.schema import DataSchema
 from joynexus.services.env_worker import SimulatorWorker
 from joynexus.utils.clock import Clock, SystemClock
@@ -121,12 +125,21 @@ class EnvironmentService:
     Args:
         config: Limits and timeouts.
         clock: Time source for idle reaping (tests pass a ``FakeClock``).
+        metrics: Metrics Service for per-tenant step latency (None: none emitted).
+        usage: Usage meter: each successful reset / step's seconds and sub-env steps go
+            to the session's tenant.
     """
 
     def __init__(
-        self, config: EnvironmentServiceConfig | None = None, *, clock: Clock | None = None
+        self,
+        config: EnvironmentServiceConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        metrics: MetricsService | None = None,
+        usage: UsageMeter | None = None,
     ) -> None:
         self.config = config or EnvironmentServiceConfig()
+        self._instruments = Instruments(metrics, usage)
         self.clock: Clock = clock or SystemClock()
         self._sessions: dict[str, _Session] = {}
         self._reserved: dict[str, int] = {}
@@ -206,7 +219,9 @@ class EnvironmentService:
         session = self._owned(session_id, tenant_id)
         async with session.lock:
             session.last_used = self.clock.now()
+            start = time.perf_counter()
             obs = await session.worker.call("reset", seed, timeout_s=self.config.step_timeout_s)
+            self._instruments.env_call(session.tenant_id, 0, time.perf_counter() - start)
             session.rollout_id = rollout_id
             session.last_used = self.clock.now()
         return _check_observation(obs, session.schema, session.spec.num_envs)
@@ -225,7 +240,11 @@ class EnvironmentService:
         )
         async with session.lock:
             session.last_used = self.clock.now()
+            start = time.perf_counter()
             result = await session.worker.call("step", acts, timeout_s=self.config.step_timeout_s)
+            self._instruments.env_call(
+                session.tenant_id, session.spec.num_envs, time.perf_counter() - start
+            )
             session.last_used = self.clock.now()
         if not isinstance(result, EnvStep):
             raise EnvironmentServiceError(f"simulator returned {type(result).__name__}, not a step")

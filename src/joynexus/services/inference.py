@@ -15,6 +15,7 @@ keeps getting v while v+1 lands.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ from typing import Literal
 import torch
 
 from joynexus.errors import SchemaMismatchError, ServiceUnavailableError
+from joynexus.metrics.events import MetricsService
+from joynexus.metrics.hooks import Instruments
+from joynexus.metrics.usage import UsageMeter
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.grouped import GroupedExecutor, InferenceResult
@@ -79,6 +83,8 @@ class InferenceModelService:
         max_batch_size: B of the group batcher, in samples.
         max_wait_s: T of the group batcher.
         clock: Time source of the batcher.
+        metrics: Metrics Service for system / learning events (None: none emitted).
+        usage: Usage meter: each grouped batch's seconds by row share, request counts.
     """
 
     def __init__(
@@ -90,10 +96,14 @@ class InferenceModelService:
         max_batch_size: int = 128,
         max_wait_s: float = 0.005,
         clock: Clock | None = None,
+        metrics: MetricsService | None = None,
+        usage: UsageMeter | None = None,
     ) -> None:
         self.base = base
         self.env = env
         self.queue = queue
+        self._instruments = Instruments(metrics, usage)
+        self._in_flight = 0
         self.states = ServingStates(base)
         self._executor = GroupedExecutor(base)
         self._lock = backbone_lock(base)
@@ -130,6 +140,11 @@ class InferenceModelService:
         """The Inference Queue's batching metrics."""
         return self.inference_queue.metrics
 
+    @property
+    def in_flight(self) -> int:
+        """Predict calls accepted and not yet answered (queued or running)."""
+        return self._in_flight
+
     # --- tenants and versions ----------------------------------------------------------
 
     async def add_tenant(self, config: TenantConfig, payload: TenantPayload | None = None) -> None:
@@ -155,9 +170,11 @@ class InferenceModelService:
             ConflictError: a version older than the one served.
             InvalidRequestError: tensors that do not fit the tenant's action module.
         """
+        start = time.perf_counter()
         await asyncio.to_thread(
             self._locked, self.states.publish, tenant_id, version, named_tensors
         )
+        self._instruments.weight_sync(tenant_id, time.perf_counter() - start, version)
 
     def current_policy_version(self, tenant_id: str) -> int:
         """The latest published version of the tenant."""
@@ -212,7 +229,13 @@ class InferenceModelService:
             num_samples=observations.batch_size,
             compat_key=self._compat_key,
         )
-        result: InferenceResult = await self.inference_queue.submit(request)
+        future = self.inference_queue.enqueue(request)
+        self._instruments.request(tenant_id)
+        self._in_flight += 1
+        try:
+            result: InferenceResult = await future
+        finally:
+            self._in_flight -= 1
         return PredictResult(
             actions=result.actions,
             log_probs=result.log_probs,
@@ -232,7 +255,16 @@ class InferenceModelService:
 
     def _run_locked(self, serve: list[_ServeRequest]) -> list[InferenceResult]:
         with self._lock:
-            return self._executor.run_requests(serve, resolve_slot=self.states.slot)
+            # Timed inside the lock: waiting for the backbone is not device work.
+            start = time.perf_counter()
+            try:
+                return self._executor.run_requests(serve, resolve_slot=self.states.slot)
+            finally:
+                if self._instruments.enabled:
+                    rows: dict[str, int] = {}
+                    for r in serve:
+                        rows[r.tenant_id] = rows.get(r.tenant_id, 0) + r.observation.batch_size
+                    self._instruments.inference_batch(rows, time.perf_counter() - start)
 
     # --- environment loops ---------------------------------------------------------------
 
@@ -266,7 +298,7 @@ class InferenceModelService:
                     f"{config.schema_signature!r} is not the tenant's {slot.schema_signature!r}",
                     field="schema_signature",
                 )
-            return await collect_rollout(
+            stats = await collect_rollout(
                 self.predict,
                 self.env,
                 self.queue,
@@ -279,6 +311,10 @@ class InferenceModelService:
                 version=v,
                 heartbeat=heartbeat,
             )
+            if stats.episode_returns:
+                mean_return = sum(stats.episode_returns) / len(stats.episode_returns)
+                self._instruments.rollout(config.tenant_id, v, mean_return, stats.success_rate)
+            return stats
 
     async def evaluate(
         self,
@@ -305,7 +341,7 @@ class InferenceModelService:
             max_decisions: Safety bound on decisions.
         """
         with self.pinned(tenant_id, version) as v:
-            return await run_evaluation(
+            result = await run_evaluation(
                 self.predict,
                 self.env,
                 tenant_id=tenant_id,
@@ -317,3 +353,5 @@ class InferenceModelService:
                 seed=seed,
                 max_decisions=max_decisions,
             )
+        self._instruments.evaluation(tenant_id, v, result.mean_return, result.success_rate)
+        return result

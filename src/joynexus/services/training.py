@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,9 @@ from joynexus.errors import (
     PermissionDeniedError,
     SchemaMismatchError,
 )
+from joynexus.metrics.events import MetricsService
+from joynexus.metrics.hooks import Instruments
+from joynexus.metrics.usage import UsageMeter
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.grouped import GroupedExecutor
@@ -155,6 +159,9 @@ class TrainingModelService:
         output_dir: Default checkpoint root; a tenant's relative ``output_dir`` is
             resolved against it.
         clock: Time source (checkpoint manifests record its wall time).
+        metrics: Metrics Service for learning / system events (None: none emitted).
+        usage: Usage meter: each step's shared forward split by row share plus each
+            tenant's own head / optimizer time, and samples trained.
     """
 
     def __init__(
@@ -164,9 +171,12 @@ class TrainingModelService:
         *,
         output_dir: Path,
         clock: Clock | None = None,
+        metrics: MetricsService | None = None,
+        usage: UsageMeter | None = None,
     ) -> None:
         self.base = base
         self.queue = queue
+        self._instruments = Instruments(metrics, usage)
         self.output_dir = Path(output_dir)
         self.clock: Clock = clock or SystemClock()
         self._executor = GroupedExecutor(base)
@@ -400,8 +410,31 @@ class TrainingModelService:
 
     def _grouped_step(self, items: list[_Item]) -> list[tuple[StepResult, dict[str, float]]]:
         with self._lock:
+            start = time.perf_counter()
             features = self._executor.shared_forward({it.slot.tenant_id: it.batch for it in items})
-            return [self._step_one(it, features[it.slot.tenant_id]) for it in items]
+            self._sync_for_timing()
+            shared_s = time.perf_counter() - start
+            outcomes: list[tuple[StepResult, dict[str, float]]] = []
+            own_s: dict[str, float] = {}
+            for it in items:
+                t0 = time.perf_counter()
+                outcomes.append(self._step_one(it, features[it.slot.tenant_id]))
+                self._sync_for_timing()
+                own_s[it.slot.tenant_id] = time.perf_counter() - t0
+        if self._instruments.enabled:
+            rows = {it.slot.tenant_id: it.batch.batch_size for it in items}
+            self._instruments.training_step(rows, shared_s, own_s)
+            for it, (result, _) in zip(items, outcomes, strict=True):
+                self._instruments.learning_step(
+                    it.slot.tenant_id, result.policy_version, result.loss, result.grad_norm
+                )
+        return outcomes
+
+    def _sync_for_timing(self) -> None:
+        # CUDA kernels run asynchronously: without a sync, one tenant's queued work
+        # would be timed (and billed) in the next tenant's interval.
+        if self._instruments.enabled and self.base.device.type == "cuda":
+            torch.cuda.synchronize(self.base.device)
 
     def _step_one(
         self, item: _Item, features: BackboneOutput
@@ -517,12 +550,18 @@ class TrainingModelService:
         head = gaussian_head(slot)
         device = self.base.device
         with self._lock, torch.no_grad():
+            start = time.perf_counter()
             features = self._executor.shared_forward({slot.tenant_id: batch})[slot.tenant_id]
             state = torch.from_numpy(batch.state).to(device)
             assert batch.actions is not None
             head.eval()
             lp = head.log_prob(features, state, torch.from_numpy(batch.actions).to(device))
             values = slot.value(features, state)
+            seconds = time.perf_counter() - start
+        # Forward-only work of one tenant: device time, but no samples trained.
+        self._instruments.training_step(
+            {slot.tenant_id: batch.batch_size}, 0.0, {slot.tenant_id: seconds}, count_samples=False
+        )
         lp_np = lp.float().cpu().numpy().astype(np.float32)
         if values is None:
             return lp_np, np.zeros_like(lp_np)

@@ -1,0 +1,216 @@
+"""Prometheus exposition of metric events (one ``CollectorRegistry`` per Metrics Service).
+
+Each event name becomes one metric family ``joynexus_<category>_<name>`` (dots, dashes
+and slashes become underscores) with the labels ``tenant`` (empty for service-wide
+signals) plus the event's own label names, fixed by the first event of that name. The
+family's type follows from the name:
+
+* ``..._total``: a counter; each event's value is an increment.
+* system ``..._s`` (durations) and the names in :data:`HISTOGRAM_BUCKETS`: a histogram
+  of observed values.
+* anything else: a gauge holding the last value (losses, queue depth, staleness).
+
+:class:`UsageCollector` exposes a :class:`~joynexus.metrics.usage.UsageMeter` as
+``joynexus_usage_*`` counters read at scrape time.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Literal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from joynexus.metrics.events import MetricEvent
+
+if TYPE_CHECKING:
+    from joynexus.metrics.events import MetricsServiceStats
+    from joynexus.metrics.usage import UsageMeter
+
+__all__ = [
+    "CONTENT_TYPE_LATEST",
+    "HISTOGRAM_BUCKETS",
+    "PrometheusSink",
+    "UsageCollector",
+    "metric_kind",
+    "prometheus_name",
+]
+
+CONTENT_TYPE_LATEST = "text/plain; version=0.0.4; charset=utf-8"
+
+MetricKind = Literal["gauge", "counter", "histogram"]
+
+_POW2 = tuple(float(2**i) for i in range(11))
+#: Histograms that are not durations, with their buckets.
+HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
+    "inference.batch_size": _POW2,
+    "inference.batch_tenants": _POW2,
+    "training.step_rows": _POW2,
+}
+_DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_INVALID = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def metric_kind(event: MetricEvent) -> MetricKind:
+    """How an event's name is exposed (see module docstring)."""
+    if event.name.endswith("_total"):
+        return "counter"
+    if event.name in HISTOGRAM_BUCKETS or (
+        event.category == "system" and event.name.endswith("_s")
+    ):
+        return "histogram"
+    return "gauge"
+
+
+def prometheus_name(event: MetricEvent, namespace: str = "joynexus") -> str:
+    base = _INVALID.sub("_", f"{namespace}_{event.category}_{event.name}")
+    # prometheus-client appends _total to counters itself.
+    return base.removesuffix("_total")
+
+
+_Family = Counter | Gauge | Histogram
+
+
+class PrometheusSink:
+    """Turns events into metrics of its own registry (see module docstring).
+
+    Args:
+        registry: The registry to fill (default: a new one; never the global one, so
+            several services in one process do not collide).
+        namespace: Prefix of every metric name.
+        stats: The owning Metrics Service's ``stats`` method, exposed as
+            ``<namespace>_metrics_events_*``.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        namespace: str = "joynexus",
+        stats: Callable[[], MetricsServiceStats] | None = None,
+    ) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.namespace = namespace
+        self._families: dict[str, tuple[_Family, tuple[str, ...]]] = {}
+        self._lock = threading.Lock()
+        self.rejected = 0
+        if stats is not None:
+            self.registry.register(_StatsCollector(stats, namespace))
+
+    def handle(self, events: Sequence[MetricEvent]) -> None:
+        with self._lock:
+            for e in events:
+                self._observe(e)
+
+    def close(self) -> None:
+        return None
+
+    def render_latest(self) -> bytes:
+        """The registry in the Prometheus text format (``CONTENT_TYPE_LATEST``)."""
+        return generate_latest(self.registry)
+
+    def _observe(self, e: MetricEvent) -> None:
+        name = prometheus_name(e, self.namespace)
+        entry = self._families.get(name)
+        if entry is None:
+            entry = self._create(name, e)
+            if entry is None:
+                return
+        family, label_names = entry
+        extra = set(e.labels) - set(label_names)
+        if extra:
+            # Label names of a family are fixed by its first event.
+            self.rejected += 1
+            return
+        values = [e.tenant_id or "", *(e.labels.get(k, "") for k in label_names[1:])]
+        child = family.labels(*values)
+        if isinstance(child, Counter):
+            if e.value >= 0:
+                child.inc(e.value)
+            else:
+                self.rejected += 1
+        elif isinstance(child, Histogram):
+            child.observe(e.value)
+        else:
+            child.set(e.value)
+
+    def _create(self, name: str, e: MetricEvent) -> tuple[_Family, tuple[str, ...]] | None:
+        label_names = ("tenant", *sorted(e.labels))
+        doc = f"{e.category} signal {e.name}"
+        kind = metric_kind(e)
+        family: _Family
+        try:
+            if kind == "counter":
+                family = Counter(name, doc, label_names, registry=self.registry)
+            elif kind == "histogram":
+                buckets = HISTOGRAM_BUCKETS.get(e.name, _DURATION_BUCKETS)
+                family = Histogram(name, doc, label_names, registry=self.registry, buckets=buckets)
+            else:
+                family = Gauge(name, doc, label_names, registry=self.registry)
+        except ValueError:
+            # Name collision with another family (e.g. "a.b" vs "a_b").
+            self.rejected += 1
+            return None
+        entry = (family, label_names)
+        self._families[name] = entry
+        return entry
+
+
+class _StatsCollector(Collector):
+    def __init__(self, stats: Callable[[], MetricsServiceStats], namespace: str) -> None:
+        self._stats = stats
+        self._ns = namespace
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._stats()
+        for field in ("emitted", "dropped", "invalid", "delivered", "sink_errors"):
+            yield CounterMetricFamily(
+                f"{self._ns}_metrics_events_{field}",
+                f"Metrics Service events {field.replace('_', ' ')}",
+                value=float(getattr(s, field)),
+            )
+        yield GaugeMetricFamily(
+            f"{self._ns}_metrics_events_buffered",
+            "Metrics Service events waiting for delivery",
+            value=float(s.buffered),
+        )
+
+
+class UsageCollector(Collector):
+    """Exposes a usage meter at scrape time: ``<ns>_usage_device_seconds_total{tenant,
+    service}``, ``<ns>_usage_requests_total{tenant}``, ``..._samples_trained_total``,
+    ``..._inference_samples_total``, ``..._env_steps_total``.
+
+    Register with ``sink.registry.register(UsageCollector(meter))``.
+    """
+
+    def __init__(self, meter: UsageMeter, namespace: str = "joynexus") -> None:
+        self._meter = meter
+        self._ns = namespace
+
+    def collect(self) -> Iterator[Metric]:
+        report = self._meter.snapshot()
+        device = CounterMetricFamily(
+            f"{self._ns}_usage_device_seconds",
+            "Device-seconds attributed to each tenant on each shared service",
+            labels=["tenant", "service"],
+        )
+        counts: Mapping[str, CounterMetricFamily] = {
+            name: CounterMetricFamily(
+                f"{self._ns}_usage_{name}",
+                f"Per-tenant {name.replace('_', ' ')}",
+                labels=["tenant"],
+            )
+            for name in ("requests", "inference_samples", "samples_trained", "env_steps")
+        }
+        for tid, usage in sorted(report.tenants.items()):
+            for service, seconds in sorted(usage.device_seconds.items()):
+                device.add_metric([tid, service], seconds)
+            for name, family in counts.items():
+                family.add_metric([tid], float(getattr(usage, name)))
+        yield device
+        yield from counts.values()
