@@ -45,6 +45,24 @@ def _metaworld_actions(rng: np.random.Generator, n: int) -> np.ndarray:
     return rng.uniform(-1, 1, size=(n, 4)).astype(np.float32)
 
 
+def _unit_actions(dim: int) -> Callable[[np.random.Generator, int], np.ndarray]:
+    """Uniform actions in [-1, 1]^dim (delta-pose / velocity controllers)."""
+
+    def sample(rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.uniform(-1, 1, size=(n, dim)).astype(np.float32)
+
+    return sample
+
+
+def _has_libero_assets() -> bool:
+    from joynexus.envs.libero_setup import find_asset_pack
+
+    try:
+        return find_asset_pack() is not None
+    except Exception:  # a bad override is reported by the adapter's own tests
+        return False
+
+
 def default_cases(*, num_envs: int = 4, quick: bool = False) -> list[BenchCase]:
     """The benchmark matrix for the adapters available on this machine."""
     available = {info.kind for info in list_envs() if info.available}
@@ -69,6 +87,24 @@ def default_cases(*, num_envs: int = 4, quick: bool = False) -> list[BenchCase]:
                         fast_render=fast,
                     )
                     cases.append(BenchCase("metaworld/reach-v3", spec, _metaworld_actions, True))
+    if "reach2d" in available:
+        for n in (1, num_envs):
+            spec = EnvSpec(kind="reach2d", image_size=64, num_envs=n)
+            cases.append(BenchCase("reach2d", spec, _unit_actions(2), False))
+    # The heavy simulators: one size, fast render on and off, single env (their CPU
+    # backends step sub-envs one after another, so vectorizing adds nothing here).
+    heavy = [
+        ("aloha", "transfer_cube", 14, "aloha/transfer_cube"),
+        ("maniskill", "PickCube-v1", 7, "maniskill/PickCube-v1"),
+    ]
+    if not quick and _has_libero_assets():
+        heavy.append(("libero", "libero_spatial/0", 7, "libero/libero_spatial/0"))
+    for kind, task, dim, name in heavy if not quick else []:
+        if kind not in available:
+            continue
+        for fast in (True, False):
+            spec = EnvSpec(kind=kind, task=task, image_size=128, fast_render=fast)
+            cases.append(BenchCase(name, spec, _unit_actions(dim), True))
     return cases
 
 
