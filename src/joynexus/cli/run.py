@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
 from joynexus.cli.app import app
+from joynexus.cli.ray_cmds import RuntimeKind, close_runtime, make_runtime
 from joynexus.errors import JoyNexusError
 
 console = Console()
@@ -33,9 +34,18 @@ def run(
         Path,
         typer.Option("--run-dir", help="Scheduler database, model cache and default outputs."),
     ] = Path("runs/joynexus-run"),
+    runtime_kind: Annotated[
+        RuntimeKind,
+        typer.Option("--runtime", help="embedded (one process) or ray (services as actors)."),
+    ] = RuntimeKind.embedded,
+    address: Annotated[
+        str | None, typer.Option("--address", help="--runtime ray: cluster ('auto').")
+    ] = None,
+    layout: Annotated[
+        str, typer.Option("--layout", help="--runtime ray: actor-inference-env GPUs.")
+    ] = "2-2-4",
 ) -> None:
-    """Run workloads (rl, sft, eval) concurrently in the embedded runtime."""
-    from joynexus.runtime.embedded import EmbeddedRuntime
+    """Run workloads (rl, sft, eval) concurrently in the embedded or the Ray runtime."""
     from joynexus.spec.workload import load_specs
     from joynexus.workflows.compile import compile_workloads
     from joynexus.workflows.summary import TenantProgress
@@ -47,7 +57,11 @@ def run(
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
 
-    runtime = EmbeddedRuntime(run_dir)
+    try:
+        runtime = make_runtime(runtime_kind, run_dir, address=address, layout=layout)
+    except JoyNexusError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
     with Progress(
         TextColumn("[bold]{task.fields[tenant]}[/bold] {task.fields[kind]}"),
         BarColumn(),
@@ -94,6 +108,8 @@ def run(
         except JoyNexusError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(1) from None
+        finally:
+            close_runtime(runtime)
     doc = summary.to_json()
     console.print_json(json.dumps(doc))
     if json_out is not None:

@@ -290,19 +290,8 @@ class EmbeddedRuntime:
                 sched.set_policy(w.tenant_id, w.task_type, w.admission)
         for limit in compiled.global_limits:
             sched.set_global_limit(limit)
-        self.env = EnvironmentService(self.config.env, clock=self.clock)
-        self.training = TrainingModelService(
-            base, self.queue, output_dir=self.run_dir / "outputs", clock=self.clock
-        )
-        self.inference = InferenceModelService(
-            base,
-            self.env,
-            self.queue,
-            max_batch_size=self.config.max_batch_size,
-            max_wait_s=self.config.max_wait_s,
-            clock=self.clock,
-        )
-        await self.inference.start()
+        await self._start_services(base)
+        assert self.training is not None and self.inference is not None
         tasks: list[asyncio.Task[Any]] = []
         try:
             status("starting tenants and environment sessions")
@@ -354,9 +343,30 @@ class EmbeddedRuntime:
             status("final measurements and checkpoints")
             await self._finish(compiled)
         finally:
-            await self.inference.stop()
-            await self.env.aclose()
+            await self._stop_services()
         return self._summary(compiled, time.monotonic() - started)
+
+    async def _start_services(self, base: ResidentBaseModel) -> None:
+        """Build and start the execution-plane services (a hook: the Ray runtime hosts
+        the same classes as actors instead)."""
+        self.env = EnvironmentService(self.config.env, clock=self.clock)
+        self.training = TrainingModelService(
+            base, self.queue, output_dir=self.run_dir / "outputs", clock=self.clock
+        )
+        self.inference = InferenceModelService(
+            base,
+            self.env,
+            self.queue,
+            max_batch_size=self.config.max_batch_size,
+            max_wait_s=self.config.max_wait_s,
+            clock=self.clock,
+        )
+        await self.inference.start()
+
+    async def _stop_services(self) -> None:
+        assert self.inference is not None and self.env is not None
+        await self.inference.stop()
+        await self.env.aclose()
 
     def _recover(self, sched: TrainingScheduler) -> None:
         # Jobs another process left in flight lost their partitions with that process

@@ -1,0 +1,141 @@
+"""The Ray runtime: same workloads, same invariants as the embedded end-to-end test."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from joynexus.control.job import JobState
+from joynexus.runtime.ray_runtime import RayRuntime
+from tests.workflows.helpers import rl_spec, spec
+
+pytestmark = pytest.mark.ray
+
+
+def _sft(tenant: str, base: str, demos: Path, out: Path, target: int) -> Any:
+    return spec(
+        {
+            "tenant": tenant,
+            "task": "sft",
+            "base_model": {"id": base},
+            "dataset": {"path": str(demos), "heldout_fraction": 0.2},
+            "action_module": {"type": "oft", "hidden_dim": 64, "num_blocks": 1},
+            "algorithm": {"name": "sft", "samples_per_job": 32, "microbatch_size": 16},
+            "scheduling": {"completion_target": target, "prefetch": 2},
+            "output_dir": str(out),
+        }
+    )
+
+
+def test_rl_and_sft_run_on_ray_actors_like_embedded(
+    ray_cluster: None, tmp_path: Path, tiny_model: str, reach2d_demos: Path
+) -> None:
+    import ray
+
+    out = tmp_path / "out"
+    specs = [
+        rl_spec("reach-rl", tiny_model, out, target=2, horizon=6, num_envs=2, episode_steps=6),
+        _sft("reach-sft", tiny_model, reach2d_demos, out, target=2),
+    ]
+    rt = RayRuntime(tmp_path / "run", layout="2-2-4")
+    try:
+        summary = asyncio.run(rt.run(specs))
+        s = summary.tenants
+        sched = rt.scheduler
+        assert sched is not None
+
+        # The services really were actors in the layout's placement group.
+        assert rt.placement is not None
+        assert rt.placement.layout.bundles() == [{"GPU": 2.0}, {"GPU": 2.0}, {"GPU": 4.0}]
+        training = rt._training_proxy
+        assert training is not None
+        gpus = ray.get(training.actor.__ray_call__.remote(lambda _svc: ray.get_gpu_ids()))
+        assert len(gpus) == 2
+
+        # All jobs terminal and completed; nothing failed.
+        for tenant in ("reach-rl", "reach-sft"):
+            jobs = sched.list_jobs(tenant_id=tenant)
+            assert jobs and all(j.is_terminal for j in jobs)
+            done = [j for j in jobs if j.state is JobState.COMPLETED]
+            assert len(done) == s[tenant].jobs_completed >= 2
+        assert sched.counters()["by_state"].get("failed", 0) == 0
+
+        # Partitions cleared: the queue actor holds nothing, in the index or the store.
+        assert rt.queue.partitions() == []
+        assert rt.queue.nbytes == 0
+
+        # Versions advanced per tenant, independently (same rule as embedded).
+        assert s["reach-rl"].final_version == s["reach-rl"].jobs_completed
+        assert s["reach-sft"].final_version == 2 * s["reach-sft"].jobs_completed
+        assert s["reach-sft"].sft_heldout_error_final is not None
+        for tenant in ("reach-rl", "reach-sft"):
+            assert any((out / tenant).glob("step_*/manifest.json"))
+    finally:
+        rt.close()
+
+
+def test_layouts_place_on_fake_gpus_and_an_oversized_one_is_refused(ray_cluster: None) -> None:
+    import ray
+
+    from joynexus.errors import CapacityError, SpecError
+    from joynexus.runtime.placement import Layout, build_placement
+
+    isolated = build_placement(Layout.parse("isolated"), timeout_s=10)
+    try:
+        assert str(isolated.layout) == "1-1-2"
+
+        @ray.remote
+        def gpus() -> int:
+            return len(ray.get_gpu_ids())
+
+        env_gpus = gpus.options(**isolated.actor_options("environment")).remote()
+        assert ray.get(env_gpus) == 2
+        # 1-1-2 holds 4 of the 8 GPUs: a 2-2-4 next to it cannot be placed.
+        with pytest.raises(CapacityError, match="needs 8 GPUs"):
+            build_placement(Layout.parse("2-2-4"), timeout_s=2)
+    finally:
+        isolated.remove()
+    with pytest.raises(SpecError):
+        Layout.parse("2-2")
+
+
+def test_killed_inference_actor_is_restarted_and_the_workload_completes(
+    ray_cluster: None, tmp_path: Path, tiny_model: str, reach2d_demos: Path
+) -> None:
+    from joynexus.workflows.summary import TenantProgress
+
+    out = tmp_path / "out"
+    specs = [
+        # One rollout in flight at a time: exactly one job can be caught by the kill.
+        rl_spec(
+            "rl", tiny_model, out, target=3, horizon=6, num_envs=2, episode_steps=6, max_in_flight=1
+        ),
+        _sft("sft", tiny_model, reach2d_demos, out, target=2),
+    ]
+    rt = RayRuntime(tmp_path / "run", layout="2-2-4", health_check_s=0.2)
+    killed: list[bool] = []
+
+    def on_progress(rows: list[TenantProgress]) -> None:
+        rl = next(r for r in rows if r.tenant == "rl")
+        if not killed and rl.completed >= 1:
+            killed.append(True)
+            rt.kill_engine(0)
+
+    try:
+        summary = asyncio.run(rt.run(specs, on_progress=on_progress))
+        assert killed
+        kinds = [e.kind for e in rt.health.events_of("inference/0")]
+        assert "restarted" in kinds and rt.health.escalated is None
+        s = summary.tenants
+        assert rt.scheduler is not None
+        for tid in ("rl", "sft"):
+            assert all(j.is_terminal for j in rt.scheduler.list_jobs(tenant_id=tid))
+        assert s["rl"].jobs_completed >= 3 and s["sft"].jobs_completed >= 2
+        assert s["sft"].jobs_failed == 0 and s["rl"].jobs_failed <= 1
+        assert s["rl"].final_version == s["rl"].jobs_completed
+        assert rt.queue.partitions() == [] and rt.queue.nbytes == 0
+    finally:
+        rt.close()
