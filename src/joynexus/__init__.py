@@ -12,4 +12,13 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["__version__"]
+__all__ = ["AsyncClient", "Client", "__version__"]
+
+
+def __getattr__(name: str) -> object:
+    # ``joynexus.Client`` without importing httpx (or the server) for every user.
+    if name in ("Client", "AsyncClient"):
+        from joynexus import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'joynexus' has no attribute {name!r}")

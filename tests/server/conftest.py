@@ -18,6 +18,7 @@ from joynexus.services.environment import EnvironmentService
 from joynexus.utils.clock import FakeClock
 from joynexus.wire import MSGPACK_MEDIA_TYPE, packb, unpackb
 from tests.envs.fake_envs import ensure_registered
+from tests.server.livesrv import reach_demos, tiny_model  # noqa: F401  (live-server fixtures)
 
 ensure_registered()
 

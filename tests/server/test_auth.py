@@ -196,61 +196,70 @@ _LAST = ("DELETE", "fail", "drop", "complete")
 
 def _order(item: tuple[str, str]) -> int:
     method, path = item
-    return int(method == "DELETE" or path.endswith(_LAST[1:]))
+    # Cancelling a workload closes the tenant's sessions: after everything else.
+    return int(method == "DELETE" or path.endswith(_LAST[1:])) + 2 * path.endswith("/cancel")
 
 
 def test_auth_matrix_covers_every_endpoint() -> None:
     async def main() -> None:
         async with server(tenants=("alice", "bob")) as srv:
-            routes = {
-                (method.upper(), path)
-                for path, item in srv.app.openapi()["paths"].items()
-                if path.startswith("/v1")
-                for method in item
-            }
-            assert routes == set(_REQUESTS), routes ^ set(_REQUESTS)
-            ids = await _resources(srv)
-            for method, template in sorted(_REQUESTS, key=_order):
-                kind, body = _REQUESTS[(method, template)]
-                url = template.format(**ids)
-                admin_only = template.startswith("/v1/tenants")
-                scoped = "{" in template and not admin_only
-
-                async def call(
-                    key: str | None,
-                    url: str = url,
-                    kind: str = kind,
-                    method: str = method,
-                    body: Any = body,
-                ) -> Any:
-                    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
-                    if kind == "msgpack":
-                        headers.update(MSGPACK)
-                        return await srv.client.request(
-                            method, url, content=packb(body), headers=headers
-                        )
-                    if kind == "json":
-                        return await srv.client.request(method, url, json=body, headers=headers)
-                    return await srv.client.request(method, url, headers=headers)
-
-                where = f"{method} {template}"
-                for key in (None, BAD_KEY, "jnx_short", "Basic abc"):
-                    r = await call(key)
-                    assert r.status_code == 401, (where, key, r.text)
-                    assert r.json()["code"] == "unauthenticated"
-                own = srv.admin_key if admin_only else srv.keys["alice"]
-                other = srv.keys["bob"]
-                r = await call(other)
-                if admin_only or scoped:
-                    assert r.status_code == 403, (where, r.text)
-                    assert r.json()["code"] == "permission_denied"
-                else:
-                    assert r.status_code < 300 or r.status_code in (404, 422), (where, r.text)
-                    assert ids["job_id"] not in r.text and ids["session_id"] not in r.text
-                if admin_only:
-                    r = await call(srv.keys["alice"])  # a tenant key is not an admin key
-                    assert r.status_code == 403, (where, r.text)
-                r = await call(own)
-                assert r.status_code not in (401, 403) and r.status_code < 500, (where, r.text)
+            await auth_matrix(srv, _REQUESTS, await _resources(srv))
 
     run(main)
+
+
+async def auth_matrix(
+    srv: Server, requests: dict[tuple[str, str], tuple[str, Any]], ids: dict[str, str]
+) -> None:
+    """Every ``/v1`` route of the live OpenAPI document × {own, other, none, bad} keys.
+
+    ``requests`` must list exactly the document's routes; ``ids`` fills their paths
+    with alice's objects. Also used by the workload/model route tests (live Master).
+    """
+    routes = {
+        (method.upper(), path)
+        for path, item in srv.app.openapi()["paths"].items()
+        if path.startswith("/v1")
+        for method in item
+    }
+    assert routes == set(requests), routes ^ set(requests)
+    for method, template in sorted(requests, key=_order):
+        kind, body = requests[(method, template)]
+        url = template.format(**ids)
+        admin_only = template.startswith("/v1/tenants")
+        scoped = "{" in template and not admin_only
+
+        async def call(
+            key: str | None,
+            url: str = url,
+            kind: str = kind,
+            method: str = method,
+            body: Any = body,
+        ) -> Any:
+            headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+            if kind == "msgpack":
+                headers.update(MSGPACK)
+                return await srv.client.request(method, url, content=packb(body), headers=headers)
+            if kind == "json":
+                return await srv.client.request(method, url, json=body, headers=headers)
+            return await srv.client.request(method, url, headers=headers)
+
+        where = f"{method} {template}"
+        for key in (None, BAD_KEY, "jnx_short", "Basic abc"):
+            r = await call(key)
+            assert r.status_code == 401, (where, key, r.text)
+            assert r.json()["code"] == "unauthenticated"
+        own = srv.admin_key if admin_only else srv.keys["alice"]
+        other = srv.keys["bob"]
+        r = await call(other)
+        if admin_only or scoped:
+            assert r.status_code == 403, (where, r.text)
+            assert r.json()["code"] == "permission_denied"
+        else:
+            assert r.status_code < 300 or r.status_code in (404, 409, 422), (where, r.text)
+            assert ids["job_id"] not in r.text and ids["session_id"] not in r.text
+        if admin_only:
+            r = await call(srv.keys["alice"])  # a tenant key is not an admin key
+            assert r.status_code == 403, (where, r.text)
+        r = await call(own)
+        assert r.status_code not in (401, 403) and r.status_code < 500, (where, r.text)

@@ -8,7 +8,9 @@ from joynexus.cli import (
     envs,  # noqa: F401  (env-server, bench envs)
     models,  # noqa: F401
     models_bench,  # noqa: F401  (bench group-batching)
+    ray_cmds,  # noqa: F401  (scale rollout; --runtime for run)
     run,  # noqa: F401  (run workloads in the embedded runtime)
+    serve,  # noqa: F401  (serve, tenants, submit, status, logs, artifacts, export, cancel)
     sim,  # noqa: F401  (simulate, demo)
     spec,  # noqa: F401  (spec schema, spec check)
     usage,  # noqa: F401  (usage of a run)

@@ -20,6 +20,7 @@ def openapi_document() -> dict[str, Any]:
     from joynexus.queues.training import TrainingQueue
     from joynexus.server.app import create_app
     from joynexus.server.auth import TenantStore
+    from joynexus.server.routes import models, workloads
     from joynexus.server.state import ServiceRegistry
     from joynexus.services.environment import EnvironmentService
 
@@ -29,7 +30,9 @@ def openapi_document() -> dict[str, Any]:
             scheduler=TrainingScheduler.in_memory(),
             training_queue=TrainingQueue(),
             environment=EnvironmentService(),
-        )
+        ),
+        # The Master's routers (joynexus serve mounts them with a live Master).
+        extra_routers=(workloads.router, models.router),
     )
     return app.openapi()
 

@@ -39,6 +39,9 @@ class TaskKind(StrEnum):
     RL = "rl"
     SFT = "sft"
     EVAL = "eval"
+    #: Endpoints only: the server creates the tenant's slot and the tenant drives the
+    #: low-level primitives itself (``joynexus serve`` only; ``joynexus run`` refuses it).
+    CUSTOM = "custom"
 
 
 class BaseModelSpec(BaseModel):
@@ -167,6 +170,11 @@ class WorkloadSpec(BaseModel):
             if self.algorithm.name != "sft":
                 raise ValueError(
                     f"task 'sft' needs algorithm.name 'sft', got {self.algorithm.name!r}"
+                )
+        elif self.task is TaskKind.CUSTOM:
+            if self.env is None and self.schema_ is None:
+                raise ValueError(
+                    "task 'custom' needs a 'schema' (or preset) or an 'env' to derive it from"
                 )
         else:
             if self.env is None or self.evaluation is None:

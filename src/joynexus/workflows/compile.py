@@ -18,7 +18,7 @@ anything starts (no model is loaded, no simulator is spawned):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -244,6 +244,8 @@ def compile_workloads(
     max_active_rollouts: int | None = DEFAULT_MAX_ACTIVE_ROLLOUTS,
     max_active_rollouts_per_tenant: int | None = DEFAULT_MAX_ACTIVE_ROLLOUTS_PER_TENANT,
     require_completion_target: bool = True,
+    allow_custom: bool = False,
+    served: Mapping[str, DataSchema] | None = None,
 ) -> CompiledRun:
     """Check and compile the workloads of one run.
 
@@ -253,6 +255,10 @@ def compile_workloads(
         max_active_rollouts_per_tenant: The same bound per tenant.
         require_completion_target: Every training workload must declare a completion
             target (a run must end).
+        allow_custom: Accept ``custom`` workloads (endpoints only: a slot, no loops).
+            Only a long-lived server (the Master Service) hosts them.
+        served: Tenants already trainable outside these specs (a long-lived server's
+            resident slots) and their schemas; evaluation targets may name them.
 
     Raises:
         SpecError: no specs, duplicate tenants, different base models, an unknown or
@@ -285,6 +291,16 @@ def compile_workloads(
         if spec.task is TaskKind.EVAL:
             compiled.append(CompiledWorkload(spec, schema, None, None, None))
             continue
+        if spec.task is TaskKind.CUSTOM:
+            if not allow_custom:
+                raise SpecError(
+                    f"tenant {spec.tenant!r}: task 'custom' (endpoints only) runs on a "
+                    "server (`joynexus serve`); `joynexus run` accepts rl, sft and eval",
+                    field="task",
+                )
+            config = TenantConfig.from_spec(spec, schema)
+            compiled.append(CompiledWorkload(spec, schema, config, None, None))
+            continue
         if require_completion_target and spec.scheduling.completion_target is None:
             raise SpecError(
                 f"tenant {spec.tenant!r}: `joynexus run` needs scheduling.completion_target "
@@ -297,20 +313,20 @@ def compile_workloads(
         compiled.append(
             CompiledWorkload(spec, schema, config, task_type, _admission(spec), recording)
         )
-    by_tenant = {w.tenant_id: w for w in compiled}
+    trainable_schemas = dict(served or {})
+    trainable_schemas.update({w.tenant_id: w.schema for w in compiled if w.config is not None})
     for w in compiled:
         if w.spec.evaluation is None:
             continue
         for target in w.spec.evaluation.targets:
-            tw = by_tenant.get(target)
-            trainable = sorted(t for t, x in by_tenant.items() if x.config is not None)
-            if tw is None or tw.config is None:
+            target_schema = trainable_schemas.get(target)
+            if target_schema is None:
                 raise SpecError(
                     f"tenant {w.tenant_id!r}: evaluation target {target!r} is not a trainable "
-                    f"tenant of this run; trainable tenants: {trainable}",
+                    f"tenant of this run; trainable tenants: {sorted(trainable_schemas)}",
                     field="evaluation.targets",
                 )
-            if not _same_interface(tw.schema, w.schema):
+            if not _same_interface(target_schema, w.schema):
                 raise SpecError(
                     f"tenant {w.tenant_id!r}: evaluation env produces a different interface "
                     f"than target {target!r} was trained on (cameras, state/action dims, chunk)",

@@ -1,0 +1,280 @@
+"""``joynexus serve`` and the client commands that talk to a running server.
+
+``serve`` hosts the HTTP API with a live Master Service on one set of services. The
+other commands (``tenants create|list``, ``submit``, ``status``, ``logs``,
+``artifacts``, ``export``, ``cancel``) go through :class:`joynexus.client.Client`; the
+server URL and API key come from ``--url`` / ``--api-key`` or ``JOYNEXUS_URL`` /
+``JOYNEXUS_API_KEY``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from joynexus.cli.app import app
+
+if TYPE_CHECKING:
+    from joynexus.client import Client, WorkloadStatus
+
+console = Console()
+tenants_app = typer.Typer(help="Tenants and API keys (admin key).", no_args_is_help=True)
+app.add_typer(tenants_app, name="tenants")
+
+Url = Annotated[str | None, typer.Option("--url", envvar="JOYNEXUS_URL", help="Server URL.")]
+Key = Annotated[str | None, typer.Option("--api-key", envvar="JOYNEXUS_API_KEY", help="API key.")]
+
+
+def _client(url: str | None, key: str | None) -> Client:
+    from joynexus.client import Client
+
+    return Client(url, key)
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    console.print(f"[red]error:[/red] {exc}")
+    return typer.Exit(1)
+
+
+@app.command("serve")
+def serve(
+    runtime: Annotated[str, typer.Option(help="local (embedded services) or ray.")] = "local",
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    run_dir: Annotated[
+        Path, typer.Option("--run-dir", help="Scheduler, tenants, model cache, outputs.")
+    ] = Path("runs/joynexus-serve"),
+    base_model: Annotated[
+        str, typer.Option("--base-model", help="Resident base model (hub id, path, tiny:<arch>).")
+    ] = "tiny:qwen2_5_vl",
+    admin_key_file: Annotated[
+        Path | None,
+        typer.Option("--admin-key-file", help="Where the admin key is kept (default: run dir)."),
+    ] = None,
+    dataset_root: Annotated[
+        list[Path] | None,
+        typer.Option("--dataset-root", help="Directories SFT datasets may be read from."),
+    ] = None,
+) -> None:
+    """Serve the HTTP API with a live Master Service (workloads can be submitted any time)."""
+    if runtime not in ("local", "ray"):
+        raise _fail(ValueError(f"--runtime must be 'local' or 'ray', got {runtime!r}"))
+    if runtime == "ray":
+        try:
+            from joynexus.runtime import ray_runtime
+        except ImportError as exc:
+            raise _fail(RuntimeError(f"the Ray runtime is unavailable here: {exc}")) from exc
+        if not hasattr(ray_runtime, "build_serving_plane"):
+            raise _fail(
+                RuntimeError(
+                    "the Ray runtime has no serving entry point yet "
+                    "(joynexus.runtime.ray_runtime.build_serving_plane); use --runtime local"
+                )
+            )
+    import uvicorn
+
+    from joynexus.control.workloads import MasterLimits
+    from joynexus.server.auth import TenantStore
+    from joynexus.server.serve import build_live_app, build_plane, ensure_admin_key
+    from joynexus.spec.workload import BaseModelSpec
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    key_file = admin_key_file or run_dir / "admin.key"
+    store = TenantStore.open(run_dir / "tenants.sqlite")
+    if ensure_admin_key(store, key_file):
+        console.print(f"admin API key written to [bold]{key_file}[/bold] (mode 0600)")
+    else:
+        console.print(f"admin API key: [bold]{key_file}[/bold]")
+    console.print(f"loading base model {base_model} ...")
+    plane = build_plane(run_dir, BaseModelSpec(id=base_model))
+    roots = [*(dataset_root or []), run_dir / "datasets"]
+    live = build_live_app(
+        plane, store, output_root=run_dir / "outputs", limits=MasterLimits(dataset_roots=roots)
+    )
+    console.print(f"serving on http://{host}:{port} (OpenAPI at /openapi.json)")
+    uvicorn.run(live.app, host=host, port=port, log_level="info")
+
+
+@tenants_app.command("create")
+def tenants_create(tenant_id: str, url: Url = None, api_key: Key = None) -> None:
+    """Create a tenant and print its first API key (shown once)."""
+    from joynexus.client import APIError
+
+    try:
+        with _client(url, api_key) as c:
+            out = c.create_tenant(tenant_id)
+    except APIError as exc:
+        raise _fail(exc) from None
+    console.print(f"tenant {tenant_id} created; API key: [bold]{out['api_key']}[/bold]")
+
+
+@tenants_app.command("list")
+def tenants_list(url: Url = None, api_key: Key = None) -> None:
+    """List tenants and their quotas."""
+    from joynexus.client import APIError
+
+    try:
+        with _client(url, api_key) as c:
+            rows = c.list_tenants()
+    except APIError as exc:
+        raise _fail(exc) from None
+    table = Table("tenant", "max sessions", "max in-flight jobs", "requests/s")
+    for row in rows:
+        q = row["quotas"]
+        table.add_row(
+            row["tenant_id"],
+            str(q["max_sessions"]),
+            str(q["max_inflight_jobs"]),
+            str(q["requests_per_s"]),
+        )
+    console.print(table)
+
+
+@app.command("submit")
+def submit(
+    spec: Annotated[Path, typer.Argument(help="Workload spec (YAML or JSON, one workload).")],
+    url: Url = None,
+    api_key: Key = None,
+) -> None:
+    """Submit a workload; prints its id."""
+    from joynexus.client import APIError
+
+    try:
+        with _client(url, api_key) as c:
+            st = c.submit(spec)
+    except (APIError, ValueError, OSError) as exc:
+        raise _fail(exc) from None
+    console.print(f"submitted {st.workload_id} ({st.task}, {st.state.value})")
+
+
+def _table(rows: list[WorkloadStatus]) -> Table:
+    table = Table("workload", "task", "state", "jobs", "version", "error")
+    for r in rows:
+        if r.task == "eval":
+            jobs = f"{r.eval_runs_completed}/{r.eval_runs_target} runs"
+        else:
+            jobs = f"{r.jobs_completed}/{r.jobs_target if r.jobs_target is not None else '∞'}"
+        table.add_row(
+            r.workload_id,
+            r.task,
+            r.state.value,
+            jobs,
+            "" if r.policy_version is None else str(r.policy_version),
+            r.error or "",
+        )
+    return table
+
+
+@app.command("status")
+def status(
+    workload: Annotated[str | None, typer.Argument(help="One workload (default: all).")] = None,
+    watch: Annotated[bool, typer.Option("--watch/--once", help="Refresh live.")] = True,
+    interval: Annotated[float, typer.Option(help="Refresh period in seconds.")] = 1.0,
+    url: Url = None,
+    api_key: Key = None,
+) -> None:
+    """A live table of workloads: state, jobs completed / target, policy version."""
+    from joynexus.client import APIError
+
+    try:
+        with _client(url, api_key) as c:
+
+            def rows() -> list[WorkloadStatus]:
+                return [c.status(workload)] if workload else c.list_workloads()
+
+            current = rows()
+            if not watch:
+                console.print(_table(current))
+                return
+            with Live(_table(current), console=console, refresh_per_second=4) as live:
+                while not all(r.state.is_terminal for r in current):
+                    time.sleep(interval)
+                    current = rows()
+                    live.update(_table(current))
+    except APIError as exc:
+        raise _fail(exc) from None
+
+
+@app.command("logs")
+def logs(
+    workload: str,
+    kind: Annotated[str | None, typer.Option(help="Only records of this kind.")] = None,
+    url: Url = None,
+    api_key: Key = None,
+) -> None:
+    """Print a workload's metrics records (JSON lines)."""
+    from joynexus.client import APIError
+
+    try:
+        with _client(url, api_key) as c:
+            out = c.metrics(workload, kind=kind)
+    except APIError as exc:
+        raise _fail(exc) from None
+    for record in out.records:
+        typer.echo(json.dumps(record, sort_keys=True))
+
+
+@app.command("artifacts")
+def artifacts(
+    workload: str,
+    download: Annotated[str | None, typer.Option(help="Download this artifact path.")] = None,
+    out: Annotated[Path | None, typer.Option(help="Where to write the download.")] = None,
+    url: Url = None,
+    api_key: Key = None,
+) -> None:
+    """List a workload's artifacts (the tenant's output dir), or download one."""
+    from joynexus.client import APIError
+
+    try:
+        with _client(url, api_key) as c:
+            if download is not None:
+                target = out or Path(Path(download).name)
+                target.write_bytes(c.download(workload, download))
+                console.print(f"wrote {target}")
+                return
+            rows = c.artifacts(workload)
+    except APIError as exc:
+        raise _fail(exc) from None
+    table = Table("path", "bytes")
+    for row in rows:
+        table.add_row(row["path"], str(row["size"]))
+    console.print(table)
+
+
+@app.command("export")
+def export(
+    tenant: str,
+    out: Annotated[Path, typer.Option("--out", help="File to write (msgpack).")],
+    url: Url = None,
+    api_key: Key = None,
+) -> None:
+    """Export a tenant's action module (named tensors + manifest, msgpack) to a file."""
+    from joynexus.client import APIError
+
+    try:
+        with _client(url, api_key) as c:
+            data = c.export(tenant)
+    except APIError as exc:
+        raise _fail(exc) from None
+    out.write_bytes(data)
+    console.print(f"wrote {out} ({len(data)} bytes)")
+
+
+@app.command("cancel")
+def cancel(workload: str, url: Url = None, api_key: Key = None) -> None:
+    """Cancel a workload (releases its sessions, partitions and slot)."""
+    from joynexus.client import APIError
+
+    try:
+        with _client(url, api_key) as c:
+            st = c.cancel(workload)
+    except APIError as exc:
+        raise _fail(exc) from None
+    console.print(f"{st.workload_id}: {st.state.value}")

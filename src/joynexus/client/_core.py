@@ -1,0 +1,207 @@
+"""What the sync and async clients share: calls, retries, errors, typed results.
+
+Every API operation is described once as a :class:`Call` (method, path, body, how to
+parse the answer); :class:`~joynexus.client.sync.Client` and
+:class:`~joynexus.client.aio.AsyncClient` only execute calls, so the two stay in step.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from joynexus.wire import MSGPACK_MEDIA_TYPE, packb, unpackb
+
+__all__ = [
+    "APIError",
+    "Call",
+    "FutureInfo",
+    "Prediction",
+    "RetryPolicy",
+    "StepInfo",
+]
+
+RETRY_STATUSES = (429, 503)
+
+
+class APIError(Exception):
+    """An error answer of the server: HTTP status, machine code, message, details."""
+
+    def __init__(
+        self, status: int, code: str, message: str, details: Mapping[str, Any] | None = None
+    ) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details: dict[str, Any] = dict(details or {})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff on 429 / 503 (and connection errors).
+
+    Attributes:
+        max_retries: Retries after the first attempt.
+        backoff_s: First delay; each retry doubles it, up to ``max_backoff_s``.
+        max_backoff_s: Longest delay, also the cap on a server's ``Retry-After``.
+    """
+
+    max_retries: int = 5
+    backoff_s: float = 0.25
+    max_backoff_s: float = 30.0
+
+    def delay(self, attempt: int, response: httpx.Response | None) -> float:
+        """Seconds to wait before retry ``attempt`` (0-based); ``Retry-After`` wins."""
+        wait = float(min(self.backoff_s * (2.0**attempt), self.max_backoff_s))
+        if response is not None:
+            hinted = _retry_after(response.headers.get("retry-after"))
+            if hinted is not None:
+                wait = min(max(wait, hinted), self.max_backoff_s)
+        return wait
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value)
+        return max(0.0, parsed.timestamp() - time.time()) if parsed else None
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+@dataclass
+class Call:
+    """One HTTP operation.
+
+    Attributes:
+        method / path: The request line.
+        json: A JSON body.
+        msgpack: A msgpack body (tensors as numpy arrays).
+        params: Query parameters.
+        accept_msgpack: Ask for a msgpack answer (tensor results).
+        parse: Turns the decoded answer into the typed result.
+        raw: Return the raw bytes (downloads).
+    """
+
+    method: str
+    path: str
+    json: Any = None
+    msgpack: Any = None
+    params: dict[str, Any] = field(default_factory=dict)
+    accept_msgpack: bool = False
+    parse: Callable[[Any], Any] = _identity
+    raw: bool = False
+
+    def request_kwargs(self) -> dict[str, Any]:
+        headers: dict[str, str] = {}
+        kw: dict[str, Any] = {"params": self.params or None}
+        if self.msgpack is not None:
+            headers["Content-Type"] = MSGPACK_MEDIA_TYPE
+            kw["content"] = packb(self.msgpack)
+        elif self.json is not None:
+            kw["json"] = self.json
+        if self.accept_msgpack:
+            headers["Accept"] = MSGPACK_MEDIA_TYPE
+        kw["headers"] = headers
+        return kw
+
+    def result(self, response: httpx.Response) -> Any:
+        """The parsed result of a successful response; raises :class:`APIError` otherwise."""
+        if response.status_code >= 400:
+            raise error_of(response)
+        if self.raw:
+            return self.parse(response.content)
+        if not response.content:
+            return self.parse(None)
+        media = response.headers.get("content-type", "")
+        if media.startswith(MSGPACK_MEDIA_TYPE):
+            return self.parse(unpackb(response.content))
+        return self.parse(response.json())
+
+
+def error_of(response: httpx.Response) -> APIError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "code" in body:
+        return APIError(
+            response.status_code,
+            str(body["code"]),
+            str(body.get("message", "")),
+            body.get("details") or {},
+        )
+    return APIError(response.status_code, "http_error", response.text[:500])
+
+
+class FutureInfo(BaseModel):
+    """A long operation's state (``result`` once succeeded, ``error`` once failed)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    future_id: str
+    kind: str
+    state: str
+    created_at: float | None = None
+    finished_at: float | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """``predict``: ``actions [B, chunk, A]``, log-probs / values ``[B]`` when present."""
+
+    actions: np.ndarray
+    log_probs: np.ndarray | None
+    values: np.ndarray | None
+    policy_version: int
+
+
+class StepInfo(BaseModel):
+    """``train_batch``: the loss before the step and the version after it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    loss: float
+    policy_version: int
+    grad_norm: float
+
+
+def prediction(body: Mapping[str, Any]) -> Prediction:
+    return Prediction(
+        actions=np.asarray(body["actions"]),
+        log_probs=None if body.get("log_probs") is None else np.asarray(body["log_probs"]),
+        values=None if body.get("values") is None else np.asarray(body["values"]),
+        policy_version=int(body["policy_version"]),
+    )
+
+
+def observations(
+    cameras: Mapping[str, np.ndarray],
+    state: np.ndarray,
+    instructions: list[str],
+    actions: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """An observation batch as the model routes read it."""
+    out: dict[str, Any] = {
+        "cameras": {k: np.ascontiguousarray(v, dtype=np.uint8) for k, v in cameras.items()},
+        "state": np.ascontiguousarray(state, dtype=np.float32),
+        "instructions": list(instructions),
+    }
+    if actions is not None:
+        out["actions"] = np.ascontiguousarray(actions, dtype=np.float32)
+    return out

@@ -1,0 +1,288 @@
+"""Model primitives of paper Figure 4 on the caller's own tenant slot.
+
+``/v1/models/{tenant_id}/...`` — the path names the slot and must be the caller:
+
+* Inference Model Service: ``predict`` (actions, log-probs, values), ``load_weights``
+  (publish named tensors as a serving version), ``rollout`` (future);
+* Training Model Service: ``train_batch`` (one optimizer step on a caller-built batch),
+  ``train_job`` (future; a job the tenant reserved and leased), ``export_params``,
+  ``save`` (future);
+* ``export``: the tenant's action module as named tensors plus a manifest.
+
+Tensor bodies are msgpack (``application/msgpack``) or JSON tensors. The slot exists
+once the tenant submitted a workload (task ``custom`` gives a slot and nothing else).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request, status
+from pydantic import BaseModel, ConfigDict, Field
+
+from joynexus.errors import PermissionDeniedError
+from joynexus.models.batch import ObservationBatch
+from joynexus.server.futures import FutureRef
+from joynexus.server.names import Name, PathName
+from joynexus.server.routes.workloads import master_of
+from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
+from joynexus.server.wire import Tensor, decode_body, respond, tensor_body, tensor_response
+
+router = APIRouter(prefix="/v1/models/{tenant_id}", tags=["models"])
+
+_MAX_TENSORS = 1024
+Version = Annotated[int, Field(ge=0, le=2**62)]
+Instruction = Annotated[str, Field(max_length=4096)]
+
+
+class ObservationsIn(BaseModel):
+    """A batch of B observations in the tenant's schema."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cameras: dict[Name, Tensor] = Field(max_length=16, description="uint8 [B, H, W, C]")
+    state: Tensor = Field(description="float32 [B, state_dim]")
+    instructions: list[Instruction] = Field(min_length=1, max_length=65_536)
+    actions: Tensor | None = Field(default=None, description="float32 [B, chunk, action_dim]")
+
+    def batch(self) -> ObservationBatch:
+        return ObservationBatch(
+            cameras=dict(self.cameras),
+            state=np.asarray(self.state),
+            instructions=list(self.instructions),
+            actions=None if self.actions is None else np.asarray(self.actions),
+        )
+
+
+class PredictIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    observations: ObservationsIn
+    policy_version: Version | None = None
+    mode: Literal["mean", "sample"] = "mean"
+
+
+class PredictOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    actions: Tensor
+    log_probs: Tensor | None = None
+    values: Tensor | None = None
+    policy_version: int
+
+
+class TrainBatchIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    observations: ObservationsIn = Field(description="with actions")
+    loss: Literal["sft", "ppo", "grpo", "reinforce"] = "sft"
+    advantages: Tensor | None = None
+    old_log_probs: Tensor | None = None
+    returns: Tensor | None = None
+    action_is_pad: Tensor | None = None
+
+
+class StepOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    loss: float
+    policy_version: int
+    grad_norm: float
+
+
+class ParamsOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenant_id: str
+    policy_version: int
+    schema_signature: str
+    named_tensors: dict[str, Tensor]
+
+
+class LoadWeightsIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: Version
+    named_tensors: dict[Annotated[str, Field(max_length=256)], Tensor] = Field(
+        min_length=1, max_length=_MAX_TENSORS
+    )
+
+
+class LoadWeightsOut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    policy_version: int
+
+
+class SaveIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_optim: bool = True
+
+
+class RolloutIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: Name = Field(description="a job the tenant reserved (state reserved)")
+    session_id: Name
+    num_envs: int = Field(ge=1, le=1024)
+    horizon: int = Field(ge=1, le=100_000)
+    version: Version | None = None
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = None
+
+
+class TrainJobIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: Name = Field(description="a job the tenant leased (state leased)")
+
+
+class ExportOut(BaseModel):
+    """The tenant's action module: manifest plus named tensors (never the base model)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    manifest: dict[str, Any]
+    named_tensors: dict[str, Tensor]
+
+
+def _own(tenant_id: PathName, principal: TenantPrincipal) -> str:
+    # A dependency, so a foreign slot answers 403 before the body is even validated.
+    caller = tenant_id_of(principal)
+    if caller != tenant_id:
+        raise PermissionDeniedError(
+            f"model slot {tenant_id!r} belongs to another tenant", tenant_id=tenant_id
+        )
+    return caller
+
+
+#: The calling tenant, which must be the ``{tenant_id}`` of the path.
+OwnSlot = Annotated[str, Depends(_own)]
+
+
+async def _body(request: Request, state: ServerState, model: type[Any]) -> Any:
+    return await decode_body(
+        request,
+        model,
+        max_body_bytes=state.config.max_body_bytes,
+        max_tensor_bytes=state.config.max_tensor_bytes,
+    )
+
+
+def _f32(value: Any) -> Any:
+    return None if value is None else np.asarray(value, dtype=np.float32)
+
+
+@router.post(
+    "/predict", openapi_extra=tensor_body(PredictIn), responses=tensor_response(PredictOut)
+)
+async def predict(tenant: OwnSlot, request: Request, state: State) -> Any:
+    """``predict``: actions (and log-probs in ``sample`` mode, values with a critic)."""
+    body: PredictIn = await _body(request, state, PredictIn)
+    result = await master_of(state).predict(
+        tenant, body.observations.batch(), body.policy_version, body.mode
+    )
+    out = PredictOut.model_construct(
+        actions=np.asarray(result.actions, dtype=np.float32),
+        log_probs=_f32(result.log_probs),
+        values=_f32(result.values),
+        policy_version=int(result.policy_version),
+    )
+    return respond(request, out)
+
+
+@router.post("/train_batch", response_model=StepOut, openapi_extra=tensor_body(TrainBatchIn))
+async def train_batch(tenant: OwnSlot, request: Request, state: State) -> StepOut:
+    """``train_batch``: one optimizer step of the tenant's slot on a caller-built batch."""
+    from joynexus.services.training import TrainBatch
+
+    body: TrainBatchIn = await _body(request, state, TrainBatchIn)
+    batch = TrainBatch(
+        observations=body.observations.batch(),
+        loss=body.loss,
+        advantages=_f32(body.advantages),
+        old_log_probs=_f32(body.old_log_probs),
+        returns=_f32(body.returns),
+        action_is_pad=None if body.action_is_pad is None else np.asarray(body.action_is_pad),
+    )
+    step = await master_of(state).train_batch(tenant, batch)
+    return StepOut(
+        loss=float(step.loss), policy_version=int(step.policy_version), grad_norm=step.grad_norm
+    )
+
+
+@router.post("/export_params", responses=tensor_response(ParamsOut))
+async def export_params(tenant: OwnSlot, request: Request, state: State) -> Any:
+    """``export_params``: the tenant's current action-module tensors (no shared base)."""
+    version, signature, named = await master_of(state).export_params(tenant)
+    out = ParamsOut.model_construct(
+        tenant_id=tenant, policy_version=version, schema_signature=signature, named_tensors=named
+    )
+    return respond(request, out)
+
+
+@router.post(
+    "/load_weights", response_model=LoadWeightsOut, openapi_extra=tensor_body(LoadWeightsIn)
+)
+async def load_weights(tenant: OwnSlot, request: Request, state: State) -> LoadWeightsOut:
+    """``load_weights``: publish named tensors as the tenant's serving ``version``."""
+    body: LoadWeightsIn = await _body(request, state, LoadWeightsIn)
+    served = await master_of(state).load_weights(tenant, body.version, body.named_tensors)
+    return LoadWeightsOut(policy_version=served)
+
+
+def _submit(state: ServerState, tenant: str, kind: str, work: Any) -> FutureRef:
+    quotas = state.quotas_of(tenant)
+    return state.futures.submit(tenant, kind, work, max_pending=quotas.max_pending_futures)
+
+
+@router.post("/save", status_code=status.HTTP_202_ACCEPTED, response_model=FutureRef)
+async def save(tenant: OwnSlot, body: SaveIn, state: State) -> FutureRef:
+    """``save``: checkpoint the slot; the future's result lists the written paths."""
+    master = master_of(state)
+    master.require_slot(tenant)
+
+    async def work() -> dict[str, Any]:
+        return {"paths": await master.save(tenant, include_optim=body.include_optim)}
+
+    return _submit(state, tenant, "models.save", work)
+
+
+@router.post("/rollout", status_code=status.HTTP_202_ACCEPTED, response_model=FutureRef)
+async def rollout(tenant: OwnSlot, body: RolloutIn, state: State) -> FutureRef:
+    """``rollout``: an env loop over ``predict`` into a reserved job's partition (future)."""
+    master = master_of(state)
+    master.require_slot(tenant)
+
+    async def work() -> dict[str, Any]:
+        return await master.rollout(
+            tenant,
+            body.job_id,
+            body.session_id,
+            num_envs=body.num_envs,
+            horizon=body.horizon,
+            version=body.version,
+            seed=body.seed,
+        )
+
+    return _submit(state, tenant, "models.rollout", work)
+
+
+@router.post("/train_job", status_code=status.HTTP_202_ACCEPTED, response_model=FutureRef)
+async def train_job(tenant: OwnSlot, body: TrainJobIn, state: State) -> FutureRef:
+    """``train_job``: train a leased job of the tenant from its partition (future)."""
+    master = master_of(state)
+    master.require_slot(tenant)
+
+    async def work() -> dict[str, Any]:
+        return await master.train_job(tenant, body.job_id)
+
+    return _submit(state, tenant, "models.train_job", work)
+
+
+@router.get("/export", responses=tensor_response(ExportOut))
+async def export(tenant: OwnSlot, request: Request, state: State) -> Any:
+    """The tenant's action module with a manifest (schema, head, version, base model id)."""
+    manifest, named = await master_of(state).export(tenant)
+    return respond(request, ExportOut.model_construct(manifest=manifest, named_tensors=named))
