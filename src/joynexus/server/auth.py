@@ -243,7 +243,7 @@ class TenantStore:
             query += " WHERE tenant_id = ?"
             args = (tenant_id,)
         with self._lock:
-            rows = self._db.execute(query + " ORDER BY created_at, key_id", args).fetchall()
+            rows = self._db.execute(query + " ORDER BY created_at, rowid", args).fetchall()
         return [KeyRecord(r[0], r[1], r[2], r[3], bool(r[4]), r[5]) for r in rows]
 
     def revoke_key(self, key_id: str) -> None:
