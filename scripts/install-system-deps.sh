@@ -10,6 +10,7 @@ PACKAGES=(
   libegl-mesa0     # Mesa's EGL driver behind libegl1 (software rendering without a GPU)
   libopengl0       # libOpenGL: the GL entry points PyOpenGL loads on the EGL platform
   libgl1-mesa-dri  # Mesa's software rasterizer (llvmpipe)
+  chromium         # dashboard browser test (playwright drives /usr/bin/chromium, headless)
 )
 
 # --- Mesa >= 24.3 for ManiSkill3 ----------------------------------------------------------

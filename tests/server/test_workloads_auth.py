@@ -58,6 +58,9 @@ MORE: dict[tuple[str, str], tuple[str, Any]] = {
     ),
     ("POST", _MODEL + "/train_job"): ("json", {"job_id": "nope"}),
     ("GET", _MODEL + "/export"): ("none", None),
+    # Usage and dashboard views: a tenant key sees only its own tenant (no other's ids).
+    ("GET", "/v1/usage"): ("none", None),
+    ("GET", "/v1/dashboard/state"): ("none", None),
     ("POST", _WORKLOAD + "/cancel"): ("none", None),
 }
 

@@ -62,10 +62,20 @@ def serve(
         list[Path] | None,
         typer.Option("--dataset-root", help="Directories SFT datasets may be read from."),
     ] = None,
+    metrics_auth: Annotated[
+        str,
+        typer.Option(
+            "--metrics-auth",
+            help="none: /metrics answers without a key (Prometheus scrapers); "
+            "admin: it needs an admin key.",
+        ),
+    ] = "none",
 ) -> None:
     """Serve the HTTP API with a live Master Service (workloads can be submitted any time)."""
     if runtime not in ("local", "ray"):
         raise _fail(ValueError(f"--runtime must be 'local' or 'ray', got {runtime!r}"))
+    if metrics_auth not in ("none", "admin"):
+        raise _fail(ValueError(f"--metrics-auth must be 'none' or 'admin', got {metrics_auth!r}"))
     if runtime == "ray":
         try:
             from joynexus.runtime import ray_runtime
@@ -96,9 +106,18 @@ def serve(
     plane = build_plane(run_dir, BaseModelSpec(id=base_model))
     roots = [*(dataset_root or []), run_dir / "datasets"]
     live = build_live_app(
-        plane, store, output_root=run_dir / "outputs", limits=MasterLimits(dataset_roots=roots)
+        plane,
+        store,
+        output_root=run_dir / "outputs",
+        limits=MasterLimits(dataset_roots=roots),
+        metrics_auth="admin" if metrics_auth == "admin" else "none",
     )
-    console.print(f"serving on http://{host}:{port} (OpenAPI at /openapi.json)")
+    base_url = f"http://{host}:{port}"
+    console.print(f"serving on {base_url} (OpenAPI at /openapi.json)")
+    console.print(
+        f"dashboard: [bold]{base_url}/dashboard[/bold] (sign in with an API key, or open "
+        f"{base_url}/dashboard?key=<api key>); Prometheus metrics: {base_url}/metrics"
+    )
     uvicorn.run(live.app, host=host, port=port, log_level="info")
 
 

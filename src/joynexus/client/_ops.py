@@ -11,6 +11,7 @@ import yaml
 
 from joynexus.client._core import Call, FutureInfo, StepInfo, prediction
 from joynexus.control.workloads import WorkloadMetrics, WorkloadStatus
+from joynexus.metrics.usage import UsageReport
 
 
 def spec_body(spec: Any) -> dict[str, Any]:
@@ -52,6 +53,19 @@ def list_tenants() -> Call:
 
 def me() -> Call:
     return Call("GET", "/v1/me")
+
+
+# --- usage and dashboard -----------------------------------------------------------
+
+
+def usage(tenant_id: str | None = None) -> Call:
+    params = {} if tenant_id is None else {"tenant_id": tenant_id}
+    return Call("GET", "/v1/usage", params=params, parse=UsageReport.model_validate)
+
+
+def dashboard_state(tenant_id: str | None = None) -> Call:
+    params = {} if tenant_id is None else {"tenant_id": tenant_id}
+    return Call("GET", "/v1/dashboard/state", params=params)
 
 
 # --- workloads ---------------------------------------------------------------------

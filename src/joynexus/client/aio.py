@@ -37,6 +37,7 @@ from joynexus.client._core import (
     observations,
 )
 from joynexus.control.workloads import WorkloadMetrics, WorkloadStatus
+from joynexus.metrics.usage import UsageReport
 
 __all__ = ["AsyncClient"]
 
@@ -143,6 +144,17 @@ class AsyncClient:
 
     async def me(self) -> Any:
         return await self.call(ops.me())
+
+    async def usage(self, tenant_id: str | None = None) -> UsageReport:
+        """Metered usage: a tenant key gets its own, an admin key every tenant's (or
+        ``tenant_id``'s)."""
+        result: UsageReport = await self.call(ops.usage(tenant_id))
+        return result
+
+    async def dashboard_state(self, tenant_id: str | None = None) -> dict[str, Any]:
+        """What the dashboard draws (tenants, workloads, queues, curves, ...)."""
+        result: dict[str, Any] = await self.call(ops.dashboard_state(tenant_id))
+        return result
 
     # --- workloads -----------------------------------------------------------------------
 

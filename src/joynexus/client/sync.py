@@ -33,6 +33,7 @@ from joynexus.client._core import (
     observations,
 )
 from joynexus.control.workloads import WorkloadMetrics, WorkloadStatus
+from joynexus.metrics.usage import UsageReport
 
 __all__ = ["Client"]
 
@@ -139,6 +140,17 @@ class Client:
 
     def me(self) -> Any:
         return self.call(ops.me())
+
+    def usage(self, tenant_id: str | None = None) -> UsageReport:
+        """Metered usage: a tenant key gets its own, an admin key every tenant's (or
+        ``tenant_id``'s)."""
+        result: UsageReport = self.call(ops.usage(tenant_id))
+        return result
+
+    def dashboard_state(self, tenant_id: str | None = None) -> dict[str, Any]:
+        """What the dashboard draws (tenants, workloads, queues, curves, ...)."""
+        result: dict[str, Any] = self.call(ops.dashboard_state(tenant_id))
+        return result
 
     # --- workloads -----------------------------------------------------------------------
 

@@ -7,31 +7,48 @@
 and model routers, starting the services and the Master's shared loops in the app's
 lifespan (inside the server's event loop) and stopping them at shutdown.
 
+Monitoring: the plane owns one :class:`~joynexus.metrics.MetricsService` (Prometheus
+registry behind ``/metrics``, with the usage meter's counters) and one
+:class:`~joynexus.metrics.UsageMeter` persisted to ``<run_dir>/usage.json`` (resumed
+by a restarted server), both handed to the services. The live app adds a
+:class:`~joynexus.metrics.control.ControlSampler` and the dashboard's
+:class:`~joynexus.server.dashboard.DashboardFeed`, sampled by one lifespan task.
+
 Unlike :mod:`joynexus.server.app`, this module imports torch: it is what
 ``joynexus serve`` and the end-to-end tests run.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
 from joynexus.control.master import MasterService
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.control.workloads import MasterLimits
+from joynexus.metrics.control import ControlSampler
+from joynexus.metrics.events import MetricsService
+from joynexus.metrics.prometheus import UsageCollector
+from joynexus.metrics.usage import USAGE_FILE, UsageMeter
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.queues.training import TrainingQueue
 from joynexus.runtime.embedded import RuntimeConfig, load_base_model
 from joynexus.server.app import create_app
 from joynexus.server.auth import TenantStore
 from joynexus.server.config import ServerConfig
-from joynexus.server.routes import models, workloads
+from joynexus.server.dashboard import DashboardFeed
+from joynexus.server.routes import dashboard, models, workloads
+from joynexus.server.routes import metrics as metrics_routes
+from joynexus.server.routes.metrics import MetricsAuth
 from joynexus.server.state import ServiceRegistry
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService
@@ -39,9 +56,14 @@ from joynexus.services.training import TrainingModelService
 from joynexus.spec.workload import BaseModelSpec
 from joynexus.utils.clock import Clock, SystemClock
 
+if TYPE_CHECKING:
+    from joynexus.runtime.health import HealthManager
+
 __all__ = ["ExecutionPlane", "LiveServer", "build_live_app", "build_plane", "ensure_admin_key"]
 
 MASTER = "master"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,6 +77,8 @@ class ExecutionPlane:
     env: EnvironmentService
     training: TrainingModelService
     inference: InferenceModelService
+    metrics: MetricsService | None = None
+    usage: UsageMeter | None = None
 
 
 def build_plane(
@@ -67,7 +91,9 @@ def build_plane(
     """Load the base model and build the services (not started yet).
 
     Jobs a previous server process left in flight are failed ``runtime_restarted``:
-    their partitions lived in that process's memory.
+    their partitions lived in that process's memory. The services report to a new
+    Metrics Service and to a usage meter on ``<run_dir>/usage.json`` that resumes the
+    totals a previous process left there.
     """
     cfg = config or RuntimeConfig()
     clk = clock or SystemClock()
@@ -83,12 +109,27 @@ def build_plane(
         if not job.is_terminal:
             scheduler.fail(job.job_id, "runtime_restarted")
     queue = TrainingQueue()
-    env = EnvironmentService(cfg.env, clock=clk)
-    training = TrainingModelService(base, queue, output_dir=run_dir / "outputs", clock=clk)
-    inference = InferenceModelService(
-        base, env, queue, max_batch_size=cfg.max_batch_size, max_wait_s=cfg.max_wait_s, clock=clk
+    metrics = MetricsService()
+    usage = UsageMeter(run_dir / USAGE_FILE, clock=clk, resume=True)
+    assert metrics.prometheus is not None
+    metrics.prometheus.registry.register(UsageCollector(usage))
+    env = EnvironmentService(cfg.env, clock=clk, metrics=metrics, usage=usage)
+    training = TrainingModelService(
+        base, queue, output_dir=run_dir / "outputs", clock=clk, metrics=metrics, usage=usage
     )
-    return ExecutionPlane(base, base_model.id, scheduler, queue, env, training, inference)
+    inference = InferenceModelService(
+        base,
+        env,
+        queue,
+        max_batch_size=cfg.max_batch_size,
+        max_wait_s=cfg.max_wait_s,
+        clock=clk,
+        metrics=metrics,
+        usage=usage,
+    )
+    return ExecutionPlane(
+        base, base_model.id, scheduler, queue, env, training, inference, metrics, usage
+    )
 
 
 @dataclass
@@ -97,6 +138,27 @@ class LiveServer:
     master: MasterService
     plane: ExecutionPlane
     tenants: TenantStore
+    dashboard: DashboardFeed | None = None
+    sampler: ControlSampler | None = None
+
+
+async def _sample(
+    sampler: ControlSampler | None,
+    feed: DashboardFeed,
+    usage: UsageMeter | None,
+    clock: Clock,
+    interval_s: float,
+) -> None:
+    """Poll the control signals and the usage meter for the dashboard, forever."""
+    while True:
+        try:
+            if sampler is not None:
+                sampler.poll()
+            if usage is not None:
+                feed.sample_usage(usage.snapshot())
+        except Exception:  # monitoring must not take the server down; the next tick retries
+            log.exception("sampling control signals / usage failed")
+        await clock.sleep(interval_s)
 
 
 def build_live_app(
@@ -108,8 +170,20 @@ def build_live_app(
     limits: MasterLimits | None = None,
     clock: Clock | None = None,
     poll_s: float = 0.05,
+    health: HealthManager | None = None,
+    metrics_auth: MetricsAuth = "none",
+    sample_interval_s: float = 1.0,
+    dashboard_bucket_s: float = 5.0,
 ) -> LiveServer:
-    """The HTTP app over ``plane`` with a Master Service; lifespan starts and stops both."""
+    """The HTTP app over ``plane`` with a Master Service; lifespan starts and stops both.
+
+    Args:
+        health: A Health Manager whose roles and events the dashboard shows (admins).
+        metrics_auth: ``"none"``: ``/metrics`` answers without a key (scrapers);
+            ``"admin"``: it needs an admin key.
+        sample_interval_s: Period of the control-signal and usage sampling.
+        dashboard_bucket_s: Width of a bucket of the dashboard's utilization timeline.
+    """
     clk = clock or SystemClock()
     master = MasterService(
         base=plane.base,
@@ -124,35 +198,66 @@ def build_live_app(
         clock=clk,
         poll_s=poll_s,
     )
+    feed = DashboardFeed(bucket_s=dashboard_bucket_s)
+    sampler: ControlSampler | None = None
+    extras: dict[str, Any] = {MASTER: master, metrics_routes.METRICS_AUTH: metrics_auth}
+    extras[dashboard.DASHBOARD] = feed
+    if plane.metrics is not None:
+        plane.metrics.subscribe(feed, categories=["learning"], name="dashboard")
+        sampler = ControlSampler(
+            plane.metrics,
+            scheduler=plane.scheduler,
+            training_queue=plane.queue,
+            inference_metrics=lambda: plane.inference.metrics,
+            policy_version=plane.training.policy_version,
+        )
+        extras[metrics_routes.METRICS] = plane.metrics
+    if plane.usage is not None:
+        extras[metrics_routes.USAGE] = plane.usage
+    if health is not None:
+        extras[dashboard.HEALTH] = health
     services = ServiceRegistry(
         tenants=tenants,
         scheduler=plane.scheduler,
         training_queue=plane.queue,
         environment=plane.env,
-        extras={MASTER: master},
+        extras=extras,
     )
     app = create_app(
         config=config,
         services=services,
         clock=clk,
-        extra_routers=(workloads.router, models.router),
+        extra_routers=(workloads.router, models.router, metrics_routes.router, dashboard.router),
     )
     inner = app.router.lifespan_context
 
     @asynccontextmanager
     async def lifespan(a: Any) -> AsyncIterator[None]:
+        if plane.metrics is not None:
+            plane.metrics.start()
         await plane.inference.start()
         await master.start()
+        monitor = asyncio.create_task(
+            _sample(sampler, feed, plane.usage, clk, sample_interval_s), name="serve:monitor"
+        )
         try:
             async with inner(a):
                 yield
         finally:
+            monitor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await monitor
             await master.aclose()
             await plane.inference.stop()
             await plane.env.aclose()
+            if plane.metrics is not None:
+                plane.metrics.stop()
+            if plane.usage is not None:
+                with contextlib.suppress(OSError):
+                    plane.usage.save()
 
     app.router.lifespan_context = lifespan
-    return LiveServer(app, master, plane, tenants)
+    return LiveServer(app, master, plane, tenants, feed, sampler)
 
 
 def ensure_admin_key(store: TenantStore, path: Path) -> bool:
