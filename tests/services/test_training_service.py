@@ -139,10 +139,12 @@ def test_sft_train_job_lowers_loss_and_bumps_version_per_microbatch(
         put_sft(svc.queue, "p", "a", info.schema_signature, 8)
         job = make_job("a", "p", 8, info.schema_signature)
         beats: list[int] = []
-        results = [await svc.train_job(job, heartbeat=lambda: beats.append(1)) for _ in range(6)]
-        assert [r.num_microbatches for r in results] == [2] * 6
-        assert results[-1].policy_version == 12 == svc.policy_version("a")
-        assert len(beats) == 12
+        # 10 jobs: the OFT output layer starts near zero (RL-friendly), so the first loss
+        # is already the zero predictor's and memorising the random targets takes longer.
+        results = [await svc.train_job(job, heartbeat=lambda: beats.append(1)) for _ in range(10)]
+        assert [r.num_microbatches for r in results] == [2] * 10
+        assert results[-1].policy_version == 20 == svc.policy_version("a")
+        assert len(beats) == 20
         first, last = np.mean(results[0].losses), np.mean(results[-1].losses)
         assert last < 0.7 * first
 

@@ -75,7 +75,7 @@ from joynexus.workflows.compile import (
 from joynexus.workflows.context import MetricsLog, WorkflowContext, WorkflowTenant
 from joynexus.workflows.evaluation import evaluator
 from joynexus.workflows.rl import rl_producer
-from joynexus.workflows.sft import SFTSource, sft_producer
+from joynexus.workflows.sft import SFTSource, sft_producer, with_normalization
 from joynexus.workflows.stages import actor_forward_stage, advantage_stage
 
 __all__ = ["CANCELLED_REASON", "MasterService"]
@@ -492,7 +492,11 @@ class MasterService(ModelPrimitives):
             return
         if tid in self._tenants or tid in self.training.tenant_ids():
             await self._release_slot(tid)  # a finished workload's slot: rebuilt below
-        info = await self.training.add_tenant(c.config)
+        config, source = c.config, None
+        if c.task is TaskKind.SFT:  # the dataset's normalization becomes the tenant's
+            source = await asyncio.to_thread(SFTSource.open, spec, c.schema)
+            config = with_normalization(config, source)
+        info = await self.training.add_tenant(config)
         version = 0
         try:
             version = await self.training.restore(tid)
@@ -501,12 +505,12 @@ class MasterService(ModelPrimitives):
         except JoyNexusError as exc:  # a checkpoint of another interface: start fresh
             metrics.write("restore_skipped", reason=str(exc)[:300])
         payload = await self.training.export_params(tid)
-        await self.inference.add_tenant(c.config, payload)
+        await self.inference.add_tenant(config, payload)
         tenant = WorkflowTenant(
             spec=spec,
             schema=c.schema,
             schema_signature=info.schema_signature,
-            config=c.config,
+            config=config,
             metrics=metrics,
             session_id=session_id,
             serve=True,
@@ -533,7 +537,7 @@ class MasterService(ModelPrimitives):
                 )
             w.producer = asyncio.create_task(rl_producer(self.ctx, tenant), name=f"rl:{tid}")
         else:
-            source = await asyncio.to_thread(SFTSource.open, spec, c.schema)
+            assert source is not None
             w.producer = asyncio.create_task(
                 sft_producer(self.ctx, tenant, source), name=f"sft:{tid}"
             )

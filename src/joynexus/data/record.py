@@ -191,9 +191,16 @@ def make_scripted_policy(spec: EnvSpec) -> ScriptedPolicy:
         if not spec.task:
             raise SpecError("metaworld recording needs a task, e.g. --task reach-v3")
         return MetaWorldScriptedPolicy(spec.task)
+    if spec.kind == "reach2d":
+        from joynexus.envs.reach2d import Reach2DScriptedPolicy, reach2d_schema
+
+        reach2d_schema(spec)  # validates the task and options before recording
+        speed = spec.options.get("max_speed")
+        # The expert must know the env's speed to slow down exactly onto the goal.
+        return Reach2DScriptedPolicy() if speed is None else Reach2DScriptedPolicy(float(speed))
     raise SpecError(
         f"no scripted expert for env kind {spec.kind!r}; scripted experts exist for "
-        "'pusht' and 'metaworld'"
+        "'pusht', 'metaworld' and 'reach2d'"
     )
 
 

@@ -9,6 +9,11 @@
   signature, base model id + hash, policy version, step, creation time, sha256 of every
   file). The directory is written under a temporary name and renamed into place, so a
   crash never leaves a half-written checkpoint that looks complete.
+
+A tenant trained on normalized data (SFT) computes in normalized units; its
+``NormalizationStats`` travel with it — on the slot, in every payload and as
+``normalization.json`` in its checkpoints — so an exported module can be served in env
+units anywhere.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,10 +41,14 @@ from joynexus.errors import (
 )
 from joynexus.models.slots import TenantSlot, validate_tenant_id
 
+if TYPE_CHECKING:
+    from joynexus.data.sft import NormalizationStats
+
 ACTION_MODULE_FILE = "action_module.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
 OPTIMIZER_META_FILE = "optimizer.json"
 MANIFEST_FILE = "manifest.json"
+NORMALIZATION_FILE = "normalization.json"
 MANIFEST_FORMAT = 1
 
 
@@ -54,12 +63,15 @@ class TenantPayload:
             slot with a different one.
         named_tensors: ``action_module.<name>`` / ``value_head.<name>`` → tensor (CPU
             copies, independent of later training).
+        normalization: The tenant's state/action normalization, when it trains on
+            normalized data; ``load_weights`` installs it on the receiving slot.
     """
 
     tenant_id: str
     policy_version: int
     schema_signature: str
     named_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    normalization: NormalizationStats | None = None
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.named_tensors.values())
@@ -74,7 +86,30 @@ def export_params(slot: TenantSlot) -> TenantPayload:
         named_tensors={
             name: t.detach().to("cpu", copy=True) for name, t in slot.state_tensors().items()
         },
+        normalization=slot.normalization,
     )
+
+
+def check_normalization(slot: TenantSlot, normalization: NormalizationStats) -> None:
+    """Fail fast when ``normalization`` does not fit the slot's schema.
+
+    Raises:
+        SchemaMismatchError: action (or state) stats of another width than the schema's.
+    """
+    schema = slot.schema
+    if normalization.action.dim != schema.action_dim:
+        raise SchemaMismatchError(
+            f"tenant {slot.tenant_id!r}: normalization action stats have "
+            f"{normalization.action.dim} dims, the schema has action_dim {schema.action_dim}",
+            field="normalization.action",
+        )
+    state = normalization.state
+    if state is not None and schema.state_dim > 0 and state.dim != schema.state_dim:
+        raise SchemaMismatchError(
+            f"tenant {slot.tenant_id!r}: normalization state stats have {state.dim} dims, "
+            f"the schema has state_dim {schema.state_dim}",
+            field="normalization.state",
+        )
 
 
 def load_weights(slot: TenantSlot, payload: TenantPayload) -> None:
@@ -107,8 +142,12 @@ def load_weights(slot: TenantSlot, payload: TenantPayload) -> None:
         raise InvalidRequestError(
             f"policy_version must be >= 0, got {payload.policy_version}", field="policy_version"
         )
+    if payload.normalization is not None:
+        check_normalization(slot, payload.normalization)
     _copy_validated(slot, payload.named_tensors)
     slot.policy_version = payload.policy_version
+    if payload.normalization is not None:
+        slot.normalization = payload.normalization
 
 
 def _copy_validated(slot: TenantSlot, tensors: dict[str, torch.Tensor]) -> None:
@@ -290,6 +329,8 @@ def save_slot(
             opt_tensors, opt_meta = _optimizer_tensors(slot)
             save_file(opt_tensors, str(tmp / OPTIMIZER_FILE))
             (tmp / OPTIMIZER_META_FILE).write_text(json.dumps(opt_meta, indent=2, sort_keys=True))
+        if slot.normalization is not None:
+            (tmp / NORMALIZATION_FILE).write_text(slot.normalization.model_dump_json(indent=2))
         files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
         manifest = CheckpointManifest(
             tenant_id=slot.tenant_id,
@@ -378,7 +419,17 @@ def load_slot(
                 f"checkpoint file {fpath} is missing or its sha256 does not match the manifest",
                 path=str(fpath),
             )
+    normalization: NormalizationStats | None = None
+    if NORMALIZATION_FILE in manifest.files:
+        from joynexus.data.sft import NormalizationStats
+
+        normalization = NormalizationStats.model_validate_json(
+            (root / NORMALIZATION_FILE).read_text()
+        )
+        check_normalization(slot, normalization)
     _copy_validated(slot, load_file(str(root / ACTION_MODULE_FILE)))
+    if normalization is not None:
+        slot.normalization = normalization
     if load_optim and manifest.includes_optimizer:
         device = next(slot.parameters()).device
         opt_tensors = load_file(str(root / OPTIMIZER_FILE), device=str(device))

@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +31,9 @@ from joynexus.models.heads import (
 )
 from joynexus.models.schema import DataSchema
 from joynexus.models.types import BackboneOutput
+
+if TYPE_CHECKING:  # data.sft imports models; the slot only carries the stats
+    from joynexus.data.sft import NormalizationStats
 
 _TENANT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -79,7 +82,12 @@ class OptimizerConfig(BaseModel):
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(default=1e-8, gt=0)
     grad_clip: float | None = Field(
-        default=1.0, gt=0, description="Max global grad norm; None disables clipping."
+        default=1.0,
+        gt=0,
+        description=(
+            "Max grad norm, applied to each tenant module (action module, value head) "
+            "separately; None disables clipping."
+        ),
     )
 
 
@@ -139,6 +147,10 @@ class TenantSlot:
         self.base_model_id = base.model_id
         self.seed = seed
         self.policy_version = 0
+        # The tenant's state/action normalization (SFT on a dataset): the slot computes
+        # in normalized units; serving converts env units in and out with these stats,
+        # and payloads and checkpoints carry them so an exported module stays usable.
+        self.normalization: NormalizationStats | None = None
         device = base.device
         # Initialise on CPU under a private RNG so the global RNG (and other tenants)
         # neither influence nor observe this tenant's initial weights.
@@ -225,6 +237,13 @@ class TenantSlot:
         This is the one place a tenant's parameters change, so custom algorithms (PPO,
         GRPO) call it with their own loss.
 
+        Gradients are clipped per module (action module and value head each to
+        ``grad_clip``), as when actor and critic have their own optimizers. One global
+        clip over both let the critic's gradient (norm 15-25 on reach2d while it fits
+        the returns) set the clip coefficient of the policy too, shrinking the policy's
+        steps by a factor that tracks critic error; measured, PPO then barely learned.
+        ``StepResult.grad_norm`` is still the global norm before clipping.
+
         Raises:
             InvalidRequestError: if the loss is not a finite scalar.
         """
@@ -239,11 +258,17 @@ class TenantSlot:
             )
         self.optimizer.zero_grad(set_to_none=True)
         torch.autograd.backward(loss)
-        params = [p for p in self.parameters() if p.grad is not None]
         clip = self.optimizer_config.grad_clip
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            params, max_norm=clip if clip is not None else math.inf
-        )
+        norms: list[torch.Tensor] = []
+        for module in self.modules().values():
+            params = [p for p in module.parameters() if p.grad is not None]
+            if params:
+                norms.append(
+                    torch.nn.utils.clip_grad_norm_(
+                        params, max_norm=clip if clip is not None else math.inf
+                    )
+                )
+        grad_norm = torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros(())
         self.optimizer.step()
         self.policy_version += 1
         return StepResult(

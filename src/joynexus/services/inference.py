@@ -10,6 +10,11 @@ keeps getting v while v+1 lands.
 
 ``rollout`` and ``evaluate`` are the environment loops of
 :mod:`joynexus.services.rollout` composed over ``predict`` and the Environment Service.
+
+Units: callers and envs speak env units. A tenant with normalization stats (SFT on a
+dataset) computes in normalized units, so ``predict`` normalizes the state before the
+backbone and head and un-normalizes the actions after them; rollouts store the
+normalized state and actions the tenant trains on.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from joynexus.services.rollout import (
     collect_rollout,
     run_evaluation,
 )
+from joynexus.services.samples import env_actions, in_model_units
 from joynexus.services.serving import ServingStates
 from joynexus.services.tenancy import TenantConfig, backbone_lock
 from joynexus.utils.clock import Clock
@@ -201,8 +207,12 @@ class InferenceModelService:
     ) -> PredictResult:
         """Actions for ``observations`` from the tenant's policy, via the Inference Queue.
 
+        State in and actions out are in env units: a tenant with normalization stats
+        gets its state normalized before the head and its actions un-normalized after
+        it (``log_probs`` stay those of the head's normalized sample).
+
         Args:
-            observations: A batch in the tenant's schema.
+            observations: A batch in the tenant's schema (env units).
             tenant_id: The tenant.
             policy_version: A held version (pinned or latest); None = latest at run time.
             mode: ``"mean"`` (deterministic) or ``"sample"`` (Gaussian draw + log-probs).
@@ -225,7 +235,7 @@ class InferenceModelService:
             session_id=session_id,
             schema_signature=slot.schema_signature,
             policy_version=policy_version,
-            observation=_Payload(observations, mode),
+            observation=_Payload(in_model_units(observations, slot.normalization), mode),
             num_samples=observations.batch_size,
             compat_key=self._compat_key,
         )
@@ -237,7 +247,7 @@ class InferenceModelService:
         finally:
             self._in_flight -= 1
         return PredictResult(
-            actions=result.actions,
+            actions=env_actions(result.actions, slot.normalization),
             log_probs=result.log_probs,
             values=result.values,
             policy_version=result.policy_version,
@@ -310,6 +320,7 @@ class InferenceModelService:
                 horizon=horizon,
                 version=v,
                 heartbeat=heartbeat,
+                normalization=slot.normalization,
             )
             if stats.episode_returns:
                 mean_return = sum(stats.episode_returns) / len(stats.episode_returns)

@@ -7,6 +7,9 @@
   (:mod:`joynexus.services.samples`) time-major, sample ``k = t * num_envs + n``.
 * :func:`run_evaluation` — read-only episodes at one pinned version.
 
+A tenant with normalization stats gets env-unit actions from ``predict`` (executed as
+they are) and its partition stores the normalized state and actions it trains on.
+
 When a sub-env's episode ends inside a chunk, the env has already auto-reset it; the
 rest of that chunk is still applied (all sub-envs step together) and its rewards are
 not credited to the finished decision. The next decision then starts a few steps into
@@ -22,6 +25,7 @@ from typing import Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from joynexus.data.sft import NormalizationStats
 from joynexus.envs.base import EnvObservation
 from joynexus.errors import InvalidRequestError
 from joynexus.models.batch import ObservationBatch
@@ -29,7 +33,12 @@ from joynexus.models.schema import DataSchema
 from joynexus.queues.meta import SampleMeta
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService
-from joynexus.services.samples import camera_field, instructions_array
+from joynexus.services.samples import (
+    camera_field,
+    instructions_array,
+    model_actions,
+    model_state,
+)
 
 __all__ = [
     "EvalResult",
@@ -171,8 +180,12 @@ async def collect_rollout(
     horizon: int,
     version: int,
     heartbeat: Callable[[], None] | None = None,
+    normalization: NormalizationStats | None = None,
 ) -> RolloutStats:
     """Run ``horizon`` decisions at ``version`` and ``queue_put`` them into the partition.
+
+    ``normalization``: the tenant's stats; the stored state and actions are normalized
+    with them (``predict`` answers in env units).
 
     Raises:
         InvalidRequestError: ``horizon`` < 1, a session with another ``num_envs``, or
@@ -209,9 +222,9 @@ async def collect_rollout(
         chunk = await _execute_chunk(env, sid, tid, res.actions, running)
         for c in schema.camera_names:
             cams[c].append(batch.cameras[c])
-        cols["state"].append(batch.state)
+        cols["state"].append(model_state(batch.state, normalization))
         cols["instruction"].append(instructions_array(batch.instructions))
-        cols["actions"].append(res.actions.astype(np.float32))
+        cols["actions"].append(model_actions(res.actions, normalization).astype(np.float32))
         cols["log_probs"].append(res.log_probs.astype(np.float32))
         values = res.values if res.values is not None else np.zeros(num_envs, np.float32)
         cols["values"].append(values.astype(np.float32))

@@ -10,16 +10,21 @@ is the contract between producers (rollout, SFT producer), preprocessing stages
 * RL: ``actions``, ``log_probs``, ``values``, ``rewards``, ``dones``, ``t``, ``env``,
   ``bootstrap_values`` (scalars per sample), derived ``advantages`` / ``returns`` and
   optionally ``actor_log_probs`` / ``actor_values``.
+
+``state`` and ``actions`` are in the tenant's model units: normalized for a tenant with
+``NormalizationStats`` (:func:`model_state`, :func:`model_actions`), env units otherwise.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from joynexus.data.sft import NormalizationStats
 from joynexus.errors import SchemaMismatchError
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.schema import DataSchema
@@ -88,3 +93,38 @@ def observation_batch(
 def float_tensor(value: Any, device: torch.device) -> torch.Tensor:
     """A float32 tensor on ``device`` from a partition field."""
     return torch.as_tensor(as_numpy(value), dtype=torch.float32).to(device)
+
+
+def model_state(state: np.ndarray, normalization: NormalizationStats | None) -> np.ndarray:
+    """Env-unit ``state [B, S]`` in the tenant's model units (unchanged without stats)."""
+    if normalization is None or normalization.state is None or state.shape[-1] == 0:
+        return state
+    return normalization.normalize(state, "state")
+
+
+def model_actions(actions: np.ndarray, normalization: NormalizationStats | None) -> np.ndarray:
+    """Env-unit ``actions [..., A]`` in the tenant's model units."""
+    if normalization is None:
+        return actions
+    return normalization.normalize(actions, "action")
+
+
+def env_actions(actions: np.ndarray, normalization: NormalizationStats | None) -> np.ndarray:
+    """Model-unit ``actions [..., A]`` (what the head outputs) in env units."""
+    if normalization is None:
+        return actions
+    return normalization.unnormalize(actions, "action")
+
+
+def in_model_units(
+    observations: ObservationBatch, normalization: NormalizationStats | None
+) -> ObservationBatch:
+    """``observations`` (env units) with state and actions in the tenant's model units."""
+    if normalization is None:
+        return observations
+    actions = observations.actions
+    return dataclasses.replace(
+        observations,
+        state=model_state(observations.state, normalization),
+        actions=None if actions is None else model_actions(actions, normalization),
+    )

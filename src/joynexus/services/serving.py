@@ -6,7 +6,9 @@ a newer one is published. Each version is its own :class:`TenantSlot` object tha
 never written after publication (a publication builds a new slot), so a batch that
 resolved a slot keeps consistent weights even if a newer version lands meanwhile. All
 versions of a tenant share one inference generator, so sampling noise does not
-restart at every publication.
+restart at every publication. A tenant's normalization stats (from its config or the
+payload it was added with) are set on every version's slot: a publication carries only
+tensors, and the stats never change while the tenant trains.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from joynexus.data.sft import NormalizationStats
 from joynexus.errors import ConflictError, NotFoundError
 from joynexus.models.payload import TenantPayload, load_weights
 from joynexus.models.slots import BaseModelRef, TenantSlot
@@ -32,6 +35,7 @@ class _Tenant:
     latest: int
     versions: dict[int, TenantSlot]
     generator: torch.Generator
+    normalization: NormalizationStats | None = None
     pins: dict[int, int] = field(default_factory=dict)
 
 
@@ -67,6 +71,7 @@ class ServingStates:
                 latest=slot.policy_version,
                 versions={slot.policy_version: slot},
                 generator=slot.inference_generator,
+                normalization=slot.normalization,
             )
 
     def _tenant(self, tenant_id: str) -> _Tenant:
@@ -136,6 +141,7 @@ class ServingStates:
             config = tenant.config
         slot = build_slot(config, self.base)
         slot.inference_generator = tenant.generator
+        slot.normalization = tenant.normalization
         load_weights(
             slot,
             TenantPayload(

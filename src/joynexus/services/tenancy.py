@@ -16,7 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from joynexus.data.sft import NormalizationStats
 from joynexus.models.heads import HeadConfig, OFTHeadConfig, ValueHeadConfig
+from joynexus.models.payload import check_normalization
 from joynexus.models.schema import DataSchema
 from joynexus.models.slots import BaseModelRef, OptimizerConfig, TenantSlot
 from joynexus.spec.workload import AlgorithmSpec, WorkloadSpec
@@ -37,6 +39,10 @@ class TenantConfig(BaseModel):
         seed: Seeds the slot's initialisation and its private generators.
         output_dir: Root of the tenant's checkpoints (``<output_dir>/<tenant>/step_<n>``);
             a relative path is resolved against the service's output dir.
+        normalization: State/action normalization of a tenant trained on normalized
+            data (SFT: the dataset's stats). Its slot computes in normalized units;
+            serving normalizes env state in and returns actions in env units, and
+            rollouts store normalized state/actions, like SFT partitions.
     """
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
@@ -49,6 +55,7 @@ class TenantConfig(BaseModel):
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     seed: int = 0
     output_dir: Path = Path("runs")
+    normalization: NormalizationStats | None = None
 
     @classmethod
     def from_spec(cls, spec: WorkloadSpec, schema: DataSchema) -> TenantConfig:
@@ -76,8 +83,12 @@ class TenantInfo:
 
 
 def build_slot(config: TenantConfig, base: BaseModelRef) -> TenantSlot:
-    """A fresh slot for ``config`` on ``base`` (equal configs → identical slots)."""
-    return TenantSlot(
+    """A fresh slot for ``config`` on ``base`` (equal configs → identical slots).
+
+    Raises:
+        SchemaMismatchError: ``config.normalization`` does not fit the schema.
+    """
+    slot = TenantSlot(
         config.tenant_id,
         config.schema_,
         base,
@@ -86,6 +97,10 @@ def build_slot(config: TenantConfig, base: BaseModelRef) -> TenantSlot:
         value_head=ValueHeadConfig() if config.value_head else None,
         seed=config.seed,
     )
+    if config.normalization is not None:
+        check_normalization(slot, config.normalization)
+        slot.normalization = config.normalization
+    return slot
 
 
 # Keyed by the base model object itself (weakly), so the lock lives exactly as long as

@@ -123,6 +123,7 @@ class _Plan:
     losses: list[float] = field(default_factory=list)
     stats: dict[str, list[float]] = field(default_factory=dict)
     samples: int = 0
+    error: Exception | None = None
 
     @property
     def num_microbatches(self) -> int:
@@ -265,6 +266,7 @@ class TrainingModelService:
 
         If a microbatch fails validation the call raises at once; the jobs' earlier
         microbatches have already updated their tenants (the caller fails the jobs).
+        :meth:`train_jobs_isolated` instead keeps the other jobs going.
 
         Args:
             jobs: Leased jobs.
@@ -274,9 +276,55 @@ class TrainingModelService:
         Returns:
             One :class:`TrainJobResult` per job, in the order given.
         """
-        plans = [await self._plan(job) for job in jobs]
+        outcomes = await self._train(jobs, heartbeat, heartbeats or {}, isolate=False)
+        results: list[TrainJobResult] = []
+        for outcome in outcomes:
+            if isinstance(outcome, Exception):  # never: not isolating, errors propagate
+                raise outcome
+            results.append(outcome)
+        return results
+
+    async def train_jobs_isolated(
+        self,
+        jobs: Sequence[TrainingJob],
+        *,
+        heartbeat: Callable[[], None] | None = None,
+    ) -> list[TrainJobResult | Exception]:
+        """:meth:`train_jobs`, where one job's failure never stops the others.
+
+        A job whose plan, microbatch read / validation, or loss and step fails leaves
+        the group and its exception is returned in its place (its earlier microbatches
+        have updated its tenant, as when a single job fails midway); the other jobs go
+        on with their grouped forwards. Only a failure of the shared backbone forward
+        itself fails every job of that step. Exceptions are returned, not raised, so
+        the call also works through an actor proxy (``heartbeat`` stays with the
+        caller there).
+
+        Returns:
+            Per job, in the order given, its :class:`TrainJobResult` or its exception.
+        """
+        return await self._train(jobs, heartbeat, {}, isolate=True)
+
+    async def _train(
+        self,
+        jobs: Sequence[TrainingJob],
+        heartbeat: Callable[[], None] | None,
+        heartbeats: Mapping[str, Callable[[], None]],
+        *,
+        isolate: bool,
+    ) -> list[TrainJobResult | Exception]:
+        plans: list[_Plan | Exception] = []
+        for job in jobs:
+            try:
+                plans.append(await self._plan(job))
+            except Exception as error:
+                if not isolate:
+                    raise
+                plans.append(error)
         waves: list[list[_Plan]] = []
         for plan in plans:
+            if isinstance(plan, Exception):
+                continue
             for wave in waves:
                 if all(p.job.tenant_id != plan.job.tenant_id for p in wave):
                     wave.append(plan)
@@ -284,8 +332,14 @@ class TrainingModelService:
             else:
                 waves.append([plan])
         for wave in waves:
-            await self._run_wave(wave, heartbeat, heartbeats or {})
-        return [self._result(p) for p in plans]
+            await self._run_wave(wave, heartbeat, heartbeats, isolate)
+        out: list[TrainJobResult | Exception] = []
+        for plan in plans:
+            if isinstance(plan, Exception):
+                out.append(plan)
+            else:
+                out.append(plan.error if plan.error is not None else self._result(plan))
+        return out
 
     async def _plan(self, job: TrainingJob) -> _Plan:
         config = self._configs.get(job.tenant_id)
@@ -362,6 +416,8 @@ class TrainingModelService:
         self._validate(plan, meta)
         data = await self.queue.async_get_data(meta)
         batch = observation_batch(plan.slot.schema, data, with_actions=True)
+        # Before the shared forward, so a bad batch fails its own job, not the group.
+        batch.validate(plan.slot.schema)
         return _Item(plan.loss, plan.config, plan.slot, batch, data)
 
     def _validate(self, plan: _Plan, meta: BatchMeta) -> None:
@@ -390,12 +446,30 @@ class TrainingModelService:
         wave: list[_Plan],
         heartbeat: Callable[[], None] | None,
         heartbeats: Mapping[str, Callable[[], None]],
+        isolate: bool = False,
     ) -> None:
         for k in range(max(p.num_microbatches for p in wave)):
-            active = [p for p in wave if k < p.num_microbatches]
-            items = [await self._read(p, k) for p in active]
-            outcomes = await asyncio.to_thread(self._grouped_step, items)
-            for plan, item, (result, stats) in zip(active, items, outcomes, strict=True):
+            active: list[_Plan] = []
+            items: list[_Item] = []
+            for plan in wave:
+                if k >= plan.num_microbatches or plan.error is not None:
+                    continue
+                try:
+                    items.append(await self._read(plan, k))
+                except Exception as error:
+                    if not isolate:
+                        raise
+                    plan.error = error
+                    continue
+                active.append(plan)
+            if not items:
+                continue
+            outcomes = await asyncio.to_thread(self._grouped_step, items, isolate)
+            for plan, item, outcome in zip(active, items, outcomes, strict=True):
+                if isinstance(outcome, Exception):
+                    plan.error = outcome
+                    continue
+                result, stats = outcome
                 plan.losses.append(result.loss)
                 plan.samples += item.batch.batch_size
                 plan.stats.setdefault("grad_norm", []).append(result.grad_norm)
@@ -408,23 +482,33 @@ class TrainingModelService:
                 if beat is not None:
                     beat()
 
-    def _grouped_step(self, items: list[_Item]) -> list[tuple[StepResult, dict[str, float]]]:
+    def _grouped_step(
+        self, items: list[_Item], isolate: bool = False
+    ) -> list[tuple[StepResult, dict[str, float]] | Exception]:
         with self._lock:
             start = time.perf_counter()
             features = self._executor.shared_forward({it.slot.tenant_id: it.batch for it in items})
             self._sync_for_timing()
             shared_s = time.perf_counter() - start
-            outcomes: list[tuple[StepResult, dict[str, float]]] = []
+            outcomes: list[tuple[StepResult, dict[str, float]] | Exception] = []
             own_s: dict[str, float] = {}
             for it in items:
                 t0 = time.perf_counter()
-                outcomes.append(self._step_one(it, features[it.slot.tenant_id]))
+                try:
+                    outcomes.append(self._step_one(it, features[it.slot.tenant_id]))
+                except Exception as error:
+                    if not isolate:
+                        raise
+                    outcomes.append(error)
                 self._sync_for_timing()
                 own_s[it.slot.tenant_id] = time.perf_counter() - t0
         if self._instruments.enabled:
             rows = {it.slot.tenant_id: it.batch.batch_size for it in items}
             self._instruments.training_step(rows, shared_s, own_s)
-            for it, (result, _) in zip(items, outcomes, strict=True):
+            for it, outcome in zip(items, outcomes, strict=True):
+                if isinstance(outcome, Exception):
+                    continue
+                result = outcome[0]
                 self._instruments.learning_step(
                     it.slot.tenant_id, result.policy_version, result.loss, result.grad_norm
                 )
@@ -510,7 +594,10 @@ class TrainingModelService:
                 data["returns"] = batch.returns
         item = _Item(batch.loss, config, slot, obs, data)
         outcomes = await asyncio.to_thread(self._grouped_step, [item])
-        return outcomes[0][0]
+        outcome = outcomes[0]
+        if isinstance(outcome, Exception):  # never: not isolating, errors propagate
+            raise outcome
+        return outcome[0]
 
     # --- actor forward (App. A.5) ---------------------------------------------------------
 

@@ -13,16 +13,33 @@ The one consumer of ready RL and SFT jobs, exactly as App. A.6 composes it:
 5. maybe checkpoint (``scheduling.checkpoint_every`` policy versions);
 6. clear the partition, then ``complete`` with the actor versions in the metadata;
 7. on an exception: best-effort clear, ``fail`` with the reason, re-raise.
+
+Consumer groups (:func:`consume_training_jobs`, what :func:`actor_consumer` runs when
+``WorkflowContext.actor_group_size`` > 1): after the first ``lease_next`` the actor
+keeps leasing ready jobs while they belong to tenants not yet in the group, up to
+``actor_group_size`` jobs, and trains them with ONE
+``TrainingModelService.train_jobs_isolated`` call, so the k-th microbatches of the
+group's tenants share one grouped backbone forward (paper §4.3, App. A.6). Everything
+else stays per job: the staleness check (with the tenant's version at that moment),
+publication, checkpointing, clearing and the terminal state; one job's failure fails
+only that job. A leased job of a tenant already in the group is not trained in that
+group (a tenant's updates are sequential): it keeps its lease (heartbeated with the
+group) and is consumed alone right after, with its staleness checked then, exactly as
+the single-job loop would. The look-ahead past such jobs is bounded (at most
+``2 × actor_group_size`` leases per iteration).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 from joynexus.control.job import TaskType, TrainingJob
+from joynexus.errors import StaleLeaseError
 from joynexus.workflows.context import (
     ACTOR_ROLE,
     WorkflowContext,
@@ -31,7 +48,13 @@ from joynexus.workflows.context import (
     reason_of,
 )
 
-__all__ = ["REASON_POLICY_STALE", "actor_consumer", "consume_training_job", "publish"]
+__all__ = [
+    "REASON_POLICY_STALE",
+    "actor_consumer",
+    "consume_training_job",
+    "consume_training_jobs",
+    "publish",
+]
 
 REASON_POLICY_STALE = "policy_stale"
 
@@ -60,6 +83,56 @@ def _mean(values: Any) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+async def _drop_stale(ctx: WorkflowContext, job: TrainingJob, actor_version: int) -> TrainingJob:
+    """Eq. (1) violated: clear the partition, then drop the job."""
+    await ctx.queue.async_clear(job.partition_id)
+    dropped = ctx.scheduler.drop(job.job_id, REASON_POLICY_STALE, job.lease_epoch)
+    ctx.tenants[job.tenant_id].metrics.write(
+        "dropped",
+        job_id=job.job_id,
+        behavior_version=job.behavior_policy_version,
+        actor_version=actor_version,
+    )
+    return dropped
+
+
+async def _fail(ctx: WorkflowContext, job: TrainingJob, error: BaseException) -> None:
+    """Best-effort clear, then ``fail`` the job with the error's reason."""
+    await ctx.queue.async_clear(job.partition_id)
+    if not ctx.scheduler.get(job.job_id).is_terminal:
+        cancelled = isinstance(error, asyncio.CancelledError)
+        ctx.scheduler.fail(job.job_id, "cancelled" if cancelled else reason_of(error))
+    if not isinstance(error, asyncio.CancelledError):
+        ctx.tenants[job.tenant_id].errors.append(reason_of(error))
+
+
+async def _finish(ctx: WorkflowContext, job: TrainingJob, result: Any) -> TrainingJob:
+    """Steps 4–6 after a job trained: publish, maybe checkpoint, clear, complete."""
+    tenant = ctx.tenants[job.tenant_id]
+    version = int(result.policy_version)
+    if job.task_type is TaskType.RL or tenant.serve:
+        await publish(ctx, job.tenant_id)
+    await _maybe_checkpoint(ctx, tenant, version)
+    await ctx.queue.async_clear(job.partition_id)
+    done = ctx.scheduler.complete(
+        job.job_id,
+        job.lease_epoch,
+        metadata={"actor_versions": {job.tenant_id: version}},
+    )
+    tenant.metrics.write(
+        "train",
+        job_id=job.job_id,
+        task=job.task_type.value,
+        behavior_version=job.behavior_policy_version,
+        policy_version=version,
+        num_microbatches=result.num_microbatches,
+        num_samples=result.num_samples,
+        loss=_mean(result.losses),
+        **{f"metric.{k}": float(v) for k, v in dict(result.metrics).items()},
+    )
+    return done
+
+
 async def consume_training_job(ctx: WorkflowContext) -> TrainingJob | None:
     """One actor iteration (App. A.6 ``consume_training_job``).
 
@@ -75,62 +148,111 @@ async def consume_training_job(ctx: WorkflowContext) -> TrainingJob | None:
     if job is None:
         await sched.async_wait_for_ready(ACTOR_ROLE, [ctx.domain], timeout_s=ctx.ready_wait_s)
         return None
-    partition = job.partition_id
-    tenant = ctx.tenants[job.tenant_id]
+    return await _consume_leased(ctx, job)
+
+
+async def _consume_leased(ctx: WorkflowContext, job: TrainingJob) -> TrainingJob:
     actor_version = ctx.training.policy_version(job.tenant_id)
-    if sched.is_stale(job, actor_version):
-        await ctx.queue.async_clear(partition)
-        dropped = sched.drop(job.job_id, REASON_POLICY_STALE, job.lease_epoch)
-        tenant.metrics.write(
-            "dropped",
-            job_id=job.job_id,
-            behavior_version=job.behavior_policy_version,
-            actor_version=actor_version,
-        )
-        return dropped
+    if ctx.scheduler.is_stale(job, actor_version):
+        return await _drop_stale(ctx, job, actor_version)
     try:
-        result = await ctx.training.train_job(job, heartbeat=job_heartbeat(sched, job))
-        version = int(result.policy_version)
-        if job.task_type is TaskType.RL or tenant.serve:
-            await publish(ctx, job.tenant_id)
-        await _maybe_checkpoint(ctx, tenant, version)
-        await ctx.queue.async_clear(partition)
-        done = sched.complete(
-            job.job_id,
-            job.lease_epoch,
-            metadata={"actor_versions": {job.tenant_id: version}},
-        )
+        result = await ctx.training.train_job(job, heartbeat=job_heartbeat(ctx.scheduler, job))
+        return await _finish(ctx, job, result)
     except BaseException as error:
-        await ctx.queue.async_clear(partition)
-        if not sched.get(job.job_id).is_terminal:
-            cancelled = isinstance(error, asyncio.CancelledError)
-            sched.fail(job.job_id, "cancelled" if cancelled else reason_of(error))
-        if not isinstance(error, asyncio.CancelledError):
-            tenant.errors.append(reason_of(error))
+        await _fail(ctx, job, error)
         raise
-    tenant.metrics.write(
-        "train",
-        job_id=job.job_id,
-        task=job.task_type.value,
-        behavior_version=job.behavior_policy_version,
-        policy_version=version,
-        num_microbatches=result.num_microbatches,
-        num_samples=result.num_samples,
-        loss=_mean(result.losses),
-        **{f"metric.{k}": float(v) for k, v in dict(result.metrics).items()},
-    )
-    return done
+
+
+def _group_heartbeat(ctx: WorkflowContext, jobs: list[TrainingJob]) -> Callable[[], None]:
+    beats = [job_heartbeat(ctx.scheduler, j) for j in jobs]
+
+    def beat() -> None:
+        # A job whose lease is lost fails on its own at complete(); the others go on.
+        for one in beats:
+            with contextlib.suppress(StaleLeaseError):
+                one()
+
+    return beat
+
+
+async def consume_training_jobs(ctx: WorkflowContext) -> list[TrainingJob]:
+    """One grouped actor iteration (see "Consumer groups" in the module docstring).
+
+    Returns:
+        Every leased job in its terminal state (empty when nothing was ready). A job
+        whose training failed is returned failed; its error is on its tenant.
+
+    Raises:
+        CancelledError, or what the grouped call raised as a whole (a failed shared
+        forward), after every job of the iteration was cleared and failed.
+    """
+    sched = ctx.scheduler
+    first = sched.lease_next(ACTOR_ROLE, [ctx.domain])
+    if first is None:
+        await sched.async_wait_for_ready(ACTOR_ROLE, [ctx.domain], timeout_s=ctx.ready_wait_s)
+        return []
+    group = [first]
+    carried: list[TrainingJob] = []
+    # Bounded look-ahead past jobs of tenants already in the group (they stay leased).
+    while len(group) < ctx.actor_group_size and len(group) + len(carried) < 2 * (
+        ctx.actor_group_size
+    ):
+        nxt = sched.lease_next(ACTOR_ROLE, [ctx.domain])
+        if nxt is None:
+            break
+        if any(j.tenant_id == nxt.tenant_id for j in group):
+            carried.append(nxt)
+        else:
+            group.append(nxt)
+    leased = group + carried
+    finished: list[TrainingJob] = []
+    try:
+        live: list[TrainingJob] = []
+        for job in group:
+            actor_version = ctx.training.policy_version(job.tenant_id)
+            if sched.is_stale(job, actor_version):
+                finished.append(await _drop_stale(ctx, job, actor_version))
+            else:
+                live.append(job)
+        if live:
+            beat = _group_heartbeat(ctx, live + carried)
+            outcomes = await ctx.training.train_jobs_isolated(live, heartbeat=beat)
+            for job, outcome in zip(live, outcomes, strict=True):
+                try:
+                    if isinstance(outcome, Exception):
+                        raise outcome
+                    finished.append(await _finish(ctx, job, outcome))
+                except Exception as error:
+                    log.warning("actor: training job %s failed: %s", job.job_id, error)
+                    await _fail(ctx, job, error)
+                    finished.append(sched.get(job.job_id))
+        for job in carried:  # in lease order; each one alone, staleness checked now
+            try:
+                finished.append(await _consume_leased(ctx, job))
+            except Exception as error:
+                log.warning("actor: training job %s failed: %s", job.job_id, error)
+                finished.append(sched.get(job.job_id))
+    except BaseException as error:
+        for job in leased:
+            if not sched.get(job.job_id).is_terminal:
+                await _fail(ctx, job, error)
+        raise
+    return finished
 
 
 async def actor_consumer(ctx: WorkflowContext) -> None:
     """Consume ready jobs of every tenant until cancelled.
 
-    A failed job is recorded on its tenant and the loop goes on: one tenant's bad batch
-    never stops the others' training.
+    Groups jobs of different tenants (:func:`consume_training_jobs`) when
+    ``ctx.actor_group_size`` > 1. A failed job is recorded on its tenant and the loop
+    goes on: one tenant's bad batch never stops the others' training.
     """
     while True:
         try:
-            await consume_training_job(ctx)
+            if ctx.actor_group_size > 1:
+                await consume_training_jobs(ctx)
+            else:
+                await consume_training_job(ctx)
         except asyncio.CancelledError:
             raise
         except Exception as error:

@@ -46,6 +46,10 @@ class TrainingService(Protocol):
         self, job: TrainingJob, *, heartbeat: Callable[[], None] | None = None
     ) -> Any: ...
 
+    async def train_jobs_isolated(
+        self, jobs: Sequence[TrainingJob], *, heartbeat: Callable[[], None] | None = None
+    ) -> list[Any]: ...
+
     async def actor_forward(self, job: TrainingJob) -> None: ...
 
     async def export_params(self, tenant_id: str) -> Any: ...
@@ -170,6 +174,9 @@ class WorkflowContext:
     poll_s: float = 0.05
     #: How long the actor parks on ``async_wait_for_ready`` before re-checking.
     ready_wait_s: float = 1.0
+    #: Most ready jobs (of different tenants) the actor leases and trains together,
+    #: sharing one grouped backbone forward per microbatch; 1 = one job at a time.
+    actor_group_size: int = 4
 
 
 def job_heartbeat(scheduler: TrainingScheduler, job: TrainingJob) -> Callable[[], None]:

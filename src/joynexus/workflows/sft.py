@@ -10,6 +10,11 @@ bounded by admission: the tenant–task policy's ``max_in_flight`` (at most
 (``dataset.heldout_fraction``); :func:`heldout_action_error` measures the tenant's
 mean absolute action error on held-out frames (normalised action units) through the
 Inference Model Service's ``predict``.
+
+The tenant trains on the dataset's normalized state and actions, so its
+``NormalizationStats`` become part of the tenant (:func:`with_normalization`): serving
+then takes env-unit state and returns env-unit actions, and payloads and checkpoints
+carry the stats.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from joynexus.models.batch import ObservationBatch
 from joynexus.models.schema import DataSchema
 from joynexus.queues.meta import SampleMeta
 from joynexus.services.samples import camera_field, instructions_array
+from joynexus.services.tenancy import TenantConfig
 from joynexus.spec.workload import WorkloadSpec
 from joynexus.workflows.compile import feature_map_of, norm_mode_of, policy_key
 from joynexus.workflows.context import (
@@ -45,6 +51,7 @@ __all__ = [
     "produce_sft",
     "sft_partition_data",
     "sft_producer",
+    "with_normalization",
 ]
 
 log = logging.getLogger(__name__)
@@ -82,6 +89,11 @@ class SFTSource:
         pool = self.train_indices
         picks = rng.choice(pool, size=num_samples, replace=num_samples > len(pool))
         return self.builder.build(picks)
+
+
+def with_normalization(config: TenantConfig, source: SFTSource) -> TenantConfig:
+    """``config`` carrying the normalization stats its SFT data is normalized with."""
+    return config.model_copy(update={"normalization": source.builder.normalization})
 
 
 def sft_partition_data(batch: SFTBatch, schema: DataSchema) -> dict[str, np.ndarray]:
@@ -176,8 +188,10 @@ async def heldout_action_error(
 ) -> float | None:
     """Mean absolute action error of the tenant's served policy on held-out frames.
 
-    Errors are in normalised action units, over the non-padded chunk steps. None when
-    the dataset has no held-out episode.
+    The query goes through ``predict`` in env units (the served tenant carries the
+    source's normalization, :func:`with_normalization`); errors are measured in
+    normalised action units, over the non-padded chunk steps. None when the dataset has
+    no held-out episode.
     """
     idx = source.heldout_indices
     if idx.size == 0:
@@ -188,9 +202,11 @@ async def heldout_action_error(
     target = batch.observations.actions
     assert target is not None
     obs = batch.observations
-    query = ObservationBatch(cameras=obs.cameras, state=obs.state, instructions=obs.instructions)
+    norm = source.builder.normalization
+    state = obs.state if norm.state is None else norm.unnormalize(obs.state, "state")
+    query = ObservationBatch(cameras=obs.cameras, state=state, instructions=obs.instructions)
     result = await inference.predict(query, tenant_id, mode="mean")
-    pred = np.asarray(result.actions, dtype=np.float32)
+    pred = norm.normalize(np.asarray(result.actions, dtype=np.float32), "action")
     valid = ~np.asarray(batch.action_is_pad, dtype=bool)
     err = np.abs(pred - target)[valid]
     return float(err.mean()) if err.size else None

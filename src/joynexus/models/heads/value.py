@@ -26,6 +26,10 @@ class ValueHeadConfig(BaseModel):
 class ValueHead(nn.Module):
     """Critic ``V(o)``: masked-mean pooled features and state through a small MLP-ResNet.
 
+    Like :class:`~joynexus.models.heads.oft.OFTHead`, the state has its own projection
+    added to the features' (a concatenated state is drowned by the pooled features, and
+    the critic then cannot tell near from far states); the output starts at ~0.
+
     Args:
         config: Head hyperparameters.
         hidden_size: Backbone feature width ``D``.
@@ -38,12 +42,18 @@ class ValueHead(nn.Module):
         self.hidden_size = hidden_size
         self.state_dim = state_dim
         self.input_norm = nn.LayerNorm(hidden_size)
-        self.input_proj = nn.Linear(hidden_size + state_dim, config.hidden_dim)
+        self.input_proj = nn.Linear(hidden_size, config.hidden_dim)
+        self.state_proj: nn.Linear | None = (
+            nn.Linear(state_dim, config.hidden_dim) if state_dim > 0 else None
+        )
         self.blocks = nn.Sequential(
             *(ResidualMLPBlock(config.hidden_dim) for _ in range(config.num_blocks))
         )
         self.out_norm = nn.LayerNorm(config.hidden_dim)
         self.out = nn.Linear(config.hidden_dim, 1)
+        with torch.no_grad():
+            self.out.weight.mul_(0.01)
+            self.out.bias.zero_()
 
     def forward(self, features: BackboneOutput, state: torch.Tensor) -> torch.Tensor:
         """Values ``[B]``."""
@@ -59,8 +69,10 @@ class ValueHead(nn.Module):
             )
         features = features_as(features, self)
         pooled = masked_mean(features.hidden_states, features.attention_mask)
-        x = torch.cat([self.input_norm(pooled), state.to(pooled)], dim=-1)
-        value: torch.Tensor = self.out(self.out_norm(self.blocks(self.input_proj(x))))
+        x = self.input_proj(self.input_norm(pooled))
+        if self.state_proj is not None:
+            x = x + self.state_proj(state.to(pooled))
+        value: torch.Tensor = self.out(self.out_norm(self.blocks(x)))
         return value.squeeze(-1)
 
     def loss(
