@@ -428,20 +428,10 @@ class MasterService(ModelPrimitives):
     async def _release_slot(self, tenant_id: str) -> None:
         """Free the tenant's training and serving slots."""
         self._tenants.pop(tenant_id, None)
-        for svc in (self.training, self.inference):
-            remove = getattr(svc, "remove_tenant", None)
-            if remove is not None:
-                with contextlib.suppress(NotFoundError):
-                    await remove(tenant_id)
-        # Services without remove_tenant: drop the slot from their registries directly.
-        if tenant_id in self.training.tenant_ids():
-            with contextlib.suppress(NotFoundError):
-                self.training._executor.remove_slot(tenant_id)
-            self.training._configs.pop(tenant_id, None)
-        states = self.inference.states
-        if tenant_id in states.tenant_ids():
-            with states._lock:
-                states._tenants.pop(tenant_id, None)
+        with contextlib.suppress(NotFoundError):
+            await self.training.remove_tenant(tenant_id)
+        with contextlib.suppress(NotFoundError):
+            await self.inference.remove_tenant(tenant_id)
 
     # ------------------------------------------------------------ orchestration
 

@@ -224,6 +224,13 @@ class EnginePool:
             self._payloads[config.tenant_id] = payload
             self._versions[config.tenant_id] = payload.policy_version if payload else 0
 
+    async def remove_tenant(self, tenant_id: str) -> None:
+        async with self._weights_lock:
+            await self._broadcast("remove_tenant", tenant_id)
+            self._configs.pop(tenant_id, None)
+            self._payloads.pop(tenant_id, None)
+            self._versions.pop(tenant_id, None)
+
     async def load_weights(
         self, tenant_id: str, version: int, named_tensors: Mapping[str, Any]
     ) -> None:

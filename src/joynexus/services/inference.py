@@ -162,6 +162,14 @@ class InferenceModelService:
         """
         await asyncio.to_thread(self._locked, self.states.add_tenant, config, payload)
 
+    async def remove_tenant(self, tenant_id: str) -> None:
+        """Stop serving the tenant (every held version is freed).
+
+        Raises:
+            NotFoundError: the tenant is not served here.
+        """
+        await asyncio.to_thread(self._locked, self.states.remove_tenant, tenant_id)
+
     def _locked(self, fn: Callable[..., None], *args: object) -> None:
         with self._lock:
             fn(*args)

@@ -87,6 +87,16 @@ class ServingStates:
         with self._lock:
             return sorted(self._tenants)
 
+    def remove_tenant(self, tenant_id: str) -> None:
+        """Stop serving ``tenant_id``: every held version is dropped.
+
+        Raises:
+            NotFoundError: the tenant is not served here.
+        """
+        with self._lock:
+            self._tenant(tenant_id)
+            del self._tenants[tenant_id]
+
     def latest(self, tenant_id: str) -> int:
         with self._lock:
             return self._tenant(tenant_id).latest

@@ -206,6 +206,18 @@ class TrainingModelService:
     def tenant_ids(self) -> list[str]:
         return sorted(self._configs)
 
+    async def remove_tenant(self, tenant_id: str) -> None:
+        """Release the tenant's slot (action module, optimizer state, version).
+
+        Checkpoints already written stay on disk; a later ``add_tenant`` + ``restore``
+        brings the tenant back.
+
+        Raises:
+            NotFoundError: unknown tenant.
+        """
+        self._executor.remove_slot(tenant_id)
+        self._configs.pop(tenant_id, None)
+
     def policy_version(self, tenant_id: str) -> int:
         """The tenant's current (training) policy version.
 
