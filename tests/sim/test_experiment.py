@@ -111,11 +111,10 @@ def test_cli_reports_a_bad_scenario(tmp_path: Path) -> None:
     assert "invalid scenario" in result.output
 
 
-def test_cli_demo_runs_the_paper_simulation(tmp_path: Path) -> None:
-    out = tmp_path / "demo.json"
-    result = CliRunner().invoke(app, ["demo", "--json", str(out)])
+def test_cli_simulate_defaults_to_the_paper_scenario(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    result = CliRunner().invoke(app, ["simulate", "--json", str(out)])
     assert result.exit_code == 0, result.output
-    assert "trace simulation" in result.output
     assert json.loads(out.read_text())["scenario"]["name"] == "paper-5.1"
 
 

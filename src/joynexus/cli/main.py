@@ -5,13 +5,14 @@ from __future__ import annotations
 from joynexus.cli import (
     control,  # noqa: F401  (registers its commands)
     data,  # noqa: F401  (data record, data info)
+    demo,  # noqa: F401  (demo: the §5.1 mixture vs the isolated baseline)
     envs,  # noqa: F401  (env-server, bench envs)
     models,  # noqa: F401
     models_bench,  # noqa: F401  (bench group-batching)
     ray_cmds,  # noqa: F401  (scale rollout; --runtime for run)
     run,  # noqa: F401  (run workloads in the embedded runtime)
     serve,  # noqa: F401  (serve, tenants, submit, status, logs, artifacts, export, cancel)
-    sim,  # noqa: F401  (simulate, demo)
+    sim,  # noqa: F401  (simulate)
     spec,  # noqa: F401  (spec schema, spec check)
     usage,  # noqa: F401  (usage of a run)
 )

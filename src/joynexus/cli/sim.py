@@ -1,5 +1,4 @@
-"""Commands of the trace simulator: ``simulate`` and (until the execution plane lands)
-``demo``, which runs the paper-5.1 simulation."""
+"""The trace simulator's command: ``simulate`` (``demo`` lives in :mod:`joynexus.cli.demo`)."""
 
 from __future__ import annotations
 
@@ -94,15 +93,3 @@ def simulate(
     Table 1 (utilization), Figure 9 (GPU time) and per-tenant matched work.
     """
     _run(scenario, json_path, scale, window_minutes, ablations)
-
-
-@app.command()
-def demo(
-    json_path: JsonOpt = None,
-) -> None:
-    """Run the paper-5.1 scenario (for now as a trace simulation)."""
-    console.print(
-        "[bold]joynexus demo[/bold] "
-        "(trace simulation; the end-to-end demo arrives with the execution plane)"
-    )
-    _run("paper-5.1", json_path, None, None)

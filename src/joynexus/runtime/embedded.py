@@ -33,6 +33,9 @@ from joynexus.control.job import JobState
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.data.record import record_episodes
 from joynexus.errors import NotFoundError, SpecError
+from joynexus.metrics.events import MetricsService
+from joynexus.metrics.jsonl import TenantJsonlSink
+from joynexus.metrics.usage import USAGE_FILE, UsageMeter
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.tiny import ARCHES, SIDECAR, make_tiny
 from joynexus.queues.training import TrainingQueue
@@ -46,7 +49,12 @@ from joynexus.workflows.compile import DOMAIN, CompiledRun, CompiledWorkload, co
 from joynexus.workflows.context import MetricsLog, WorkflowContext, WorkflowTenant
 from joynexus.workflows.evaluation import EvalRun, evaluator
 from joynexus.workflows.rl import rl_producer
-from joynexus.workflows.sft import SFTSource, heldout_action_error, sft_producer
+from joynexus.workflows.sft import (
+    SFTSource,
+    heldout_action_error,
+    sft_producer,
+    with_normalization,
+)
 from joynexus.workflows.stages import actor_forward_stage, advantage_stage
 from joynexus.workflows.summary import (
     EvalRunSummary,
@@ -171,6 +179,39 @@ class EmbeddedRuntime:
         self._resumed: dict[str, int] = {}
         self._producers: dict[str, asyncio.Task[None]] = {}
         self._evaluators: dict[str, asyncio.Task[list[EvalRun]]] = {}
+        # One Metrics Service and one usage meter per runtime, shared by the three
+        # services, so every run records per-tenant busy (device) seconds per service in
+        # <run_dir>/usage.json. Callers may subscribe their own sinks before run().
+        self.metrics_service = MetricsService()
+        self.usage = UsageMeter(self.run_dir / USAGE_FILE, resume=True)
+
+    # ------------------------------------------------------------------ metrics
+
+    def _start_metrics(self) -> None:
+        """Subscribe the run's file sinks and start delivery.
+
+        Events go to ``<run_dir>/metrics/<tenant>/metrics.jsonl`` (not the tenant's output
+        dir, whose ``metrics.jsonl`` holds the workflow records) and learning curves to
+        TensorBoard under ``<run_dir>/tensorboard``.
+        """
+        root = self.run_dir / "metrics"
+        self.metrics_service.subscribe(
+            TenantJsonlSink(root, service_path=root / "service.jsonl"), name="jsonl"
+        )
+        try:
+            from joynexus.metrics.trackers import TensorBoardSink
+
+            self.metrics_service.subscribe(
+                TensorBoardSink(self.run_dir / "tensorboard"), name="tensorboard"
+            )
+        except ImportError as exc:  # tensorboard is a core dependency; a broken install
+            log.warning("TensorBoard sink disabled: %s", exc)
+        self.metrics_service.start()
+
+    def _stop_metrics(self) -> None:
+        self.metrics_service.stop()
+        with contextlib.suppress(OSError):
+            self.usage.save()
 
     # ------------------------------------------------------------------ progress
 
@@ -269,10 +310,12 @@ class EmbeddedRuntime:
             lease_ttl_s=self.config.lease_ttl_s,
             producer_lease_ttl_s=self.config.producer_lease_ttl_s,
         )
+        self._start_metrics()
         try:
             return await self._run(compiled, base, started, on_progress, status)
         finally:
             self.scheduler.close()
+            self._stop_metrics()
 
     async def _run(
         self,
@@ -349,9 +392,16 @@ class EmbeddedRuntime:
     async def _start_services(self, base: ResidentBaseModel) -> None:
         """Build and start the execution-plane services (a hook: the Ray runtime hosts
         the same classes as actors instead)."""
-        self.env = EnvironmentService(self.config.env, clock=self.clock)
+        self.env = EnvironmentService(
+            self.config.env, clock=self.clock, metrics=self.metrics_service, usage=self.usage
+        )
         self.training = TrainingModelService(
-            base, self.queue, output_dir=self.run_dir / "outputs", clock=self.clock
+            base,
+            self.queue,
+            output_dir=self.run_dir / "outputs",
+            clock=self.clock,
+            metrics=self.metrics_service,
+            usage=self.usage,
         )
         self.inference = InferenceModelService(
             base,
@@ -360,6 +410,8 @@ class EmbeddedRuntime:
             max_batch_size=self.config.max_batch_size,
             max_wait_s=self.config.max_wait_s,
             clock=self.clock,
+            metrics=self.metrics_service,
+            usage=self.usage,
         )
         await self.inference.start()
 
@@ -396,18 +448,23 @@ class EmbeddedRuntime:
                     serve=False,
                 )
                 continue
-            info = await self.training.add_tenant(w.config)
+            config = w.config
+            if w.task is TaskKind.SFT:  # the dataset's normalization becomes the tenant's
+                source = await asyncio.to_thread(SFTSource.open, w.spec, w.schema)
+                self._sources[w.tenant_id] = source
+                config = with_normalization(config, source)
+            info = await self.training.add_tenant(config)
             version = 0
             with contextlib.suppress(NotFoundError):
                 version = await self.training.restore(w.tenant_id)
                 self._resumed[w.tenant_id] = version
             payload = await self.training.export_params(w.tenant_id)
-            await self.inference.add_tenant(w.config, payload)
+            await self.inference.add_tenant(config, payload)
             tenant = WorkflowTenant(
                 spec=w.spec,
                 schema=w.schema,
                 schema_signature=info.schema_signature,
-                config=w.config,
+                config=config,
                 metrics=metrics,
                 session_id=session_id,
                 serve=w.task is TaskKind.RL or w.tenant_id in targets,
@@ -417,10 +474,11 @@ class EmbeddedRuntime:
             if w.tenant_id in self._resumed:
                 metrics.write("resumed", policy_version=version)
             if w.task is TaskKind.SFT:
-                source = await asyncio.to_thread(SFTSource.open, w.spec, w.schema)
-                self._sources[w.tenant_id] = source
                 self._heldout_initial[w.tenant_id] = await heldout_action_error(
-                    self.inference, w.tenant_id, source, max_samples=self.config.heldout_samples
+                    self.inference,
+                    w.tenant_id,
+                    self._sources[w.tenant_id],
+                    max_samples=self.config.heldout_samples,
                 )
 
     async def _wait(

@@ -89,11 +89,18 @@ class ManagedRuntime(EmbeddedRuntime):
     # ------------------------------------------------------------------ factories
 
     async def _make_env(self) -> Any:
-        return EnvironmentService(self.config.env, clock=self.clock)
+        return EnvironmentService(
+            self.config.env, clock=self.clock, metrics=self.metrics_service, usage=self.usage
+        )
 
     async def _make_training(self, base: ResidentBaseModel) -> Any:
         return TrainingModelService(
-            base, self.queue, output_dir=self.run_dir / "outputs", clock=self.clock
+            base,
+            self.queue,
+            output_dir=self.run_dir / "outputs",
+            clock=self.clock,
+            metrics=self.metrics_service,
+            usage=self.usage,
         )
 
     async def _make_engine(self, slot: int) -> EngineHandle:
@@ -105,6 +112,8 @@ class ManagedRuntime(EmbeddedRuntime):
             max_batch_size=self.config.max_batch_size,
             max_wait_s=self.config.max_wait_s,
             clock=self.clock,
+            metrics=self.metrics_service,
+            usage=self.usage,
         )
         await engine.start()
 

@@ -1,0 +1,266 @@
+"""One phase of the demo: run specs through the embedded runtime and keep its trace.
+
+A phase is one :class:`~joynexus.runtime.embedded.EmbeddedRuntime` run (the multi-tenant
+run, or one isolated replay). While it runs, a callback sink on the runtime's Metrics
+Service keeps every service's busy interval — one per grouped inference batch
+(``inference.batch_latency_s``), per optimizer / actor-forward step
+(``training.step_latency_s``) and per simulator call (``env.step_latency_s``), each ending
+at its event's timestamp — the same measurements the runtime's :class:`UsageMeter`
+accumulates into ``usage.json``. After the run the scheduler's job records give each
+update's actor phase (``leased_at`` → ``finished_at``), which fixes the measurement
+window: from the moment the loops start to the completion of the last matched update.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from joynexus.control.job import JobState, TaskType
+from joynexus.metrics.events import MetricEvent
+from joynexus.metrics.usage import UsageReport
+from joynexus.runtime.embedded import EmbeddedRuntime
+from joynexus.spec.workload import WorkloadSpec
+from joynexus.workflows.summary import RunSummary, TenantProgress
+
+__all__ = [
+    "BUSY_EVENTS",
+    "Interval",
+    "JobRecord",
+    "PhaseTrace",
+    "run_phase",
+    "window_busy_seconds",
+]
+
+#: Metric event name -> service whose busy time it measures.
+BUSY_EVENTS: dict[str, str] = {
+    "training.step_latency_s": "training",
+    "inference.batch_latency_s": "inference",
+    "env.step_latency_s": "environment",
+}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A busy interval of one service, in wall-clock seconds."""
+
+    service: str
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A training job of the phase, as the scheduler recorded it."""
+
+    tenant_id: str
+    task: str
+    state: str
+    leased_at: float | None
+    finished_at: float | None
+
+
+@dataclass
+class PhaseTrace:
+    """What one phase measured.
+
+    Attributes:
+        name: ``multi-tenant`` or ``isolated:<tenant>``.
+        run_dir: The runtime's run directory (``usage.json``, ``scheduler.sqlite``).
+        started_at: Wall-clock time when the workflow loops started.
+        ended_at: Completion of the last matched update (see :func:`run_phase`).
+        wall_s: The whole run (model load, sessions, checkpoints included).
+        busy: Busy intervals of every service.
+        jobs: Every training job with its actor-phase timestamps.
+        usage: The usage meter's final report.
+        records: Per-tenant workflow records (``train``, ``rollout``, ``eval`` ...).
+        summary: The runtime's run summary.
+    """
+
+    name: str
+    run_dir: Path
+    started_at: float
+    ended_at: float
+    wall_s: float
+    busy: list[Interval]
+    jobs: list[JobRecord]
+    usage: UsageReport
+    records: dict[str, list[dict[str, Any]]]
+    summary: RunSummary
+    matched: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def window_s(self) -> float:
+        return max(self.ended_at - self.started_at, 1e-9)
+
+    def completed(self, tenant_id: str) -> list[JobRecord]:
+        """The tenant's completed jobs in completion order."""
+        done = [
+            j for j in self.jobs if j.tenant_id == tenant_id and j.state == JobState.COMPLETED.value
+        ]
+        return sorted(done, key=lambda j: j.finished_at or 0.0)
+
+    def updates_in_window(self, tenant_id: str) -> int:
+        """Completed updates of the tenant whose completion falls inside the window."""
+        return sum(
+            1
+            for j in self.completed(tenant_id)
+            if j.finished_at is not None and j.finished_at <= self.ended_at + 1e-6
+        )
+
+    def busy_seconds(self, service: str) -> float:
+        """Busy seconds of ``service`` inside the window."""
+        return window_busy_seconds(self.busy, service, self.started_at, self.ended_at)
+
+    def utilization(self, service: str) -> float:
+        return self.busy_seconds(service) / self.window_s
+
+
+def window_busy_seconds(
+    intervals: Sequence[Interval], service: str, start: float, end: float
+) -> float:
+    """Sum of the parts of ``service``'s intervals that fall inside ``[start, end]``."""
+    total = 0.0
+    for iv in intervals:
+        if iv.service != service:
+            continue
+        lo, hi = max(iv.start, start), min(iv.end, end)
+        if hi > lo:
+            total += hi - lo
+    return total
+
+
+def _window_end(jobs: Sequence[JobRecord], matched: Mapping[str, int]) -> float | None:
+    """Completion time of the last matched update: the ``matched[t]``-th completion of
+    every tenant ``t``, whichever is latest."""
+    ends: list[float] = []
+    for tenant, n in matched.items():
+        done = sorted(
+            j.finished_at
+            for j in jobs
+            if j.tenant_id == tenant and j.state == JobState.COMPLETED.value and j.finished_at
+        )
+        if n <= 0:
+            continue
+        if len(done) < n:
+            return None
+        ends.append(done[n - 1])
+    return max(ends) if ends else None
+
+
+async def run_phase(
+    name: str,
+    specs: Sequence[WorkloadSpec],
+    run_dir: Path,
+    *,
+    matched: Mapping[str, int] | None = None,
+    fill_tenants: Sequence[str] = (),
+    on_progress: Callable[[list[TenantProgress]], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
+    on_record_episode: Callable[[str, int, int, bool], None] | None = None,
+) -> PhaseTrace:
+    """Run ``specs`` to their completion targets and return the phase's trace.
+
+    Args:
+        name: Label of the phase.
+        specs: The workloads (they all run concurrently in one runtime).
+        run_dir: A fresh run directory for this phase.
+        matched: Updates per tenant that count (the window ends at the last of them);
+            default: every completed update of every training tenant not in
+            ``fill_tenants``.
+        fill_tenants: SFT tenants that fill the actor's idle time (§5.1): once every
+            other training tenant is done, their admission closes (completion target =
+            0, so nothing new is reserved) and their matched work is the updates they
+            completed inside the window.
+
+    Raises:
+        RuntimeError: the run completed fewer updates than ``matched`` asks for.
+    """
+    runtime = EmbeddedRuntime(run_dir)
+    fill = set(fill_tenants)
+    closed: list[str] = []
+
+    def progress(rows: list[TenantProgress]) -> None:
+        lead = [r for r in rows if r.task in ("rl", "sft") and r.tenant not in fill]
+        if fill and not closed and lead and all(r.done for r in lead):
+            assert runtime.scheduler is not None and runtime.compiled is not None
+            for w in runtime.compiled.workloads:
+                if w.tenant_id in fill and w.admission is not None:
+                    policy = w.admission.model_copy(update={"completion_target": 0})
+                    runtime.scheduler.set_policy(w.tenant_id, TaskType.SFT, policy)
+                    closed.append(w.tenant_id)
+        if on_progress is not None:
+            on_progress(rows)
+
+    busy: list[Interval] = []
+
+    def on_event(e: MetricEvent) -> None:
+        service = BUSY_EVENTS.get(e.name)
+        if service is not None:
+            busy.append(Interval(service, e.timestamp - e.value, e.timestamp))
+
+    runtime.metrics_service.subscribe(on_event, categories=["system"], name="demo-busy")
+    started: list[float] = []
+
+    def status(msg: str) -> None:
+        if msg == "running" and not started:
+            started.append(time.time())
+        if on_status is not None:
+            on_status(msg)
+
+    summary = await runtime.run(
+        list(specs),
+        on_progress=progress,
+        on_status=status,
+        on_record_episode=on_record_episode,
+    )
+    assert runtime.scheduler is not None
+    jobs = [
+        JobRecord(
+            tenant_id=j.tenant_id,
+            task=j.task_type.value,
+            state=j.state.value,
+            leased_at=j.timestamps.leased_at,
+            finished_at=j.timestamps.finished_at,
+        )
+        for j in runtime.scheduler.list_jobs()
+    ]
+    if matched is None:
+        matched = {
+            t: s.jobs_completed
+            for t, s in summary.tenants.items()
+            if s.task in ("rl", "sft") and t not in fill
+        }
+    end = _window_end(jobs, matched)
+    if end is not None and fill:
+        matched = dict(matched)
+        for t in sorted(fill):
+            matched[t] = sum(
+                1
+                for j in jobs
+                if j.tenant_id == t
+                and j.state == JobState.COMPLETED.value
+                and j.finished_at is not None
+                and j.finished_at <= end
+            )
+    if end is None:
+        got = {t: s.jobs_completed for t, s in summary.tenants.items()}
+        raise RuntimeError(f"phase {name}: completed updates {got} fall short of {dict(matched)}")
+    start = started[0] if started else min((iv.start for iv in busy), default=end)
+    records = {t: list(tenant.metrics.records) for t, tenant in runtime.tenants.items()}
+    return PhaseTrace(
+        name=name,
+        run_dir=run_dir,
+        started_at=start,
+        ended_at=end,
+        wall_s=summary.wall_s,
+        busy=sorted(busy, key=lambda iv: iv.start),
+        jobs=jobs,
+        usage=runtime.usage.snapshot(),
+        records=records,
+        summary=summary,
+        matched=dict(matched),
+    )

@@ -1,0 +1,393 @@
+"""The demo's report: Table 1 and Figure 9 of §5.1 on measured traces, plots, report.json.
+
+Definitions (all from the traces of :mod:`joynexus.demo.phase`):
+
+* **Window** of a phase: from the moment the workflow loops start to the completion of
+  its last matched update (model loading, session start-up and final checkpoints are
+  outside; they are reported in ``wall_s``).
+* **Utilization** of a service = its busy seconds inside the window ÷ the window. Busy
+  seconds are the measured durations of grouped inference batches and of training
+  (optimizer / actor-forward) steps — what the runtime's usage meter accumulates.
+  The isolated row is the mean over the standalone RL replays, as in Table 1; the
+  aggregate over all replays (SFT included) is reported too.
+* **Device time**: both phases ran on the same single machine, every service sharing
+  it, so a phase's device time is its window × 1 machine, and ``device_time_ratio`` =
+  Σ isolated windows ÷ multi-tenant window (same matched work). The paper's accounting
+  (multi-tenant 2-2-4 = 8 devices, isolated 1-1-2 = 4 devices) is reported as
+  ``device_time_ratio_layout_weighted``; here it is arithmetic on the measured windows,
+  not a measurement on 8 devices.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from joynexus.demo.phase import PhaseTrace
+
+__all__ = [
+    "LAYOUT_DEVICES_ISOLATED",
+    "LAYOUT_DEVICES_MULTI",
+    "build_report",
+    "plot_report",
+    "report_tables",
+    "write_report",
+]
+
+LAYOUT_DEVICES_MULTI = 8  # 2-2-4
+LAYOUT_DEVICES_ISOLATED = 4  # 1-1-2
+SERVICES = ("training", "inference", "environment")
+
+
+def _r(x: float | None, nd: int = 4) -> float | None:
+    return None if x is None or not math.isfinite(x) else round(x, nd)
+
+
+def _losses(records: Sequence[dict[str, Any]]) -> list[float]:
+    return [float(r["loss"]) for r in records if r["kind"] == "train" and r.get("loss") is not None]
+
+
+def _returns(records: Sequence[dict[str, Any]]) -> list[float]:
+    return [
+        float(r["mean_return"])
+        for r in records
+        if r["kind"] == "rollout" and r.get("mean_return") is not None
+    ]
+
+
+def _tenant_row(trace: PhaseTrace, tenant: str) -> dict[str, Any]:
+    recs = trace.records.get(tenant, [])
+    losses, rets = _losses(recs), _returns(recs)
+    done = trace.completed(tenant)
+    summ = trace.summary.tenants.get(tenant)
+    n = trace.matched.get(tenant, 0)
+    finish = done[n - 1].finished_at if 0 < n <= len(done) else None
+    return {
+        "task": summ.task if summ else None,
+        "updates_matched": n,
+        "updates_in_window": trace.updates_in_window(tenant),
+        "jobs_completed": summ.jobs_completed if summ else 0,
+        "jobs_dropped": summ.jobs_dropped if summ else 0,
+        "final_version": summ.final_version if summ else None,
+        "loss_first": _r(losses[0]) if losses else None,
+        "loss_last": _r(losses[-1]) if losses else None,
+        "return_first": _r(rets[0]) if rets else None,
+        "return_last": _r(rets[-1]) if rets else None,
+        "time_to_matched_s": _r(finish - trace.started_at, 2) if finish else None,
+        "usage_device_seconds": {
+            k: _r(v) for k, v in trace.usage.tenants[tenant].device_seconds.items()
+        }
+        if tenant in trace.usage.tenants
+        else {},
+    }
+
+
+def _phase(trace: PhaseTrace) -> dict[str, Any]:
+    return {
+        "name": trace.name,
+        "window_s": _r(trace.window_s, 2),
+        "wall_s": _r(trace.wall_s, 2),
+        "training_utilization": _r(trace.utilization("training")),
+        "inference_utilization": _r(trace.utilization("inference")),
+        "environment_busy_s": _r(trace.busy_seconds("environment"), 2),
+        "busy_seconds": {s: _r(trace.busy_seconds(s), 3) for s in SERVICES},
+        "usage_service_seconds": {k: _r(v, 3) for k, v in trace.usage.service_seconds.items()},
+    }
+
+
+def build_report(
+    multi: PhaseTrace,
+    isolated: Sequence[PhaseTrace],
+    *,
+    profile: str,
+    reason: str,
+    knobs: dict[str, Any],
+    rl_tenants: Sequence[str],
+    sft_tenant: str,
+    eval_tenant: str,
+) -> dict[str, Any]:
+    """The report document (``report.json``); see the module docstring for definitions."""
+    mt = _phase(multi)
+    mt["tenants"] = {t: _tenant_row(multi, t) for t in (*rl_tenants, sft_tenant)}
+    ev = multi.summary.tenants.get(eval_tenant)
+    mt["evaluation"] = {
+        "tenant": eval_tenant,
+        "success_rate": ev.eval_success_rate if ev else None,
+        "runs": [r.model_dump() for r in ev.eval_runs] if ev else [],
+    }
+    replays = []
+    for tr in isolated:
+        row = _phase(tr)
+        tenant = next(iter(tr.matched))
+        row["tenant"] = tenant
+        row["tenant_row"] = _tenant_row(tr, tenant)
+        replays.append(row)
+    rl_replays = [tr for tr in isolated if next(iter(tr.matched)) in rl_tenants]
+
+    def mean(xs: list[float]) -> float | None:
+        return sum(xs) / len(xs) if xs else None
+
+    iso_window = sum(tr.window_s for tr in isolated)
+    iso = {
+        "training_utilization": _r(mean([tr.utilization("training") for tr in rl_replays])),
+        "inference_utilization": _r(mean([tr.utilization("inference") for tr in rl_replays])),
+        "aggregate_training_utilization": _r(
+            sum(tr.busy_seconds("training") for tr in isolated) / max(iso_window, 1e-9)
+        ),
+        "aggregate_inference_utilization": _r(
+            sum(tr.busy_seconds("inference") for tr in isolated) / max(iso_window, 1e-9)
+        ),
+        "window_s": _r(iso_window, 2),
+        "wall_s": _r(sum(tr.wall_s for tr in isolated), 2),
+        "replays": replays,
+    }
+    ratio = iso_window / multi.window_s
+    layout = (iso_window * LAYOUT_DEVICES_ISOLATED) / (multi.window_s * LAYOUT_DEVICES_MULTI)
+
+    def gain(key: str) -> float | None:
+        a, b = mt.get(key), iso.get(key)
+        return _r(a / b, 3) if isinstance(a, float) and isinstance(b, float) and b > 0 else None
+
+    return {
+        "profile": profile,
+        "env_choice_reason": reason,
+        "knobs": knobs,
+        "machine": {"cpu_cores": os.cpu_count(), "devices": "one CPU machine, shared by all"},
+        "matched_updates": dict(multi.matched),
+        "multi_tenant": mt,
+        "isolated": iso,
+        "improvement": {
+            "training_utilization": gain("training_utilization"),
+            "inference_utilization": gain("inference_utilization"),
+        },
+        "device_time": {
+            "definition": (
+                "window x devices; both phases ran on the same single machine, so "
+                "device time = window seconds x 1"
+            ),
+            "multi_tenant_s": _r(multi.window_s, 2),
+            "isolated_s": _r(iso_window, 2),
+            "layout_weighted": {
+                "definition": (
+                    "paper accounting, arithmetic on the measured windows: multi-tenant "
+                    f"x {LAYOUT_DEVICES_MULTI} devices (2-2-4), isolated x "
+                    f"{LAYOUT_DEVICES_ISOLATED} (1-1-2)"
+                ),
+                "multi_tenant_device_s": _r(multi.window_s * LAYOUT_DEVICES_MULTI, 2),
+                "isolated_device_s": _r(iso_window * LAYOUT_DEVICES_ISOLATED, 2),
+            },
+        },
+        "device_time_ratio": _r(ratio, 3),
+        "device_time_ratio_layout_weighted": _r(layout, 3),
+    }
+
+
+def _pct(x: Any) -> str:
+    return "–" if x is None else f"{100 * float(x):.1f}%"
+
+
+def _num(x: Any, nd: int = 3) -> str:
+    return "–" if x is None else f"{float(x):.{nd}f}"
+
+
+def report_tables(report: dict[str, Any]) -> list[Table]:
+    """Rich tables: utilization (Table 1), device time (Figure 9), per-tenant progress."""
+    mt, iso = report["multi_tenant"], report["isolated"]
+    util = Table(title="Model-service utilization (busy seconds / window)")
+    for col in ("execution", "Training", "Inference", "window (s)", "wall (s)"):
+        util.add_column(col, justify="left" if col == "execution" else "right")
+    util.add_row(
+        "Isolated single-tenant (mean of RL replays)",
+        _pct(iso["training_utilization"]),
+        _pct(iso["inference_utilization"]),
+        _num(iso["window_s"], 1),
+        _num(iso["wall_s"], 1),
+    )
+    util.add_row(
+        "Isolated, all replays incl. SFT (aggregate)",
+        _pct(iso["aggregate_training_utilization"]),
+        _pct(iso["aggregate_inference_utilization"]),
+        "",
+        "",
+    )
+    util.add_row(
+        "Multi-tenant (JoyNexus)",
+        _pct(mt["training_utilization"]),
+        _pct(mt["inference_utilization"]),
+        _num(mt["window_s"], 1),
+        _num(mt["wall_s"], 1),
+    )
+    imp = report["improvement"]
+    util.add_row(
+        "Relative improvement",
+        f"{_num(imp['training_utilization'], 2)}x",
+        f"{_num(imp['inference_utilization'], 2)}x",
+        "",
+        "",
+    )
+    dev = Table(title="Device time for the same matched work")
+    for col in ("accounting", "multi-tenant (s)", "isolated (s)", "isolated / multi-tenant"):
+        dev.add_column(col, justify="left" if col == "accounting" else "right")
+    d = report["device_time"]
+    dev.add_row(
+        "measured: window x 1 machine",
+        _num(d["multi_tenant_s"], 1),
+        _num(d["isolated_s"], 1),
+        f"{_num(report['device_time_ratio'], 2)}x",
+    )
+    lw = d["layout_weighted"]
+    dev.add_row(
+        "layout-weighted: 2-2-4 (8) vs 1-1-2 (4)",
+        _num(lw["multi_tenant_device_s"], 1),
+        _num(lw["isolated_device_s"], 1),
+        f"{_num(report['device_time_ratio_layout_weighted'], 2)}x",
+    )
+    ten = Table(title="Per-tenant progress (matched work)")
+    for col in (
+        "tenant",
+        "task",
+        "updates",
+        "MT time to matched (s)",
+        "iso time (s)",
+        "loss first→last (MT)",
+        "return first→last (MT)",
+    ):
+        ten.add_column(col)
+    iso_by_tenant = {r["tenant"]: r for r in iso["replays"]}
+    for tenant, row in mt["tenants"].items():
+        rep = iso_by_tenant.get(tenant)
+        iso_updates = rep["tenant_row"]["updates_in_window"] if rep else 0
+        ten.add_row(
+            tenant,
+            str(row["task"]),
+            f"{row['updates_in_window']} (iso {iso_updates})",
+            _num(row["time_to_matched_s"], 1),
+            _num(rep["window_s"], 1) if rep else "–",
+            f"{_num(row['loss_first'])}→{_num(row['loss_last'])}",
+            f"{_num(row['return_first'])}→{_num(row['return_last'])}"
+            if row["task"] == "rl"
+            else "–",
+        )
+    return [util, dev, ten]
+
+
+def _timeline(trace: PhaseTrace, service: str, bins: int) -> tuple[list[float], list[float]]:
+    width = trace.window_s / bins
+    xs, ys = [], []
+    for k in range(bins):
+        lo = trace.started_at + k * width
+        busy = sum(
+            max(0.0, min(iv.end, lo + width) - max(iv.start, lo))
+            for iv in trace.busy
+            if iv.service == service
+        )
+        xs.append(k * width + width / 2)
+        ys.append(busy / width)
+    return xs, ys
+
+
+def plot_report(
+    report: dict[str, Any],
+    multi: PhaseTrace,
+    isolated: Sequence[PhaseTrace],
+    out_dir: Path,
+) -> list[Path]:
+    """Write ``utilization.png``, ``device_time.png`` and ``curves.png`` into ``out_dir``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    colors = {"training": "tab:blue", "inference": "tab:orange"}
+
+    fig, axes = plt.subplots(2, 1, figsize=(9, 5.5), sharey=True)
+    for service, color in colors.items():
+        xs, ys = _timeline(multi, service, 40)
+        axes[0].plot(xs, ys, color=color, label=service)
+    axes[0].set_title("multi-tenant: busy fraction per time bin")
+    offset = 0.0
+    for i, tr in enumerate(isolated):
+        for service, color in colors.items():
+            xs, ys = _timeline(tr, service, 15)
+            axes[1].plot(
+                [x + offset for x in xs], ys, color=color, label=service if i == 0 else None
+            )
+        axes[1].axvline(offset, color="grey", lw=0.6, ls=":")
+        axes[1].text(offset, 1.02, next(iter(tr.matched)), fontsize=7, va="bottom")
+        offset += tr.window_s
+    axes[1].set_title("isolated replays, one after another", pad=14)
+    for ax in axes:
+        ax.set_ylim(0, 1.0)
+        ax.set_ylabel("utilization")
+        ax.legend(loc="upper right", fontsize=8)
+    axes[1].set_xlabel("seconds since the loops started")
+    fig.tight_layout()
+    p = out_dir / "utilization.png"
+    fig.savefig(p, dpi=90)
+    plt.close(fig)
+    paths.append(p)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar(["multi-tenant"], [multi.window_s], color="tab:green")
+    bottom = 0.0
+    for tr in isolated:
+        ax.bar(["isolated"], [tr.window_s], bottom=[bottom], label=next(iter(tr.matched)))
+        bottom += tr.window_s
+    ax.set_ylabel("device-seconds (window x 1 machine)")
+    ax.set_title(f"device time, same matched work: {report['device_time_ratio']}x")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    p = out_dir / "device_time.png"
+    fig.savefig(p, dpi=90)
+    plt.close(fig)
+    paths.append(p)
+
+    tenants = list(report["multi_tenant"]["tenants"])
+    iso_by_tenant = {next(iter(tr.matched)): tr for tr in isolated}
+    fig, axes = plt.subplots(2, len(tenants), figsize=(3.2 * len(tenants), 5.5), squeeze=False)
+    for j, tenant in enumerate(tenants):
+        ax_l, ax_r = axes[0][j], axes[1][j]
+        runs: list[tuple[str, PhaseTrace | None, str]] = [
+            ("multi-tenant", multi, "-"),
+            ("isolated", iso_by_tenant.get(tenant), "--"),
+        ]
+        for label, run, ls in runs:
+            if run is None:
+                continue
+            recs = run.records.get(tenant, [])
+            losses = _losses(recs)
+            ax_l.plot(range(1, len(losses) + 1), losses, ls=ls, marker=".", label=label)
+            rets = _returns(recs)
+            if rets:
+                ax_r.plot(range(1, len(rets) + 1), rets, ls=ls, marker=".", label=label)
+        ax_l.set_title(tenant, fontsize=9)
+        ax_l.set_xlabel("update")
+        ax_r.set_xlabel("rollout")
+        if j == 0:
+            ax_l.set_ylabel("loss")
+            ax_r.set_ylabel("mean episode return")
+        ax_l.legend(fontsize=7)
+        if not ax_r.lines:
+            ax_r.text(0.5, 0.5, "SFT: no rollouts", ha="center", transform=ax_r.transAxes)
+    fig.tight_layout()
+    p = out_dir / "curves.png"
+    fig.savefig(p, dpi=90)
+    plt.close(fig)
+    paths.append(p)
+    return paths
+
+
+def write_report(report: dict[str, Any], out_dir: Path) -> Path:
+    """Write ``report.json`` (sorted keys, 2-space indent)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "report.json"
+    path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    return path
