@@ -16,7 +16,9 @@ so tenants submit, pause, resume and cancel workloads at any time:
   reuses inference + environment with no optimization path
   (:func:`~joynexus.workflows.evaluation.evaluator`); custom creates only the tenant's
   slot, which the tenant drives through the low-level primitives. One actor consumer,
-  one advantage stage and (on demand) one actor-forward stage serve every tenant.
+  one advantage stage and (on demand) one actor-forward stage serve every tenant. The
+  steps that start a tenant are :mod:`joynexus.workflows.launch`'s, shared with the
+  runtimes.
 
 Pausing sets the tenant's admission to ``max_in_flight = 0``: the unchanged producer
 loop is refused and backs off, jobs already in flight finish, and resuming restores
@@ -64,7 +66,8 @@ from joynexus.services.inference import InferenceModelService
 from joynexus.services.training import TrainingModelService
 from joynexus.spec.workload import TaskKind, WorkloadSpec
 from joynexus.utils.clock import Clock, SystemClock
-from joynexus.workflows.actor import actor_consumer, publish
+from joynexus.workflows import launch
+from joynexus.workflows.actor import publish
 from joynexus.workflows.compile import (
     DEFAULT_MAX_ACTIVE_ROLLOUTS,
     DEFAULT_MAX_ACTIVE_ROLLOUTS_PER_TENANT,
@@ -73,10 +76,6 @@ from joynexus.workflows.compile import (
     compile_workloads,
 )
 from joynexus.workflows.context import MetricsLog, WorkflowContext, WorkflowTenant
-from joynexus.workflows.evaluation import evaluator
-from joynexus.workflows.rl import rl_producer
-from joynexus.workflows.sft import SFTSource, sft_producer, with_normalization
-from joynexus.workflows.stages import actor_forward_stage, advantage_stage
 
 __all__ = ["CANCELLED_REASON", "MasterService"]
 
@@ -181,10 +180,7 @@ class MasterService(ModelPrimitives):
             return
         for limit in _global_limits():
             self.scheduler.set_global_limit(limit)
-        self._loops = [
-            asyncio.create_task(actor_consumer(self.ctx), name="master:actor"),
-            asyncio.create_task(advantage_stage(self.ctx), name="master:advantages"),
-        ]
+        self._loops = launch.start_stage_loops(self.ctx, prefix="master:")
 
     async def aclose(self) -> None:
         """Cancel every live workload and stop the shared loops."""
@@ -464,52 +460,25 @@ class MasterService(ModelPrimitives):
             from joynexus.runtime.embedded import record_missing_dataset
 
             await asyncio.to_thread(record_missing_dataset, spec)
-        session_id: str | None = None
-        if spec.env is not None and c.task in (TaskKind.RL, TaskKind.EVAL):
-            session_id = (await self.env.create_session(tid, spec.env)).session_id
+        session_id = await launch.open_session(self.env, c)
         metrics = MetricsLog(self._workload_dir(w) / "metrics.jsonl", self.clock)
-        if c.config is None:  # evaluation: read-only, no slot of its own
-            w.tenant = WorkflowTenant(
-                spec=spec,
-                schema=c.schema,
-                schema_signature=self.base.signature_for(c.schema),
-                config=None,
-                metrics=metrics,
-                session_id=session_id,
-                serve=False,
-            )
-            w.producer = asyncio.create_task(evaluator(self.ctx, w.tenant))
-            return
-        if tid in self._tenants or tid in self.training.tenant_ids():
+        if c.config is not None and (tid in self._tenants or tid in self.training.tenant_ids()):
             await self._release_slot(tid)  # a finished workload's slot: rebuilt below
-        config, source = c.config, None
-        if c.task is TaskKind.SFT:  # the dataset's normalization becomes the tenant's
-            source = await asyncio.to_thread(SFTSource.open, spec, c.schema)
-            config = with_normalization(config, source)
-        info = await self.training.add_tenant(config)
-        version = 0
-        try:
-            version = await self.training.restore(tid)
-        except NotFoundError:
-            pass  # no checkpoint yet
-        except JoyNexusError as exc:  # a checkpoint of another interface: start fresh
-            metrics.write("restore_skipped", reason=str(exc)[:300])
-        payload = await self.training.export_params(tid)
-        await self.inference.add_tenant(config, payload)
-        tenant = WorkflowTenant(
-            spec=spec,
-            schema=c.schema,
-            schema_signature=info.schema_signature,
-            config=config,
+        started = await launch.start_tenant(
+            c,
+            base=self.base,
+            training=self.training,
+            inference=self.inference,
             metrics=metrics,
             session_id=session_id,
             serve=True,
-            last_checkpoint_version=version,
+            skip_incompatible_checkpoint=True,  # another interface's checkpoint: fresh
         )
-        w.tenant = tenant
-        self._tenants[tid] = tenant
-        if version:
-            metrics.write("resumed", policy_version=version)
+        w.tenant = started.tenant
+        if c.config is None:  # evaluation: read-only, no slot of its own
+            w.producer = launch.start_producer(self.ctx, c, started)
+            return
+        self._tenants[tid] = started.tenant
         if c.task is TaskKind.CUSTOM:
             return
         assert c.admission is not None and c.task_type is not None
@@ -520,17 +489,9 @@ class MasterService(ModelPrimitives):
             update={"completion_target": None if target is None else done_before + target}
         )
         self.scheduler.set_policy(tid, c.task_type, w.admission)
-        if c.task is TaskKind.RL:
-            if c.config.algorithm.actor_forward and self._actor_forward is None:
-                self._actor_forward = asyncio.create_task(
-                    actor_forward_stage(self.ctx), name="master:actor_forward"
-                )
-            w.producer = asyncio.create_task(rl_producer(self.ctx, tenant), name=f"rl:{tid}")
-        else:
-            assert source is not None
-            w.producer = asyncio.create_task(
-                sft_producer(self.ctx, tenant, source), name=f"sft:{tid}"
-            )
+        if launch.uses_actor_forward(c) and self._actor_forward is None:
+            self._actor_forward = launch.start_actor_forward(self.ctx, prefix="master:")
+        w.producer = launch.start_producer(self.ctx, c, started)
 
     def _completed(self, tenant_id: str, task_type: TaskType) -> int:
         jobs = self.scheduler.list_jobs(tenant_id=tenant_id, state=JobState.COMPLETED)

@@ -1,9 +1,11 @@
 """The embedded runtime: the whole execution plane in one process.
 
-:class:`EmbeddedRuntime` builds the resident base model, the Training Scheduler (SQLite
-in the run directory, so job history survives the process), the Training Queue, the
-Environment Service and the Training / Inference Model Services, then hosts the
-workflow loops of :mod:`joynexus.workflows` as independent asyncio tasks:
+:class:`EmbeddedRuntime` builds the execution plane with
+:func:`~joynexus.runtime.plane.build_plane` — the resident base model, the Training
+Scheduler (SQLite in the run directory, so job history survives the process), the
+Training Queue, the Environment Service and the Training / Inference Model Services —
+starts each tenant with :mod:`joynexus.workflows.launch`, and hosts the workflow loops
+of :mod:`joynexus.workflows` as independent asyncio tasks:
 
 * one RL producer per RL tenant and one SFT producer per SFT tenant;
 * one advantage stage, one actor-forward stage (when some tenant's algorithm uses it)
@@ -14,6 +16,9 @@ A run ends when every training tenant reached its completion target with no job 
 in flight (or failed too often) and every evaluator finished its runs; the loops are
 then cancelled, each tenant is checkpointed, and a :class:`RunSummary` is returned.
 A tenant whose output dir already holds a checkpoint resumes from the latest one.
+
+The runtime is its plane's :class:`~joynexus.runtime.plane.ServiceFactory`: subclasses
+override its ``make_*`` methods to host the same service classes elsewhere.
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,30 +36,36 @@ import numpy as np
 from joynexus.control.job import JobState
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.data.record import record_episodes
-from joynexus.errors import NotFoundError, SpecError
-from joynexus.metrics.events import MetricsService
 from joynexus.metrics.jsonl import TenantJsonlSink
-from joynexus.metrics.usage import USAGE_FILE, UsageMeter
 from joynexus.models.backbone import ResidentBaseModel
-from joynexus.models.tiny import ARCHES, SIDECAR, make_tiny
 from joynexus.queues.training import TrainingQueue
-from joynexus.services.environment import EnvironmentService, EnvironmentServiceConfig
+from joynexus.runtime.plane import (
+    ExecutionPlane,
+    RuntimeConfig,
+    ServiceFactory,
+    build_plane,
+    load_base_model,
+    new_monitoring,
+)
+from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService
 from joynexus.services.training import TrainingModelService
-from joynexus.spec.workload import BaseModelSpec, TaskKind, WorkloadSpec
+from joynexus.spec.workload import TaskKind, WorkloadSpec
 from joynexus.utils.clock import Clock, SystemClock
-from joynexus.workflows.actor import actor_consumer, publish
+from joynexus.workflows.actor import publish
 from joynexus.workflows.compile import DOMAIN, CompiledRun, CompiledWorkload, compile_workloads
 from joynexus.workflows.context import MetricsLog, WorkflowContext, WorkflowTenant
-from joynexus.workflows.evaluation import EvalRun, evaluator
-from joynexus.workflows.rl import rl_producer
-from joynexus.workflows.sft import (
-    SFTSource,
-    heldout_action_error,
-    sft_producer,
-    with_normalization,
+from joynexus.workflows.evaluation import EvalRun
+from joynexus.workflows.launch import (
+    StartedTenant,
+    open_session,
+    start_actor_forward,
+    start_producer,
+    start_stage_loops,
+    start_tenant,
+    uses_actor_forward,
 )
-from joynexus.workflows.stages import actor_forward_stage, advantage_stage
+from joynexus.workflows.sft import SFTSource, heldout_action_error
 from joynexus.workflows.summary import (
     EvalRunSummary,
     RunSummary,
@@ -66,43 +76,6 @@ from joynexus.workflows.summary import (
 __all__ = ["EmbeddedRuntime", "RuntimeConfig", "load_base_model", "record_missing_dataset"]
 
 log = logging.getLogger(__name__)
-
-TINY_PREFIX = "tiny:"
-_TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-
-
-def load_base_model(spec: BaseModelSpec, cache_dir: Path) -> ResidentBaseModel:
-    """Load the resident backbone a spec names.
-
-    ``tiny:<arch>`` (``tiny:qwen2_5_vl``, ...) builds a randomly initialised tiny model of
-    that architecture once into ``cache_dir`` and loads it through
-    :meth:`ResidentBaseModel.from_pretrained` — the same path a hub id takes.
-
-    Raises:
-        SpecError: an unknown tiny architecture.
-    """
-    import torch
-
-    model_id = spec.id
-    if model_id.startswith(TINY_PREFIX):
-        arch = model_id.removeprefix(TINY_PREFIX)
-        if arch not in ARCHES:
-            raise SpecError(
-                f"base_model.id {model_id!r}: unknown tiny architecture; allowed: "
-                f"{[TINY_PREFIX + a for a in ARCHES]}",
-                field="base_model.id",
-            )
-        path = cache_dir / f"tiny-{arch}"
-        if not (path / SIDECAR).is_file():
-            make_tiny(arch, path)
-        model_id = str(path)
-    dtype = None if spec.dtype == "auto" else getattr(torch, _TORCH_DTYPES[spec.dtype])
-    return ResidentBaseModel.from_pretrained(
-        model_id,
-        device=spec.device,
-        dtype=dtype,
-        canonical_image_size=spec.canonical_image_size,
-    )
 
 
 def record_missing_dataset(
@@ -120,31 +93,7 @@ def record_missing_dataset(
     return summary.root
 
 
-@dataclass
-class RuntimeConfig:
-    """Knobs of the embedded runtime (defaults suit a CPU run).
-
-    Attributes:
-        lease_ttl_s: Stage / consumer lease lifetime between heartbeats.
-        producer_lease_ttl_s: Producer lease lifetime between rollout heartbeats.
-        poll_s: Back-off of producers and stages when there is nothing to do.
-        max_failures_per_tenant: A tenant with this many failed jobs stops producing.
-        heldout_samples: Held-out frames used to measure SFT action error.
-        max_batch_size / max_wait_s: Inference Queue group batching.
-        env: Environment Service limits.
-    """
-
-    lease_ttl_s: float = 120.0
-    producer_lease_ttl_s: float = 300.0
-    poll_s: float = 0.05
-    max_failures_per_tenant: int = 5
-    heldout_samples: int = 64
-    max_batch_size: int = 128
-    max_wait_s: float = 0.005
-    env: EnvironmentServiceConfig = field(default_factory=EnvironmentServiceConfig)
-
-
-class EmbeddedRuntime:
+class EmbeddedRuntime(ServiceFactory):
     """Runs compiled workloads to completion in this process (see module docstring).
 
     After :meth:`run` the scheduler (closed, still queryable), the queue and the
@@ -174,16 +123,17 @@ class EmbeddedRuntime:
         self.tenants: dict[str, WorkflowTenant] = {}
         self.compiled: CompiledRun | None = None
         self.eval_runs: dict[str, list[EvalRun]] = {}
+        self._started: dict[str, StartedTenant] = {}
         self._sources: dict[str, SFTSource] = {}
         self._heldout_initial: dict[str, float | None] = {}
         self._resumed: dict[str, int] = {}
-        self._producers: dict[str, asyncio.Task[None]] = {}
+        self._producers: dict[str, asyncio.Task[Any]] = {}
         self._evaluators: dict[str, asyncio.Task[list[EvalRun]]] = {}
         # One Metrics Service and one usage meter per runtime, shared by the three
         # services, so every run records per-tenant busy (device) seconds per service in
         # <run_dir>/usage.json. Callers may subscribe their own sinks before run().
-        self.metrics_service = MetricsService()
-        self.usage = UsageMeter(self.run_dir / USAGE_FILE, resume=True)
+        self.metrics_service, self.usage = new_monitoring(self.run_dir)
+        self.plane: ExecutionPlane | None = None
 
     # ------------------------------------------------------------------ metrics
 
@@ -304,41 +254,47 @@ class EmbeddedRuntime:
         base = await asyncio.to_thread(
             load_base_model, compiled.base_model, self.run_dir / "models"
         )
-        self.scheduler = TrainingScheduler.open(
-            self.run_dir / "scheduler.sqlite",
-            clock=self.clock,
-            lease_ttl_s=self.config.lease_ttl_s,
-            producer_lease_ttl_s=self.config.producer_lease_ttl_s,
-        )
         self._start_metrics()
         try:
-            return await self._run(compiled, base, started, on_progress, status)
+            await self._before_plane(base)
+            self._adopt(
+                build_plane(
+                    self.run_dir,
+                    compiled.base_model,
+                    config=self.config,
+                    clock=self.clock,
+                    base=base,
+                    metrics=self.metrics_service,
+                    usage=self.usage,
+                    factory=self,
+                )
+            )
+            return await self._run(compiled, started, on_progress, status)
         finally:
-            self.scheduler.close()
+            if self.scheduler is not None:
+                self.scheduler.close()
             self._stop_metrics()
 
     async def _run(
         self,
         compiled: CompiledRun,
-        base: ResidentBaseModel,
         started: float,
         on_progress: Callable[[list[TenantProgress]], None] | None,
         status: Callable[[str], None],
     ) -> RunSummary:
         sched = self.scheduler
         assert sched is not None
-        self._recover(sched)
         for w in compiled.workloads:
             if w.admission is not None and w.task_type is not None:
                 sched.set_policy(w.tenant_id, w.task_type, w.admission)
         for limit in compiled.global_limits:
             sched.set_global_limit(limit)
-        await self._start_services(base)
+        await self._start_services()
         assert self.training is not None and self.inference is not None
         tasks: list[asyncio.Task[Any]] = []
         try:
             status("starting tenants and environment sessions")
-            await self._add_tenants(compiled, base)
+            await self._add_tenants(compiled)
             ctx = WorkflowContext(
                 scheduler=sched,
                 queue=self.queue,
@@ -349,28 +305,15 @@ class EmbeddedRuntime:
                 domain=DOMAIN,
                 poll_s=self.config.poll_s,
             )
-            tasks.append(asyncio.create_task(actor_consumer(ctx), name="actor"))
-            tasks.append(asyncio.create_task(advantage_stage(ctx), name="advantages"))
-            if any(
-                w.config is not None and w.task is TaskKind.RL and w.config.algorithm.actor_forward
-                for w in compiled.workloads
-            ):
-                tasks.append(asyncio.create_task(actor_forward_stage(ctx), name="actor_forward"))
+            tasks.extend(start_stage_loops(ctx))
+            if any(uses_actor_forward(w) for w in compiled.workloads):
+                tasks.append(start_actor_forward(ctx))
             for w in compiled.workloads:
-                tenant = self.tenants[w.tenant_id]
-                if w.task is TaskKind.RL:
-                    self._producers[w.tenant_id] = asyncio.create_task(
-                        rl_producer(ctx, tenant), name=f"rl:{w.tenant_id}"
-                    )
-                elif w.task is TaskKind.SFT:
-                    self._producers[w.tenant_id] = asyncio.create_task(
-                        sft_producer(ctx, tenant, self._sources[w.tenant_id]),
-                        name=f"sft:{w.tenant_id}",
-                    )
+                task = start_producer(ctx, w, self._started[w.tenant_id])
+                if w.task is TaskKind.EVAL:
+                    self._evaluators[w.tenant_id] = task
                 else:
-                    self._evaluators[w.tenant_id] = asyncio.create_task(
-                        evaluator(ctx, tenant), name=f"eval:{w.tenant_id}"
-                    )
+                    self._producers[w.tenant_id] = task
             status("running")
             await self._wait(compiled, tasks, on_progress)
         finally:
@@ -389,30 +332,22 @@ class EmbeddedRuntime:
             await self._stop_services()
         return self._summary(compiled, time.monotonic() - started)
 
-    async def _start_services(self, base: ResidentBaseModel) -> None:
-        """Build and start the execution-plane services (a hook: the Ray runtime hosts
-        the same classes as actors instead)."""
-        self.env = EnvironmentService(
-            self.config.env, clock=self.clock, metrics=self.metrics_service, usage=self.usage
-        )
-        self.training = TrainingModelService(
-            base,
-            self.queue,
-            output_dir=self.run_dir / "outputs",
-            clock=self.clock,
-            metrics=self.metrics_service,
-            usage=self.usage,
-        )
-        self.inference = InferenceModelService(
-            base,
-            self.env,
-            self.queue,
-            max_batch_size=self.config.max_batch_size,
-            max_wait_s=self.config.max_wait_s,
-            clock=self.clock,
-            metrics=self.metrics_service,
-            usage=self.usage,
-        )
+    async def _before_plane(self, base: ResidentBaseModel) -> None:
+        """Prepare where the services will live (a hook: the Ray runtime connects to
+        the cluster and reserves the placement group)."""
+
+    def _adopt(self, plane: ExecutionPlane) -> None:
+        self.plane = plane
+        self.scheduler = plane.scheduler
+        self.queue = plane.queue
+        self.env = plane.env
+        self.training = plane.training
+        self.inference = plane.inference
+
+    async def _start_services(self) -> None:
+        """Start the plane's services (a hook: the managed runtime starts its engine
+        pool and health monitor instead)."""
+        assert self.inference is not None
         await self.inference.start()
 
     async def _stop_services(self) -> None:
@@ -420,66 +355,30 @@ class EmbeddedRuntime:
         await self.inference.stop()
         await self.env.aclose()
 
-    def _recover(self, sched: TrainingScheduler) -> None:
-        # Jobs another process left in flight lost their partitions with that process
-        # (the Training Queue lives in memory): fail them instead of waiting forever.
-        for job in sched.list_jobs():
-            if not job.is_terminal:
-                sched.fail(job.job_id, "runtime_restarted")
-
-    async def _add_tenants(self, compiled: CompiledRun, base: ResidentBaseModel) -> None:
+    async def _add_tenants(self, compiled: CompiledRun) -> None:
+        assert self.plane is not None
         assert self.training is not None and self.inference is not None and self.env is not None
         targets = compiled.eval_targets()
         for w in compiled.workloads:
-            out = w.spec.output_dir / w.tenant_id
-            metrics = MetricsLog(out / "metrics.jsonl", self.clock)
-            session_id: str | None = None
-            if w.spec.env is not None and w.task is not TaskKind.SFT:
-                session = await self.env.create_session(w.tenant_id, w.spec.env)
-                session_id = session.session_id
-            if w.config is None:
-                self.tenants[w.tenant_id] = WorkflowTenant(
-                    spec=w.spec,
-                    schema=w.schema,
-                    schema_signature=base.signature_for(w.schema),
-                    config=None,
-                    metrics=metrics,
-                    session_id=session_id,
-                    serve=False,
-                )
-                continue
-            config = w.config
-            if w.task is TaskKind.SFT:  # the dataset's normalization becomes the tenant's
-                source = await asyncio.to_thread(SFTSource.open, w.spec, w.schema)
-                self._sources[w.tenant_id] = source
-                config = with_normalization(config, source)
-            info = await self.training.add_tenant(config)
-            version = 0
-            with contextlib.suppress(NotFoundError):
-                version = await self.training.restore(w.tenant_id)
-                self._resumed[w.tenant_id] = version
-            payload = await self.training.export_params(w.tenant_id)
-            await self.inference.add_tenant(config, payload)
-            tenant = WorkflowTenant(
-                spec=w.spec,
-                schema=w.schema,
-                schema_signature=info.schema_signature,
-                config=config,
+            metrics = MetricsLog(w.spec.output_dir / w.tenant_id / "metrics.jsonl", self.clock)
+            session_id = await open_session(self.env, w)
+            started = await start_tenant(
+                w,
+                base=self.plane.base,
+                training=self.training,
+                inference=self.inference,
                 metrics=metrics,
                 session_id=session_id,
                 serve=w.task is TaskKind.RL or w.tenant_id in targets,
-                last_checkpoint_version=version,
+                heldout_samples=self.config.heldout_samples,
             )
-            self.tenants[w.tenant_id] = tenant
-            if w.tenant_id in self._resumed:
-                metrics.write("resumed", policy_version=version)
-            if w.task is TaskKind.SFT:
-                self._heldout_initial[w.tenant_id] = await heldout_action_error(
-                    self.inference,
-                    w.tenant_id,
-                    self._sources[w.tenant_id],
-                    max_samples=self.config.heldout_samples,
-                )
+            self._started[w.tenant_id] = started
+            self.tenants[w.tenant_id] = started.tenant
+            if started.source is not None:
+                self._sources[w.tenant_id] = started.source
+                self._heldout_initial[w.tenant_id] = started.heldout_initial
+            if started.resumed_from is not None:
+                self._resumed[w.tenant_id] = started.resumed_from
 
     async def _wait(
         self,

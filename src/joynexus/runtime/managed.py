@@ -9,14 +9,17 @@ HealthManager`:
 * ``inference/<id>``: restarted in place and re-synced to every tenant's latest
   published weights (the pool records them);
 * ``environment``: a crashed simulator session is closed and recreated with the same
-  spec; the rollout that was using it failed, and its producer reserves a new job;
+  spec; the rollout that was using it failed, and its producer reserves a new job. The
+  crash is reported the moment a call finds the worker dead, and the tenant's session is
+  taken out of use until it is recreated, so the producer backs off instead of reserving
+  jobs against the dead session (one failed job per crash);
 * ``training`` (and, in the Ray runtime, the Training Queue): shared state (optimizer
   state, partitions) cannot be rebuilt in place, so their failure escalates to a global
   restart at once: the run stops with :class:`ServiceUnavailableError`, and running it
   again on the same run directory resumes from the durable scheduler and checkpoints.
 
-Subclasses change where the services live by overriding the ``_make_*`` factories (the
-Ray runtime returns actor proxies).
+Subclasses change where the services live by overriding the plane's ``make_*``
+factories and ``_make_engine`` (the Ray runtime returns actor proxies).
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ from typing import Any, cast
 
 from joynexus.errors import ServiceUnavailableError
 from joynexus.models.backbone import ResidentBaseModel
+from joynexus.queues.training import TrainingQueue
 from joynexus.runtime.embedded import EmbeddedRuntime, RuntimeConfig
 from joynexus.runtime.health import HealthManager
+from joynexus.runtime.plane import PlaneSettings, new_inference
 from joynexus.runtime.scaling import AutoscalePolicy, Autoscaler, EngineHandle, EnginePool
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService
-from joynexus.services.training import TrainingModelService
+from joynexus.spec.workload import TaskKind
 from joynexus.utils.clock import Clock
 from joynexus.workflows.compile import CompiledRun
 
@@ -82,39 +87,30 @@ class ManagedRuntime(EmbeddedRuntime):
             on_engine_failure=self._on_engine_failure,
         )
         self.autoscaler = Autoscaler(self.pool, autoscale or AutoscalePolicy(), self.clock)
-        self._base: ResidentBaseModel | None = None
+        self._settings: PlaneSettings | None = None
         self._background: list[asyncio.Task[None]] = []
         self._escalation: asyncio.Event | None = None  # created inside the run's loop
+        # Tenants whose crashed session awaits recreation -> that session's id.
+        self._env_down: dict[str, str] = {}
+        self._env_reports: set[asyncio.Future[bool]] = set()
 
     # ------------------------------------------------------------------ factories
 
-    async def _make_env(self) -> Any:
-        return EnvironmentService(
-            self.config.env, clock=self.clock, metrics=self.metrics_service, usage=self.usage
-        )
-
-    async def _make_training(self, base: ResidentBaseModel) -> Any:
-        return TrainingModelService(
-            base,
-            self.queue,
-            output_dir=self.run_dir / "outputs",
-            clock=self.clock,
-            metrics=self.metrics_service,
-            usage=self.usage,
-        )
+    def make_inference(
+        self,
+        s: PlaneSettings,
+        base: ResidentBaseModel,
+        env: EnvironmentService,
+        queue: TrainingQueue,
+    ) -> InferenceModelService:
+        # The loops reach the engines through the pool (same interface), started with
+        # the other services.
+        self._settings = s
+        return cast(InferenceModelService, self.pool)
 
     async def _make_engine(self, slot: int) -> EngineHandle:
-        assert self._base is not None and self.env is not None
-        engine = InferenceModelService(
-            self._base,
-            self.env,
-            self.queue,
-            max_batch_size=self.config.max_batch_size,
-            max_wait_s=self.config.max_wait_s,
-            clock=self.clock,
-            metrics=self.metrics_service,
-            usage=self.usage,
-        )
+        assert self.plane is not None and self._settings is not None
+        engine = new_inference(self._settings, self.plane.base, self.plane.env, self.plane.queue)
         await engine.start()
 
         async def probe() -> None:
@@ -134,13 +130,11 @@ class ManagedRuntime(EmbeddedRuntime):
 
     # ------------------------------------------------------------------ services
 
-    async def _start_services(self, base: ResidentBaseModel) -> None:
-        self._base = base
+    async def _start_services(self) -> None:
         self._escalation = asyncio.Event()
-        self.env = cast(EnvironmentService, await self._make_env())
-        self.training = cast(TrainingModelService, await self._make_training(base))
+        if isinstance(self.env, EnvironmentService):  # in process (not an actor proxy)
+            self.env.on_crash = self._on_session_crash
         await self.pool.start(self.initial_engines)
-        self.inference = cast(InferenceModelService, self.pool)
         self._sync_health_roles()
         self.health.register(
             "environment", self._restart_env_sessions, probe=self._probe_env_sessions
@@ -193,27 +187,52 @@ class ManagedRuntime(EmbeddedRuntime):
         if role in self.health.roles():
             await self.health.report_error(role, error)
 
-    async def _probe_env_sessions(self) -> None:
+    def _take_out_of_use(self, tenant_id: str, session_id: str) -> bool:
+        """Mark ``tenant_id``'s crashed session for recreation; False if it is not the
+        tenant's current session (already being recreated, or never the tenant's)."""
+        tenant = self.tenants.get(tenant_id)
+        if tenant is None or tenant.session_id != session_id:
+            return False
+        self._env_down[tenant_id] = session_id
+        if tenant.spec.task is TaskKind.RL:
+            # The RL producer backs off while its session is None (no job reserved
+            # against a dead simulator). An evaluator keeps the id: its run fails anyway.
+            tenant.session_id = None
+        return True
+
+    def _on_session_crash(self, session_id: str, tenant_id: str, reason: str) -> None:
+        if not self._take_out_of_use(tenant_id, session_id):
+            return
+        report = asyncio.ensure_future(
+            self.health.report_error("environment", f"session {session_id}: {reason}")
+        )
+        self._env_reports.add(report)  # keep a reference until the restart is done
+        report.add_done_callback(self._env_reports.discard)
+
+    def _crashed_sessions(self) -> list[str]:
         assert self.env is not None
-        crashed = [
-            t.tenant_id
-            for t in self.tenants.values()
-            if t.session_id is not None and self.env.is_crashed(t.session_id)
-        ]
+        for t in self.tenants.values():
+            if t.session_id is not None and self.env.is_crashed(t.session_id):
+                self._take_out_of_use(t.tenant_id, t.session_id)
+        return sorted(self._env_down)
+
+    async def _probe_env_sessions(self) -> None:
+        crashed = self._crashed_sessions()
         if crashed:
             raise ServiceUnavailableError(f"simulator sessions of {crashed} crashed")
 
     async def _restart_env_sessions(self) -> None:
         """Recreate every crashed session with its tenant's spec (same tenant, new id)."""
         assert self.env is not None
-        for tenant in self.tenants.values():
-            sid = tenant.session_id
-            if sid is None or not self.env.is_crashed(sid) or tenant.spec.env is None:
-                continue
+        for tid in self._crashed_sessions():
+            tenant, sid = self.tenants[tid], self._env_down[tid]
+            assert tenant.spec.env is not None
             with contextlib.suppress(Exception):
-                await self.env.close(sid, tenant_id=tenant.tenant_id)
-            session = await self.env.create_session(tenant.tenant_id, tenant.spec.env)
+                await self.env.close(sid, tenant_id=tid)
+            # A failed create leaves the tenant marked: the next probe retries it.
+            session = await self.env.create_session(tid, tenant.spec.env)
             tenant.session_id = session.session_id
+            del self._env_down[tid]
             tenant.metrics.write("session_restarted", old=sid, new=session.session_id)
 
     async def _on_global_restart(self, reason: str) -> None:

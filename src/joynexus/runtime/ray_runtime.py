@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from joynexus.errors import ServiceUnavailableError
 from joynexus.models.backbone import ResidentBaseModel
@@ -36,6 +36,7 @@ from joynexus.queues.training import TrainingQueue
 from joynexus.runtime.embedded import RuntimeConfig
 from joynexus.runtime.managed import ManagedRuntime
 from joynexus.runtime.placement import Layout, Placement, build_placement
+from joynexus.runtime.plane import PlaneSettings
 from joynexus.runtime.ray_proxy import ActorProxy, await_ref
 from joynexus.runtime.scaling import AutoscalePolicy, EngineHandle
 from joynexus.services.environment import EnvironmentService
@@ -124,23 +125,26 @@ class RayRuntime(ManagedRuntime):
 
     # ------------------------------------------------------------------ lifecycle
 
-    async def _start_services(self, base: ResidentBaseModel) -> None:
+    async def _before_plane(self, base: ResidentBaseModel) -> None:
         import ray
 
         self._started_ray = connect(self.address, **self._ray_init) or self._started_ray
         self.placement = build_placement(
             self.layout, timeout_s=self._placement_timeout_s, name=f"joynexus-{id(self):x}"
         )
+        self._base_ref = ray.put(base)
+
+    def make_queue(self, s: PlaneSettings) -> TrainingQueue:
+        import ray
+
         self._queue_handle = (
             ray.remote(TrainingQueue)
             .options(num_cpus=0, max_concurrency=64)
             .remote(RayObjectStorePartitionStorage())
         )
-        self.queue = ActorProxy(self._queue_handle, TrainingQueue)  # type: ignore[assignment]  # same surface as TrainingQueue
-        self._base_ref = ray.put(base)
-        await super()._start_services(base)
+        return cast(TrainingQueue, ActorProxy(self._queue_handle, TrainingQueue))
 
-    async def _make_env(self) -> Any:
+    def make_env(self, s: PlaneSettings) -> EnvironmentService:
         import ray
 
         assert self.placement is not None
@@ -150,9 +154,11 @@ class RayRuntime(ManagedRuntime):
             .remote(self.config.env, clock=SystemClock())
         )
         self._env_proxy = ActorProxy(handle, EnvironmentService)
-        return self._env_proxy
+        return cast(EnvironmentService, self._env_proxy)
 
-    async def _make_training(self, base: ResidentBaseModel) -> Any:
+    def make_training(
+        self, s: PlaneSettings, base: ResidentBaseModel, queue: TrainingQueue
+    ) -> TrainingModelService:
         import ray
 
         assert self.placement is not None
@@ -161,13 +167,13 @@ class RayRuntime(ManagedRuntime):
             .options(max_concurrency=64, **self.placement.actor_options("actor"))
             .remote(
                 self._base_ref,
-                self.queue,
+                queue,
                 output_dir=self.run_dir / "outputs",
                 clock=SystemClock(),
             )
         )
         self._training_proxy = ActorProxy(handle, TrainingModelService)
-        return self._training_proxy
+        return cast(TrainingModelService, self._training_proxy)
 
     async def _make_engine(self, slot: int) -> EngineHandle:
         import ray

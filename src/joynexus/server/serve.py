@@ -1,8 +1,9 @@
 """A live server: the execution plane, the Master Service and the HTTP app around them.
 
-:func:`build_plane` loads the resident base model and builds the long-lived services
-(durable Training Scheduler in the run directory, Training Queue, Environment / Training
-/ Inference Model Services) exactly once; :func:`build_live_app` wraps them in a
+:func:`build_plane` (from :mod:`joynexus.runtime.plane`, the one builder the runtimes
+use too) loads the resident base model and builds the long-lived services (durable
+Training Scheduler in the run directory, Training Queue, Environment / Training /
+Inference Model Services) exactly once; :func:`build_live_app` wraps them in a
 :class:`~joynexus.control.master.MasterService` and the FastAPI app with the workload
 and model routers, starting the services and the Master's shared loops in the app's
 lifespan (inside the server's event loop) and stopping them at shutdown.
@@ -33,15 +34,10 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI
 
 from joynexus.control.master import MasterService
-from joynexus.control.scheduler import TrainingScheduler
 from joynexus.control.workloads import MasterLimits
 from joynexus.metrics.control import ControlSampler
-from joynexus.metrics.events import MetricsService
-from joynexus.metrics.prometheus import UsageCollector
-from joynexus.metrics.usage import USAGE_FILE, UsageMeter
-from joynexus.models.backbone import ResidentBaseModel
-from joynexus.queues.training import TrainingQueue
-from joynexus.runtime.embedded import RuntimeConfig, load_base_model
+from joynexus.metrics.usage import UsageMeter
+from joynexus.runtime.plane import ExecutionPlane, build_plane
 from joynexus.server.app import create_app
 from joynexus.server.auth import TenantStore
 from joynexus.server.config import ServerConfig
@@ -50,10 +46,6 @@ from joynexus.server.routes import dashboard, models, workloads
 from joynexus.server.routes import metrics as metrics_routes
 from joynexus.server.routes.metrics import MetricsAuth
 from joynexus.server.state import ServiceRegistry
-from joynexus.services.environment import EnvironmentService
-from joynexus.services.inference import InferenceModelService
-from joynexus.services.training import TrainingModelService
-from joynexus.spec.workload import BaseModelSpec
 from joynexus.utils.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
@@ -64,72 +56,6 @@ __all__ = ["ExecutionPlane", "LiveServer", "build_live_app", "build_plane", "ens
 MASTER = "master"
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ExecutionPlane:
-    """The long-lived services one server hosts every workload on."""
-
-    base: ResidentBaseModel
-    base_model_id: str
-    scheduler: TrainingScheduler
-    queue: TrainingQueue
-    env: EnvironmentService
-    training: TrainingModelService
-    inference: InferenceModelService
-    metrics: MetricsService | None = None
-    usage: UsageMeter | None = None
-
-
-def build_plane(
-    run_dir: Path,
-    base_model: BaseModelSpec,
-    *,
-    config: RuntimeConfig | None = None,
-    clock: Clock | None = None,
-) -> ExecutionPlane:
-    """Load the base model and build the services (not started yet).
-
-    Jobs a previous server process left in flight are failed ``runtime_restarted``:
-    their partitions lived in that process's memory. The services report to a new
-    Metrics Service and to a usage meter on ``<run_dir>/usage.json`` that resumes the
-    totals a previous process left there.
-    """
-    cfg = config or RuntimeConfig()
-    clk = clock or SystemClock()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    base = load_base_model(base_model, run_dir / "models")
-    scheduler = TrainingScheduler.open(
-        run_dir / "scheduler.sqlite",
-        clock=clk,
-        lease_ttl_s=cfg.lease_ttl_s,
-        producer_lease_ttl_s=cfg.producer_lease_ttl_s,
-    )
-    for job in scheduler.list_jobs():
-        if not job.is_terminal:
-            scheduler.fail(job.job_id, "runtime_restarted")
-    queue = TrainingQueue()
-    metrics = MetricsService()
-    usage = UsageMeter(run_dir / USAGE_FILE, clock=clk, resume=True)
-    assert metrics.prometheus is not None
-    metrics.prometheus.registry.register(UsageCollector(usage))
-    env = EnvironmentService(cfg.env, clock=clk, metrics=metrics, usage=usage)
-    training = TrainingModelService(
-        base, queue, output_dir=run_dir / "outputs", clock=clk, metrics=metrics, usage=usage
-    )
-    inference = InferenceModelService(
-        base,
-        env,
-        queue,
-        max_batch_size=cfg.max_batch_size,
-        max_wait_s=cfg.max_wait_s,
-        clock=clk,
-        metrics=metrics,
-        usage=usage,
-    )
-    return ExecutionPlane(
-        base, base_model.id, scheduler, queue, env, training, inference, metrics, usage
-    )
 
 
 @dataclass

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from joynexus.errors import (
     JoyNexusError,
     NotFoundError,
     PermissionDeniedError,
+    SimulatorCrashedError,
 )
 from joynexus.metrics.events import MetricsService
 from joynexus.metrics.hooks import Instruments
@@ -128,6 +130,10 @@ class EnvironmentService:
         metrics: Metrics Service for per-tenant step latency (None: none emitted).
         usage: Usage meter: each successful reset / step's seconds and sub-env steps go
             to the session's tenant.
+        on_crash: Told ``(session_id, tenant_id, reason)`` the moment a reset / step
+            finds the session's simulator dead, before the error reaches the caller (a
+            Health Manager takes the session out of use at once, so the caller's retry
+            does not hit the dead session again).
     """
 
     def __init__(
@@ -137,8 +143,10 @@ class EnvironmentService:
         clock: Clock | None = None,
         metrics: MetricsService | None = None,
         usage: UsageMeter | None = None,
+        on_crash: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.config = config or EnvironmentServiceConfig()
+        self.on_crash = on_crash
         self._instruments = Instruments(metrics, usage)
         self.clock: Clock = clock or SystemClock()
         self._sessions: dict[str, _Session] = {}
@@ -220,7 +228,7 @@ class EnvironmentService:
         async with session.lock:
             session.last_used = self.clock.now()
             start = time.perf_counter()
-            obs = await session.worker.call("reset", seed, timeout_s=self.config.step_timeout_s)
+            obs = await self._call(session, "reset", seed)
             self._instruments.env_call(session.tenant_id, 0, time.perf_counter() - start)
             session.rollout_id = rollout_id
             session.last_used = self.clock.now()
@@ -241,7 +249,7 @@ class EnvironmentService:
         async with session.lock:
             session.last_used = self.clock.now()
             start = time.perf_counter()
-            result = await session.worker.call("step", acts, timeout_s=self.config.step_timeout_s)
+            result = await self._call(session, "step", acts)
             self._instruments.env_call(
                 session.tenant_id, session.spec.num_envs, time.perf_counter() - start
             )
@@ -251,6 +259,14 @@ class EnvironmentService:
         _check_observation(result.observation, session.schema, session.spec.num_envs)
         result.info["rollout_id"] = session.rollout_id
         return result
+
+    async def _call(self, session: _Session, op: str, arg: Any) -> Any:
+        try:
+            return await session.worker.call(op, arg, timeout_s=self.config.step_timeout_s)
+        except SimulatorCrashedError as error:
+            if self.on_crash is not None:
+                self.on_crash(session.session_id, session.tenant_id, error.message)
+            raise
 
     async def batch_step(
         self, actions: dict[str, Any], *, tenant_id: str
@@ -316,4 +332,7 @@ class EnvironmentService:
     def is_crashed(self, session_id: str) -> bool:
         """Whether the session's simulator has died (its calls raise SimulatorCrashedError)."""
         session = self._sessions.get(session_id)
-        return session is not None and session.worker.dead_reason is not None
+        if session is None:
+            return False
+        # A killed worker is crashed before any call notices it.
+        return session.worker.dead_reason is not None or not session.worker.process.is_alive()

@@ -29,22 +29,29 @@ from joynexus.workflows.context import (
     reason_of,
 )
 
-__all__ = ["produce_rl", "rl_producer"]
+__all__ = ["SESSION_UNAVAILABLE", "produce_rl", "rl_producer"]
 
 log = logging.getLogger(__name__)
+
+# The tenant's simulator session is being recreated after a crash (Health Manager):
+# the producer backs off without reserving a job that could only fail.
+SESSION_UNAVAILABLE = "session_unavailable"
 
 
 async def produce_rl(ctx: WorkflowContext, tenant: WorkflowTenant) -> str | None:
     """One producer iteration (App. A.4 ``produce_rl``).
 
     Returns:
-        None when a job was produced, else the scheduler's refusal reason.
+        None when a job was produced, else the scheduler's refusal reason (or
+        :data:`SESSION_UNAVAILABLE` while the tenant's session is being recreated).
 
     Raises:
         Whatever the rollout raised, after cleaning up the partition and failing the job.
     """
     spec = tenant.spec
-    assert spec.env is not None and tenant.session_id is not None
+    assert spec.env is not None
+    if tenant.session_id is None:
+        return SESSION_UNAVAILABLE
     num_envs, horizon = spec.env.num_envs, spec.algorithm.horizon
     version = ctx.inference.current_policy_version(tenant.tenant_id)
     job = ctx.scheduler.reserve(
