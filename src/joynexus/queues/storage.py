@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -99,7 +99,8 @@ class PartitionStorage(Protocol):
 @dataclass(slots=True)
 class _FieldStore:
     spec: FieldSpec
-    chunks: list[Array | None] = field(default_factory=list)
+    # A chunk handle is the array itself in memory, an object ref in the Ray backend.
+    chunks: list[Any | None] = field(default_factory=list)
     chunk_live: list[int] = field(default_factory=list)
     chunk_bytes: list[int] = field(default_factory=list)
     seg: npt.NDArray[np.int32] = field(default_factory=lambda: np.full(0, -1, dtype=np.int32))
@@ -116,7 +117,7 @@ class _FieldStore:
         row[:old] = self.row
         self.seg, self.row = seg, row
 
-    def add_chunk(self, value: Array, indexes: IndexArray) -> int:
+    def add_chunk(self, handle: Any, size: int, indexes: IndexArray) -> None:
         """Point ``indexes`` at a new chunk; release chunks nobody points at any more."""
         previous = self.seg[indexes]
         previous = previous[previous >= 0]
@@ -129,14 +130,12 @@ class _FieldStore:
                     self.nbytes -= self.chunk_bytes[chunk_id]
                     self.chunk_bytes[chunk_id] = 0
         chunk_id = len(self.chunks)
-        size = nbytes(value)
-        self.chunks.append(value)
+        self.chunks.append(handle)
         self.chunk_live.append(int(indexes.shape[0]))
         self.chunk_bytes.append(size)
         self.nbytes += size
         self.seg[indexes] = chunk_id
         self.row[indexes] = np.arange(indexes.shape[0], dtype=np.int64)
-        return size
 
 
 @dataclass(slots=True)
@@ -160,7 +159,20 @@ class _PartitionStore:
 
 
 class InMemoryPartitionStorage:
-    """Keeps partitions in this process's memory (tensors stay on their device)."""
+    """Keeps partitions in this process's memory (tensors stay on their device).
+
+    Where a chunk's data lives is the only thing a backend changes: subclasses override
+    :meth:`_store_chunk` / :meth:`_load_chunks` (the Ray backend keeps object refs) and
+    inherit the indexing, release and accounting.
+    """
+
+    def _store_chunk(self, value: Array) -> Any:
+        """The handle kept for a written chunk (here: the array itself)."""
+        return value
+
+    def _load_chunks(self, handles: list[Any]) -> list[Array]:
+        """The arrays behind ``handles``."""
+        return handles
 
     def __init__(self) -> None:
         self._partitions: dict[str, _PartitionStore] = {}
@@ -225,7 +237,7 @@ class InMemoryPartitionStorage:
             store.grow(part.capacity)
             part.fields[name] = store
         before = store.nbytes
-        store.add_chunk(value, indexes)
+        store.add_chunk(self._store_chunk(value), nbytes(value), indexes)
         self._total_nbytes += store.nbytes - before
 
     def read(
@@ -244,7 +256,16 @@ class InMemoryPartitionStorage:
                     partition_id=partition_id,
                     field=name,
                 )
-            out[name] = gather(store.chunks, segs, store.row[indexes], store.spec)
+            # Resolve only the chunks these rows touch (one fetch for a remote backend);
+            # an empty read still needs one chunk as the dtype template.
+            needed = np.unique(segs).tolist() or [
+                next(i for i, c in enumerate(store.chunks) if c is not None)
+            ]
+            values = self._load_chunks([store.chunks[i] for i in needed])
+            resolved: list[Array | None] = [None] * len(store.chunks)
+            for i, value in zip(needed, values, strict=True):
+                resolved[i] = value
+            out[name] = gather(resolved, segs, store.row[indexes], store.spec)
         return out
 
     def ready(self, partition_id: str, fields: Sequence[str], start: int) -> BoolArray:
