@@ -56,3 +56,16 @@ def test_cli_writes_json_and_rejects_bad_lists(model_dir: Path, tmp_path: Path) 
     bad = CliRunner().invoke(app, ["bench", "group-batching", "--tenants", "two"])
     assert bad.exit_code == 2
     assert "--tenants" in bad.output
+
+
+def test_figure12_cli_writes_curves(tmp_path: Path) -> None:
+    out = tmp_path / "f12.png"
+    result = CliRunner().invoke(
+        app, ["bench", "figure12", "--out", str(out), "--steps", "3", "--head", "oft"]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.with_suffix(".json").read_text())
+    assert out.stat().st_size > 0
+    assert set(doc["curves"]) == {"libero-a", "libero-b", "calvin-a", "calvin-b"}
+    assert all(len(c["grouped"]) == 3 for c in doc["curves"].values())
+    assert doc["max_relative_loss_difference"] <= 1e-4

@@ -16,40 +16,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from joynexus.models.backbone import ResidentBaseModel
-from joynexus.models.batch import ObservationBatch
-from joynexus.models.grouped import GroupedExecutor
-from joynexus.models.heads import FlowMatchingHeadConfig, OFTHeadConfig
-from joynexus.models.schema import CALVIN, LIBERO, CameraSpec, DataSchema
-from joynexus.models.slots import OptimizerConfig, TenantSlot
+from joynexus.bench.figure12 import HEADS, TENANTS, run_figure12
 from tests.models.conftest import TinyBackbone
 
 STEPS = 50
 BATCH = 2
 REL_TOL = 1e-4
-
-LIBERO_SMALL = LIBERO.model_copy(
-    update={
-        "cameras": {
-            "image": CameraSpec(height=32, width=32),
-            "wrist_image": CameraSpec(height=32, width=32),
-        }
-    }
-)
-CALVIN_SMALL = CALVIN.model_copy(
-    update={
-        "cameras": {
-            "rgb_static": CameraSpec(height=40, width=40),
-            "rgb_gripper": CameraSpec(height=16, width=16),
-        }
-    }
-)
-TENANTS: list[tuple[str, DataSchema]] = [
-    ("libero-a", LIBERO_SMALL),
-    ("libero-b", LIBERO_SMALL),
-    ("calvin-a", CALVIN_SMALL),
-    ("calvin-b", CALVIN_SMALL),
-]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -61,51 +33,22 @@ def _one_thread() -> Iterator[None]:
     torch.set_num_threads(previous)
 
 
-def _executor(
-    base: ResidentBaseModel, head: OFTHeadConfig | FlowMatchingHeadConfig
-) -> GroupedExecutor:
-    return GroupedExecutor(
-        base,
-        [
-            TenantSlot(tid, schema, base, head, seed=i, optimizer=OptimizerConfig(lr=1e-3))
-            for i, (tid, schema) in enumerate(TENANTS)
-        ],
-    )
-
-
-def _batches(step: int) -> dict[str, ObservationBatch]:
-    return {
-        tid: ObservationBatch.synthetic(schema, BATCH, seed=1000 * i + step)
-        for i, (tid, schema) in enumerate(TENANTS)
-    }
-
-
-@pytest.mark.parametrize(
-    "head",
-    [
-        OFTHeadConfig(hidden_dim=64),
-        FlowMatchingHeadConfig(hidden_dim=32, num_layers=2, num_heads=4),
-    ],
-    ids=["oft", "flow_matching"],
-)
+@pytest.mark.parametrize("head_name", ["oft", "flow_matching"])
 def test_grouped_training_matches_serial_per_step(
-    head: OFTHeadConfig | FlowMatchingHeadConfig, tiny_backbone: TinyBackbone
+    head_name: str, tiny_backbone: TinyBackbone
 ) -> None:
     base = tiny_backbone("qwen2_5_vl")
+    head = HEADS[head_name]
     assert {s.name for _, s in TENANTS} == {"libero", "calvin"}
-    grouped, serial = _executor(base, head), _executor(base, head)
-    losses: dict[str, list[tuple[float, float]]] = {tid: [] for tid, _ in TENANTS}
     started = time.perf_counter()
-    for step in range(STEPS):
-        batches = _batches(step)
-        g = grouped.train_step(batches)
-        s = serial.serial_train_step(batches)
-        for tid in batches:
-            losses[tid].append((g[tid].loss, s[tid].loss))
-            assert g[tid].policy_version == s[tid].policy_version == step + 1
+    run = run_figure12(base, head, steps=STEPS, batch=BATCH)
     elapsed = time.perf_counter() - started
+    grouped, serial = run.grouped, run.serial
+    for tid, versions in run.versions.items():
+        assert versions == [(step + 1, step + 1) for step in range(STEPS)], tid
 
-    for tid, pairs in losses.items():
+    for tid, curves in run.losses.items():
+        pairs = list(zip(curves["grouped"], curves["serial"], strict=True))
         for step, (lg, ls) in enumerate(pairs):
             assert abs(lg - ls) <= REL_TOL * abs(ls), (
                 f"{head.type}/{tid} step {step}: grouped loss {lg} vs serial {ls}"
