@@ -23,6 +23,7 @@ from fastapi import FastAPI
 
 from joynexus.control.workloads import MasterLimits
 from joynexus.runtime.embedded import RuntimeConfig
+from joynexus.runtime.health import HealthManager
 from joynexus.server import ServerConfig, TenantQuotas, TenantStore
 from joynexus.server.serve import LiveServer, build_live_app, build_plane
 from joynexus.spec.workload import BaseModelSpec
@@ -67,6 +68,7 @@ def make_live(
     *,
     limits: MasterLimits | None = None,
     config: ServerConfig | None = None,
+    health: HealthManager | None = None,
 ) -> LiveServer:
     plane = build_plane(
         run_dir,
@@ -81,6 +83,7 @@ def make_live(
         config=config,
         limits=limits,
         poll_s=0.02,
+        health=health,
     )
 
 
@@ -92,8 +95,9 @@ async def live(
     tenants: Sequence[str] = ("alice", "bob"),
     quotas: dict[str, TenantQuotas] | None = None,
     limits: MasterLimits | None = None,
+    health: HealthManager | None = None,
 ) -> AsyncIterator[Live]:
-    srv = make_live(run_dir, model, limits=limits)
+    srv = make_live(run_dir, model, limits=limits, health=health)
     admin = srv.tenants.create_admin_key().api_key
     async with srv.app.router.lifespan_context(srv.app):
         transport = httpx.ASGITransport(app=srv.app)

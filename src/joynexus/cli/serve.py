@@ -45,7 +45,23 @@ def _fail(exc: Exception) -> typer.Exit:
 
 @app.command("serve")
 def serve(
-    runtime: Annotated[str, typer.Option(help="local (embedded services) or ray.")] = "local",
+    runtime: Annotated[
+        str, typer.Option(help="local (services in this process) or ray (services as actors).")
+    ] = "local",
+    address: Annotated[
+        str | None,
+        typer.Option(
+            help="--runtime ray: 'auto' or host:port attaches to a running cluster "
+            "(default: start a local one)."
+        ),
+    ] = None,
+    layout: Annotated[
+        str,
+        typer.Option(
+            help="--runtime ray: GPUs per role, actor-inference-environment "
+            "('2-2-4', '1-1-2', or a name: shared, isolated, cpu)."
+        ),
+    ] = "cpu",
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     run_dir: Annotated[
@@ -78,19 +94,17 @@ def serve(
         raise _fail(ValueError(f"--metrics-auth must be 'none' or 'admin', got {metrics_auth!r}"))
     if runtime == "ray":
         try:
-            from joynexus.runtime import ray_runtime
+            import ray  # noqa: F401
         except ImportError as exc:
-            raise _fail(RuntimeError(f"the Ray runtime is unavailable here: {exc}")) from exc
-        if not hasattr(ray_runtime, "build_serving_plane"):
             raise _fail(
-                RuntimeError(
-                    "the Ray runtime has no serving entry point yet "
-                    "(joynexus.runtime.ray_runtime.build_serving_plane); use --runtime local"
-                )
-            )
+                RuntimeError(f"--runtime ray needs the 'ray' extra (pip install ray): {exc}")
+            ) from exc
+    import asyncio
+
     import uvicorn
 
     from joynexus.control.workloads import MasterLimits
+    from joynexus.runtime.health import HealthManager
     from joynexus.server.auth import TenantStore
     from joynexus.server.serve import build_live_app, build_plane, ensure_admin_key
     from joynexus.spec.workload import BaseModelSpec
@@ -103,13 +117,29 @@ def serve(
     else:
         console.print(f"admin API key: [bold]{key_file}[/bold]")
     console.print(f"loading base model {base_model} ...")
-    plane = build_plane(run_dir, BaseModelSpec(id=base_model))
+    closer = None
+    if runtime == "ray":
+        from joynexus.runtime.ray_runtime import build_serving_plane
+
+        where = "a local Ray cluster" if address is None else f"Ray at {address}"
+        console.print(f"starting the services as actors on {where} (layout {layout}) ...")
+        plane, ray_rt = asyncio.run(
+            build_serving_plane(
+                run_dir, BaseModelSpec(id=base_model), address=address, layout=layout
+            )
+        )
+        closer = ray_rt.close
+    else:
+        plane = build_plane(run_dir, BaseModelSpec(id=base_model))
     roots = [*(dataset_root or []), run_dir / "datasets"]
     live = build_live_app(
         plane,
         store,
         output_root=run_dir / "outputs",
         limits=MasterLimits(dataset_roots=roots),
+        # Probes and crash reports only (no heartbeats): a crashed simulator session or a
+        # stopped inference worker is restarted in place.
+        health=HealthManager(heartbeat_timeout_s=None, check_interval_s=1.0),
         metrics_auth="admin" if metrics_auth == "admin" else "none",
     )
     base_url = f"http://{host}:{port}"
@@ -118,7 +148,11 @@ def serve(
         f"dashboard: [bold]{base_url}/dashboard[/bold] (sign in with an API key, or open "
         f"{base_url}/dashboard?key=<api key>); Prometheus metrics: {base_url}/metrics"
     )
-    uvicorn.run(live.app, host=host, port=port, log_level="info")
+    try:
+        uvicorn.run(live.app, host=host, port=port, log_level="info")
+    finally:
+        if closer is not None:
+            closer()
 
 
 @tenants_app.command("create")

@@ -547,6 +547,14 @@ class MasterService(ModelPrimitives):
 
     # --------------------------------------------------------------- reporting
 
+    def session_holders(self) -> list[WorkflowTenant]:
+        """The tenants of the live workloads (whose sessions the Health Manager watches)."""
+        return [
+            w.tenant
+            for w in self._workloads.values()
+            if w.tenant is not None and not w.state.is_terminal
+        ]
+
     def list_workloads(self, tenant_id: str) -> list[WorkloadStatus]:
         """The tenant's workloads, oldest first."""
         return [

@@ -25,7 +25,6 @@ factories and ``_make_engine`` (the Ray runtime returns actor proxies).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 from pathlib import Path
 from typing import Any, cast
@@ -37,9 +36,9 @@ from joynexus.runtime.embedded import EmbeddedRuntime, RuntimeConfig
 from joynexus.runtime.health import HealthManager
 from joynexus.runtime.plane import PlaneSettings, new_inference
 from joynexus.runtime.scaling import AutoscalePolicy, Autoscaler, EngineHandle, EnginePool
+from joynexus.runtime.sessions import SessionRecovery
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService
-from joynexus.spec.workload import TaskKind
 from joynexus.utils.clock import Clock
 from joynexus.workflows.compile import CompiledRun
 
@@ -90,9 +89,7 @@ class ManagedRuntime(EmbeddedRuntime):
         self._settings: PlaneSettings | None = None
         self._background: list[asyncio.Task[None]] = []
         self._escalation: asyncio.Event | None = None  # created inside the run's loop
-        # Tenants whose crashed session awaits recreation -> that session's id.
-        self._env_down: dict[str, str] = {}
-        self._env_reports: set[asyncio.Future[bool]] = set()
+        self.sessions: SessionRecovery | None = None  # the environment role, once started
 
     # ------------------------------------------------------------------ factories
 
@@ -132,13 +129,11 @@ class ManagedRuntime(EmbeddedRuntime):
 
     async def _start_services(self) -> None:
         self._escalation = asyncio.Event()
-        if isinstance(self.env, EnvironmentService):  # in process (not an actor proxy)
-            self.env.on_crash = self._on_session_crash
         await self.pool.start(self.initial_engines)
         self._sync_health_roles()
-        self.health.register(
-            "environment", self._restart_env_sessions, probe=self._probe_env_sessions
-        )
+        assert self.env is not None
+        self.sessions = SessionRecovery(self.env, lambda: self.tenants.values(), self.health)
+        self.sessions.register()
         self.health.register(
             "training", self._fail_training, probe=self._probe_training, shared=True
         )
@@ -186,54 +181,6 @@ class ManagedRuntime(EmbeddedRuntime):
         role = f"inference/{engine_id}"
         if role in self.health.roles():
             await self.health.report_error(role, error)
-
-    def _take_out_of_use(self, tenant_id: str, session_id: str) -> bool:
-        """Mark ``tenant_id``'s crashed session for recreation; False if it is not the
-        tenant's current session (already being recreated, or never the tenant's)."""
-        tenant = self.tenants.get(tenant_id)
-        if tenant is None or tenant.session_id != session_id:
-            return False
-        self._env_down[tenant_id] = session_id
-        if tenant.spec.task is TaskKind.RL:
-            # The RL producer backs off while its session is None (no job reserved
-            # against a dead simulator). An evaluator keeps the id: its run fails anyway.
-            tenant.session_id = None
-        return True
-
-    def _on_session_crash(self, session_id: str, tenant_id: str, reason: str) -> None:
-        if not self._take_out_of_use(tenant_id, session_id):
-            return
-        report = asyncio.ensure_future(
-            self.health.report_error("environment", f"session {session_id}: {reason}")
-        )
-        self._env_reports.add(report)  # keep a reference until the restart is done
-        report.add_done_callback(self._env_reports.discard)
-
-    def _crashed_sessions(self) -> list[str]:
-        assert self.env is not None
-        for t in self.tenants.values():
-            if t.session_id is not None and self.env.is_crashed(t.session_id):
-                self._take_out_of_use(t.tenant_id, t.session_id)
-        return sorted(self._env_down)
-
-    async def _probe_env_sessions(self) -> None:
-        crashed = self._crashed_sessions()
-        if crashed:
-            raise ServiceUnavailableError(f"simulator sessions of {crashed} crashed")
-
-    async def _restart_env_sessions(self) -> None:
-        """Recreate every crashed session with its tenant's spec (same tenant, new id)."""
-        assert self.env is not None
-        for tid in self._crashed_sessions():
-            tenant, sid = self.tenants[tid], self._env_down[tid]
-            assert tenant.spec.env is not None
-            with contextlib.suppress(Exception):
-                await self.env.close(sid, tenant_id=tid)
-            # A failed create leaves the tenant marked: the next probe retries it.
-            session = await self.env.create_session(tid, tenant.spec.env)
-            tenant.session_id = session.session_id
-            del self._env_down[tid]
-            tenant.metrics.write("session_restarted", old=sid, new=session.session_id)
 
     async def _on_global_restart(self, reason: str) -> None:
         if self._escalation is not None:

@@ -19,6 +19,10 @@ workflow loops run unchanged. What stays in the driver (first cut): the Training
 Scheduler (SQLite; its producer / consumer leases are heartbeated by the proxies while a
 remote rollout or training job runs) and the workflow loops themselves.
 
+:func:`build_serving_plane` builds a live server's plane (``joynexus serve --runtime
+ray``) with :class:`RayServingRuntime`: the same actors, one rollout engine actor, and
+the Master Service and HTTP server in the driver.
+
 Every actor receives the resident base model by reference (``ray.put`` once) and holds
 its own copy in its process, as a resident service would.
 """
@@ -36,15 +40,16 @@ from joynexus.queues.training import TrainingQueue
 from joynexus.runtime.embedded import RuntimeConfig
 from joynexus.runtime.managed import ManagedRuntime
 from joynexus.runtime.placement import Layout, Placement, build_placement
-from joynexus.runtime.plane import PlaneSettings
+from joynexus.runtime.plane import ExecutionPlane, PlaneSettings, build_plane, load_base_model
 from joynexus.runtime.ray_proxy import ActorProxy, await_ref
 from joynexus.runtime.scaling import AutoscalePolicy, EngineHandle
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService
 from joynexus.services.training import TrainingModelService
+from joynexus.spec.workload import BaseModelSpec
 from joynexus.utils.clock import SystemClock
 
-__all__ = ["RayRuntime", "connect"]
+__all__ = ["RayRuntime", "RayServingRuntime", "build_serving_plane", "connect"]
 
 
 def connect(address: str | None = None, **init_kwargs: Any) -> bool:
@@ -247,3 +252,86 @@ class RayRuntime(ManagedRuntime):
         if self._started_ray:
             ray.shutdown()
             self._started_ray = False
+
+
+class RayServingRuntime(RayRuntime):
+    """The Ray factory of ``joynexus serve --runtime ray``.
+
+    Same actors as :class:`RayRuntime`, except inference: one rollout engine actor
+    (its proxy, not the engine pool) that the server's lifespan starts and stops. The
+    Master Service, the Training Scheduler and the HTTP server stay in the driver
+    process.
+    """
+
+    _inference_handle: Any = None
+
+    def make_inference(
+        self,
+        s: PlaneSettings,
+        base: ResidentBaseModel,
+        env: EnvironmentService,
+        queue: TrainingQueue,
+    ) -> InferenceModelService:
+        import ray
+
+        assert self.placement is not None
+        handle = (
+            ray.remote(InferenceModelService)
+            .options(max_concurrency=256, **self.placement.actor_options("inference"))
+            .remote(
+                self._base_ref,
+                env,
+                queue,
+                max_batch_size=self.config.max_batch_size,
+                max_wait_s=self.config.max_wait_s,
+                clock=SystemClock(),
+            )
+        )
+        self._inference_handle = handle
+        return cast(InferenceModelService, ActorProxy(handle, InferenceModelService))
+
+    def close(self) -> None:
+        import ray
+
+        if self._inference_handle is not None and ray.is_initialized():
+            ray.kill(self._inference_handle)
+        self._inference_handle = None
+        super().close()
+
+
+async def build_serving_plane(
+    run_dir: Path,
+    base_model: BaseModelSpec,
+    *,
+    address: str | None = None,
+    layout: str | Layout = "cpu",
+    config: RuntimeConfig | None = None,
+    ray_init: dict[str, Any] | None = None,
+) -> tuple[ExecutionPlane, RayServingRuntime]:
+    """The execution plane of a live server with the services as Ray actors.
+
+    Attaches to Ray (``address="auto"`` / ``"host:port"``) or starts a local one
+    (``None``), reserves ``layout``'s placement group and builds the plane with
+    :class:`RayServingRuntime` as its factory (services not started: the server's
+    lifespan starts them).
+
+    Returns:
+        The plane and the runtime; call ``runtime.close()`` after the server stopped
+        (kills the actors, releases the placement group, stops a Ray started here).
+    """
+    import asyncio
+
+    rt = RayServingRuntime(
+        run_dir, address=address, layout=layout, config=config, ray_init=ray_init
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    base = await asyncio.to_thread(load_base_model, base_model, run_dir / "models")
+    try:
+        await rt._before_plane(base)
+        plane = build_plane(
+            run_dir, base_model, config=rt.config, clock=rt.clock, base=base, factory=rt
+        )
+    except BaseException:
+        rt.close()
+        raise
+    return plane, rt

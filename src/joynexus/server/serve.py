@@ -15,6 +15,11 @@ by a restarted server), both handed to the services. The live app adds a
 :class:`~joynexus.metrics.control.ControlSampler` and the dashboard's
 :class:`~joynexus.server.dashboard.DashboardFeed`, sampled by one lifespan task.
 
+Health: given a :class:`~joynexus.runtime.health.HealthManager`, the server registers
+its ``environment`` role (crashed sessions recreated for the workload that owns them)
+and, for in-process inference, its ``inference`` role (:func:`watch_serving_roles`),
+and runs the manager as a lifespan task; the dashboard shows its roles and events.
+
 Unlike :mod:`joynexus.server.app`, this module imports torch: it is what
 ``joynexus serve`` and the end-to-end tests run.
 """
@@ -35,6 +40,7 @@ from fastapi import FastAPI
 
 from joynexus.control.master import MasterService
 from joynexus.control.workloads import MasterLimits
+from joynexus.errors import ServiceUnavailableError
 from joynexus.metrics.control import ControlSampler
 from joynexus.metrics.usage import UsageMeter
 from joynexus.runtime.plane import ExecutionPlane, build_plane
@@ -46,14 +52,24 @@ from joynexus.server.routes import dashboard, models, workloads
 from joynexus.server.routes import metrics as metrics_routes
 from joynexus.server.routes.metrics import MetricsAuth
 from joynexus.server.state import ServiceRegistry
+from joynexus.services.inference import InferenceModelService
 from joynexus.utils.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
     from joynexus.runtime.health import HealthManager
+    from joynexus.runtime.sessions import SessionRecovery
 
-__all__ = ["ExecutionPlane", "LiveServer", "build_live_app", "build_plane", "ensure_admin_key"]
+__all__ = [
+    "ExecutionPlane",
+    "LiveServer",
+    "build_live_app",
+    "build_plane",
+    "ensure_admin_key",
+    "watch_serving_roles",
+]
 
 MASTER = "master"
+INFERENCE_ROLE = "inference"
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +120,9 @@ def build_live_app(
     """The HTTP app over ``plane`` with a Master Service; lifespan starts and stops both.
 
     Args:
-        health: A Health Manager whose roles and events the dashboard shows (admins).
+        health: A Health Manager: the server registers its restartable roles with it
+            (:func:`watch_serving_roles`), runs it in the lifespan, and the dashboard
+            shows its roles and events (admins).
         metrics_auth: ``"none"``: ``/metrics`` answers without a key (scrapers);
             ``"admin"``: it needs an admin key.
         sample_interval_s: Period of the control-signal and usage sampling.
@@ -142,6 +160,7 @@ def build_live_app(
         extras[metrics_routes.USAGE] = plane.usage
     if health is not None:
         extras[dashboard.HEALTH] = health
+        watch_serving_roles(health, plane, master)
     services = ServiceRegistry(
         tenants=tenants,
         scheduler=plane.scheduler,
@@ -163,16 +182,20 @@ def build_live_app(
             plane.metrics.start()
         await plane.inference.start()
         await master.start()
-        monitor = asyncio.create_task(
-            _sample(sampler, feed, plane.usage, clk, sample_interval_s), name="serve:monitor"
-        )
+        background = [
+            asyncio.create_task(
+                _sample(sampler, feed, plane.usage, clk, sample_interval_s), name="serve:monitor"
+            )
+        ]
+        if health is not None:
+            background.append(asyncio.create_task(health.run(), name="serve:health"))
         try:
             async with inner(a):
                 yield
         finally:
-            monitor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await monitor
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             await master.aclose()
             await plane.inference.stop()
             await plane.env.aclose()
@@ -184,6 +207,36 @@ def build_live_app(
 
     app.router.lifespan_context = lifespan
     return LiveServer(app, master, plane, tenants, feed, sampler)
+
+
+def watch_serving_roles(
+    health: HealthManager, plane: ExecutionPlane, master: MasterService
+) -> SessionRecovery:
+    """Register the live server's restartable roles with ``health``.
+
+    * ``environment``: a crashed session of a live workload is closed and recreated
+      with the same spec, and its tenant's session id swapped
+      (:class:`~joynexus.runtime.sessions.SessionRecovery`);
+    * ``inference`` (in-process service only; a Ray actor's engine is not watched
+      here): the Inference Queue worker must be running; a restart stops and starts it
+      again (tenant slots and published weights live in the service and survive).
+    """
+    from joynexus.runtime.sessions import SessionRecovery
+
+    sessions = SessionRecovery(plane.env, master.session_holders, health)
+    sessions.register()
+
+    async def probe_inference() -> None:
+        if not plane.inference.inference_queue.running:
+            raise ServiceUnavailableError("the inference queue worker stopped unexpectedly")
+
+    async def restart_inference() -> None:
+        await plane.inference.stop()
+        await plane.inference.start()
+
+    if isinstance(plane.inference, InferenceModelService):  # in process (not a Ray actor)
+        health.register(INFERENCE_ROLE, restart_inference, probe=probe_inference)
+    return sessions
 
 
 def ensure_admin_key(store: TenantStore, path: Path) -> bool:
