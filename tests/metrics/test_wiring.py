@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from joynexus.control.job import JobState, JobTimestamps, TaskType, TrainingJob
 from joynexus.envs.base import EnvSpec
@@ -37,20 +34,6 @@ SCHEMA = DataSchema(
     instruction="do the fake thing",
 )
 OFT = OFTHeadConfig(hidden_dim=32, num_blocks=1)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture
-def base(tiny_backbone: Any) -> ResidentBaseModel:
-    backbone: ResidentBaseModel = tiny_backbone("qwen2_5_vl")
-    return backbone
 
 
 def config(tid: str, out: Path = Path(".")) -> TenantConfig:

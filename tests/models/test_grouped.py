@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,14 +36,6 @@ def _small(schema: DataSchema, side: int = 24) -> DataSchema:
 
 
 LIB, CAL, PT = _small(LIBERO), _small(CALVIN), _small(PUSHT)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture

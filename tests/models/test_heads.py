@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -25,15 +24,6 @@ from joynexus.models.schema import LIBERO
 from joynexus.models.types import BackboneOutput
 
 D, S, A, CHUNK = 16, 5, 3, 4
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Tiny matmuls on a shared 2-core box: extra intra-op threads only spin and contend.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def _features(b: int = 3, length: int = 7, seed: int = 0) -> BackboneOutput:

@@ -11,7 +11,6 @@ parameters and versions must match too.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -22,15 +21,6 @@ from tests.models.conftest import TinyBackbone
 STEPS = 50
 BATCH = 2
 REL_TOL = 1e-4
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    # Tiny matmuls on a shared 2-core box: extra intra-op threads only spin and contend.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.mark.parametrize("head_name", ["oft", "flow_matching"])

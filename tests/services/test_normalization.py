@@ -55,12 +55,6 @@ def config(tid: str, normalization: NormalizationStats | None = STATS) -> Tenant
     )
 
 
-@pytest.fixture
-def base(tiny_backbone: Any) -> ResidentBaseModel:
-    backbone: ResidentBaseModel = tiny_backbone("qwen2_5_vl")
-    return backbone
-
-
 def test_predict_normalizes_state_in_and_unnormalizes_actions_out(base: ResidentBaseModel) -> None:
     obs = ObservationBatch.synthetic(SCHEMA, 3, seed=1)
     obs = ObservationBatch(cameras=obs.cameras, state=obs.state, instructions=obs.instructions)

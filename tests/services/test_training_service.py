@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,20 +35,6 @@ SCHEMA = DataSchema(
 OTHER = SCHEMA.model_copy(update={"action_dim": 3})
 OFT = OFTHeadConfig(hidden_dim=32, num_blocks=1)
 FM = FlowMatchingHeadConfig(hidden_dim=32, num_layers=1, num_heads=2, num_inference_steps=2)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-@pytest.fixture
-def base(tiny_backbone: Any) -> ResidentBaseModel:
-    backbone: ResidentBaseModel = tiny_backbone("qwen2_5_vl")
-    return backbone
 
 
 def config(
