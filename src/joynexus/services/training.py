@@ -25,24 +25,21 @@ step and version are its own.
 from __future__ import annotations
 
 import asyncio
-import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from joynexus.control.job import TaskType, TrainingJob
+from joynexus.control.job import TrainingJob
 from joynexus.errors import (
     ConflictError,
     InvalidRequestError,
     NotFoundError,
-    PermissionDeniedError,
-    SchemaMismatchError,
 )
 from joynexus.metrics.events import MetricsService
 from joynexus.metrics.hooks import Instruments
@@ -53,8 +50,14 @@ from joynexus.models.grouped import GroupedExecutor
 from joynexus.models.payload import TenantPayload, export_params, load_slot, save_slot
 from joynexus.models.slots import StepResult, TenantSlot
 from joynexus.models.types import BackboneOutput
-from joynexus.queues.meta import BatchMeta
 from joynexus.queues.training import TrainingQueue
+from joynexus.services.job_plan import (
+    JobPlan,
+    Microbatch,
+    check_annotations,
+    plan_job,
+    read_microbatch,
+)
 from joynexus.services.rl_loss import gaussian_head, policy_loss
 from joynexus.services.samples import as_numpy, float_tensor, observation_batch, observation_fields
 from joynexus.services.tenancy import TenantConfig, TenantInfo, backbone_lock, build_slot
@@ -62,7 +65,6 @@ from joynexus.utils.clock import Clock, SystemClock
 
 __all__ = ["TrainBatch", "TrainJobResult", "TrainingModelService"]
 
-TRAIN_TASK = "train"
 ACTOR_FORWARD_TASK = "actor_forward"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -106,49 +108,6 @@ class TrainBatch:
     old_log_probs: np.ndarray | None = None
     returns: np.ndarray | None = None
     action_is_pad: np.ndarray | None = None
-
-
-@dataclass
-class _Plan:
-    """Global batch plan of one job."""
-
-    job: TrainingJob
-    config: TenantConfig
-    slot: TenantSlot
-    loss: Literal["sft", "ppo", "grpo", "reinforce"]
-    fields: list[str]
-    microbatch_size: int
-    per_epoch: int
-    epochs: int
-    losses: list[float] = field(default_factory=list)
-    stats: dict[str, list[float]] = field(default_factory=dict)
-    samples: int = 0
-    error: Exception | None = None
-
-    @property
-    def num_microbatches(self) -> int:
-        return self.per_epoch * self.epochs
-
-    def size_of(self, k: int) -> int:
-        i = k % self.per_epoch
-        return min(self.microbatch_size, self.job.sample_count - i * self.microbatch_size)
-
-
-@dataclass
-class _Item:
-    """One tenant's microbatch in a (possibly grouped) step."""
-
-    plan_loss: Literal["sft", "ppo", "grpo", "reinforce"]
-    config: TenantConfig
-    slot: TenantSlot
-    batch: ObservationBatch
-    data: Mapping[str, Any]
-
-
-def _job_seed(seed: int, version: int) -> int:
-    # Stochastic losses draw from the slot's generator; reseeding it from (seed, version)
-    # at every job makes a resumed run draw exactly what an uninterrupted one would.
-    return (seed * 1_000_003 + version * 7_919 + 1) % (2**63 - 1)
 
 
 class TrainingModelService:
@@ -325,7 +284,7 @@ class TrainingModelService:
         *,
         isolate: bool,
     ) -> list[TrainJobResult | Exception]:
-        plans: list[_Plan | Exception] = []
+        plans: list[JobPlan | Exception] = []
         for job in jobs:
             try:
                 plans.append(await self._plan(job))
@@ -333,7 +292,7 @@ class TrainingModelService:
                 if not isolate:
                     raise
                 plans.append(error)
-        waves: list[list[_Plan]] = []
+        waves: list[list[JobPlan]] = []
         for plan in plans:
             if isinstance(plan, Exception):
                 continue
@@ -353,7 +312,7 @@ class TrainingModelService:
                 out.append(plan.error if plan.error is not None else self._result(plan))
         return out
 
-    async def _plan(self, job: TrainingJob) -> _Plan:
+    async def _plan(self, job: TrainingJob) -> JobPlan:
         config = self._configs.get(job.tenant_id)
         if config is None:
             raise NotFoundError(
@@ -362,112 +321,23 @@ class TrainingModelService:
                 job_id=job.job_id,
                 tenant_id=job.tenant_id,
             )
-        slot = self._executor.slot(job.tenant_id)
-        if job.schema_signature is not None and job.schema_signature != slot.schema_signature:
-            raise SchemaMismatchError(
-                f"job {job.job_id!r} declares schema signature {job.schema_signature!r}; "
-                f"tenant {job.tenant_id!r} trains {slot.schema_signature!r}",
-                job_id=job.job_id,
-                field="schema_signature",
-            )
-        if job.sample_count <= 0:
-            raise InvalidRequestError(
-                f"job {job.job_id!r}: sample_count must be positive, got {job.sample_count}",
-                job_id=job.job_id,
-            )
-        algo = config.algorithm
-        fields = [*observation_fields(slot.schema), "actions"]
-        available = set((await asyncio.to_thread(self.queue.info, job.partition_id)).fields)
-        loss: Literal["sft", "ppo", "grpo", "reinforce"]
-        if job.task_type == TaskType.SFT:
-            loss = "sft"
-            if "action_is_pad" in available:
-                fields.append("action_is_pad")
-        else:
-            if algo.name == "sft":
-                raise InvalidRequestError(
-                    f"job {job.job_id!r} is an RL job but tenant {job.tenant_id!r} is "
-                    "configured with algorithm 'sft'; use ppo, grpo or reinforce",
-                    job_id=job.job_id,
-                )
-            loss = algo.name
-            gaussian_head(slot)
-            fields.append("advantages")
-            if loss != "reinforce":
-                fields.append("actor_log_probs" if "actor_log_probs" in available else "log_probs")
-            if loss == "ppo" and slot.value_head is not None:
-                fields.append("returns")
-        await asyncio.to_thread(self.queue.reset_consumption, job.partition_id, TRAIN_TASK)
-        slot.generator.manual_seed(_job_seed(config.seed, slot.policy_version))
-        mb = algo.microbatch_size
-        return _Plan(
-            job=job,
-            config=config,
-            slot=slot,
-            loss=loss,
-            fields=fields,
-            microbatch_size=mb,
-            per_epoch=math.ceil(job.sample_count / mb),
-            epochs=algo.epochs,
-        )
-
-    async def _read(self, plan: _Plan, k: int) -> _Item:
-        job = plan.job
-        if k > 0 and k % plan.per_epoch == 0:
-            await asyncio.to_thread(self.queue.reset_consumption, job.partition_id, TRAIN_TASK)
-        size = plan.size_of(k)
-        meta = await self.queue.async_get_meta(job.partition_id, plan.fields, size, TRAIN_TASK)
-        if meta.size != size:
-            raise ConflictError(
-                f"job {job.job_id!r}: partition {job.partition_id!r} has fewer ready samples "
-                f"than its sample_count {job.sample_count} (microbatch {k} expected {size}, "
-                f"got {meta.size} with fields {plan.fields})",
-                job_id=job.job_id,
-                partition_id=job.partition_id,
-            )
-        self._validate(plan, meta)
-        data = await self.queue.async_get_data(meta)
-        batch = observation_batch(plan.slot.schema, data, with_actions=True)
-        # Before the shared forward, so a bad batch fails its own job, not the group.
-        batch.validate(plan.slot.schema)
-        return _Item(plan.loss, plan.config, plan.slot, batch, data)
-
-    def _validate(self, plan: _Plan, meta: BatchMeta) -> None:
-        job, sig = plan.job, plan.slot.schema_signature
-        for index, sm in zip(meta.indexes, meta.sample_meta, strict=True):
-            if sm.tenant_id != job.tenant_id:
-                raise PermissionDeniedError(
-                    f"job {job.job_id!r}: sample {index} of partition {job.partition_id!r} "
-                    f"belongs to tenant {sm.tenant_id!r}, not the job's tenant "
-                    f"{job.tenant_id!r}",
-                    job_id=job.job_id,
-                    sample=index,
-                )
-            if sm.schema_signature != sig:
-                raise SchemaMismatchError(
-                    f"job {job.job_id!r}: sample {index} of partition {job.partition_id!r} "
-                    f"has schema signature {sm.schema_signature!r}; tenant "
-                    f"{job.tenant_id!r} trains {sig!r}",
-                    job_id=job.job_id,
-                    sample=index,
-                    field="schema_signature",
-                )
+        return await plan_job(job, config, self._executor.slot(job.tenant_id), self.queue)
 
     async def _run_wave(
         self,
-        wave: list[_Plan],
+        wave: list[JobPlan],
         heartbeat: Callable[[], None] | None,
         heartbeats: Mapping[str, Callable[[], None]],
         isolate: bool = False,
     ) -> None:
         for k in range(max(p.num_microbatches for p in wave)):
-            active: list[_Plan] = []
-            items: list[_Item] = []
+            active: list[JobPlan] = []
+            items: list[Microbatch] = []
             for plan in wave:
                 if k >= plan.num_microbatches or plan.error is not None:
                     continue
                 try:
-                    items.append(await self._read(plan, k))
+                    items.append(await read_microbatch(self.queue, plan, k))
                 except Exception as error:
                     if not isolate:
                         raise
@@ -495,7 +365,7 @@ class TrainingModelService:
                     beat()
 
     def _grouped_step(
-        self, items: list[_Item], isolate: bool = False
+        self, items: list[Microbatch], isolate: bool = False
     ) -> list[tuple[StepResult, dict[str, float]] | Exception]:
         with self._lock:
             start = time.perf_counter()
@@ -533,7 +403,7 @@ class TrainingModelService:
             torch.cuda.synchronize(self.base.device)
 
     def _step_one(
-        self, item: _Item, features: BackboneOutput
+        self, item: Microbatch, features: BackboneOutput
     ) -> tuple[StepResult, dict[str, float]]:
         device = self.base.device
         slot, data, batch = item.slot, item.data, item.batch
@@ -560,7 +430,7 @@ class TrainingModelService:
         )
         return slot.apply_loss(loss), stats
 
-    def _result(self, plan: _Plan) -> TrainJobResult:
+    def _result(self, plan: JobPlan) -> TrainJobResult:
         metrics = {"loss": float(np.mean(plan.losses))} if plan.losses else {}
         metrics.update({k: float(np.mean(v)) for k, v in plan.stats.items()})
         return TrainJobResult(
@@ -604,7 +474,7 @@ class TrainingModelService:
                 data["log_probs"] = batch.old_log_probs
             if batch.returns is not None:
                 data["returns"] = batch.returns
-        item = _Item(batch.loss, config, slot, obs, data)
+        item = Microbatch(batch.loss, config, slot, obs, data)
         outcomes = await asyncio.to_thread(self._grouped_step, [item])
         outcome = outcomes[0]
         if isinstance(outcome, Exception):  # never: not isolating, errors propagate
@@ -636,7 +506,7 @@ class TrainingModelService:
                     f"fewer than its sample_count {job.sample_count}",
                     job_id=job.job_id,
                 )
-            self._validate(plan, meta)
+            check_annotations(plan, meta)
             data = await self.queue.async_get_data(meta)
             batch = observation_batch(plan.slot.schema, data, with_actions=True)
             log_probs, values = await asyncio.to_thread(self._evaluate_actions, plan.slot, batch)
