@@ -9,14 +9,17 @@ the real :class:`~joynexus.services.training.TrainingModelService` and
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from joynexus.control.admission import REFUSED_COMPLETION_TARGET
 from joynexus.control.job import TaskType, TrainingJob
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.models.schema import DataSchema
@@ -193,3 +196,35 @@ def reason_of(error: BaseException) -> str:
     code = getattr(error, "code", None) or type(error).__name__
     text = str(error).splitlines()[0] if str(error) else ""
     return f"{code}: {text}"[:500]
+
+
+log = logging.getLogger(__name__)
+
+
+async def produce_until_target(
+    ctx: WorkflowContext,
+    tenant: WorkflowTenant,
+    produce_once: Callable[[], Awaitable[str | None]],
+    what: str,
+) -> None:
+    """Run a producer iteration after another until the completion target refuses it.
+
+    ``produce_once`` returns ``None`` after producing a job, or the refusal reason. A
+    refusal backs off for ``ctx.poll_s`` on the injected clock (capacity frees only when
+    one of the tenant's jobs ends), never busy-looping; a failed iteration is recorded
+    on the tenant and the loop goes on (one bad rollout or batch must not stop it).
+    """
+    while True:
+        try:
+            refusal = await produce_once()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            log.warning("%s producer %s: %s", what, tenant.tenant_id, error)
+            tenant.errors.append(reason_of(error))
+            await ctx.clock.sleep(ctx.poll_s)
+            continue
+        if refusal == REFUSED_COMPLETION_TARGET:
+            return
+        if refusal is not None:
+            await ctx.clock.sleep(ctx.poll_s)

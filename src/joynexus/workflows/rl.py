@@ -16,7 +16,6 @@ import logging
 
 import numpy as np
 
-from joynexus.control.admission import REFUSED_COMPLETION_TARGET
 from joynexus.control.job import JobState, TaskType
 from joynexus.services.inference import RolloutConfig
 from joynexus.workflows.compile import policy_key
@@ -26,6 +25,7 @@ from joynexus.workflows.context import (
     WorkflowContext,
     WorkflowTenant,
     job_heartbeat,
+    produce_until_target,
     reason_of,
 )
 
@@ -111,21 +111,6 @@ async def produce_rl(ctx: WorkflowContext, tenant: WorkflowTenant) -> str | None
 async def rl_producer(ctx: WorkflowContext, tenant: WorkflowTenant) -> None:
     """Produce RL jobs until the tenant's completion target is reached (or cancelled).
 
-    A refused reservation backs off for ``ctx.poll_s`` on the injected clock (a slot
-    frees only when one of the tenant's jobs ends); a failed rollout is recorded and
-    the loop goes on.
+    See :func:`~joynexus.workflows.context.produce_until_target` for refusals and failures.
     """
-    while True:
-        try:
-            refusal = await produce_rl(ctx, tenant)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # one bad rollout must not stop the tenant
-            log.warning("rl producer %s: rollout failed: %s", tenant.tenant_id, error)
-            tenant.errors.append(reason_of(error))
-            await ctx.clock.sleep(ctx.poll_s)
-            continue
-        if refusal == REFUSED_COMPLETION_TARGET:
-            return
-        if refusal is not None:
-            await ctx.clock.sleep(ctx.poll_s)
+    await produce_until_target(ctx, tenant, lambda: produce_rl(ctx, tenant), "rl")

@@ -27,7 +27,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from joynexus.control.admission import REFUSED_COMPLETION_TARGET
 from joynexus.control.job import JobState, TaskType
 from joynexus.data.sft import SFTBatch, SFTBatchBuilder
 from joynexus.models.batch import ObservationBatch
@@ -42,6 +41,7 @@ from joynexus.workflows.context import (
     SFT_ROLE,
     WorkflowContext,
     WorkflowTenant,
+    produce_until_target,
     reason_of,
 )
 
@@ -153,23 +153,10 @@ async def produce_sft(
 async def sft_producer(ctx: WorkflowContext, tenant: WorkflowTenant, source: SFTSource) -> None:
     """Produce SFT jobs until the completion target is reached (or cancelled).
 
-    When admission refuses (prefetch full), the producer parks until one of the
-    scheduler's jobs becomes ready or a short back-off passes, never busy-looping.
+    A refusal (prefetch bound full) backs off on the injected clock; see
+    :func:`~joynexus.workflows.context.produce_until_target`.
     """
-    while True:
-        try:
-            refusal = await produce_sft(ctx, tenant, source)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            log.warning("sft producer %s: batch failed: %s", tenant.tenant_id, error)
-            tenant.errors.append(reason_of(error))
-            await ctx.clock.sleep(ctx.poll_s)
-            continue
-        if refusal == REFUSED_COMPLETION_TARGET:
-            return
-        if refusal is not None:
-            await ctx.clock.sleep(ctx.poll_s)
+    await produce_until_target(ctx, tenant, lambda: produce_sft(ctx, tenant, source), "sft")
 
 
 class _Predictor(Protocol):
