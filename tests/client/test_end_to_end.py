@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from joynexus.client import Client, WorkloadStatus
-from joynexus.control.workloads import MasterLimits
+from joynexus.master.limits import MasterLimits
 from joynexus.wire import unpackb
 from tests.server.livesrv import (
     make_live,

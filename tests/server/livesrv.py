@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from joynexus.control.workloads import MasterLimits
+from joynexus.master.limits import MasterLimits
 from joynexus.runtime.embedded import RuntimeConfig
 from joynexus.runtime.health import HealthManager
 from joynexus.server import ServerConfig, TenantQuotas, TenantStore

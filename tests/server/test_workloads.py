@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from joynexus.control.job import JobState
-from joynexus.control.workloads import MasterLimits
+from joynexus.master.limits import MasterLimits
 from tests.server.livesrv import (
     live,
     reach_custom,

@@ -103,7 +103,7 @@ def serve(
 
     import uvicorn
 
-    from joynexus.control.workloads import MasterLimits
+    from joynexus.master.limits import MasterLimits
     from joynexus.runtime.health import HealthManager
     from joynexus.server.auth import TenantStore
     from joynexus.server.serve import build_live_app, build_plane, ensure_admin_key

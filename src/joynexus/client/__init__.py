@@ -10,7 +10,7 @@ from __future__ import annotations
 from joynexus.client._core import APIError, FutureInfo, Prediction, RetryPolicy, StepInfo
 from joynexus.client.aio import AsyncClient
 from joynexus.client.sync import Client
-from joynexus.control.workloads import WorkloadMetrics, WorkloadState, WorkloadStatus
+from joynexus.api import WorkloadMetrics, WorkloadState, WorkloadStatus
 
 __all__ = [
     "APIError",

@@ -10,7 +10,7 @@ import numpy as np
 import yaml
 
 from joynexus.client._core import Call, FutureInfo, StepInfo, prediction
-from joynexus.control.workloads import WorkloadMetrics, WorkloadStatus
+from joynexus.api import WorkloadMetrics, WorkloadStatus
 from joynexus.metrics.usage import UsageReport
 
 

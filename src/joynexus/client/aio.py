@@ -36,7 +36,7 @@ from joynexus.client._core import (
     StepInfo,
     observations,
 )
-from joynexus.control.workloads import WorkloadMetrics, WorkloadStatus
+from joynexus.api import WorkloadMetrics, WorkloadStatus
 from joynexus.metrics.usage import UsageReport
 
 __all__ = ["AsyncClient"]

@@ -4,7 +4,7 @@
 use too) loads the resident base model and builds the long-lived services (durable
 Training Scheduler in the run directory, Training Queue, Environment / Training /
 Inference Model Services) exactly once; :func:`build_live_app` wraps them in a
-:class:`~joynexus.control.master.MasterService` and the FastAPI app with the workload
+:class:`~joynexus.master.service.MasterService` and the FastAPI app with the workload
 and model routers, starting the services and the Master's shared loops in the app's
 lifespan (inside the server's event loop) and stopping them at shutdown.
 
@@ -38,8 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 
-from joynexus.control.master import MasterService
-from joynexus.control.workloads import MasterLimits
+from joynexus.master.service import MasterService
+from joynexus.master.limits import MasterLimits
 from joynexus.errors import ServiceUnavailableError
 from joynexus.metrics.control import ControlSampler
 from joynexus.metrics.usage import UsageMeter

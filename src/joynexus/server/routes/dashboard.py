@@ -23,7 +23,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from joynexus.control.workloads import WorkloadStatus
+from joynexus.api import WorkloadStatus
 from joynexus.errors import JoyNexusError, NotFoundError
 from joynexus.metrics.usage import TenantUsage
 from joynexus.server.dashboard import STATIC_DIR
@@ -32,7 +32,7 @@ from joynexus.server.routes.metrics import METRICS, USAGE, Viewer, viewer_tenant
 from joynexus.server.state import ServerState, State
 
 if TYPE_CHECKING:
-    from joynexus.control.master import MasterService
+    from joynexus.master.service import MasterService
     from joynexus.metrics.events import MetricsService
     from joynexus.metrics.usage import UsageMeter
     from joynexus.runtime.health import HealthManager

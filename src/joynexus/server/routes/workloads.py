@@ -15,7 +15,7 @@ from fastapi import APIRouter, Query, Request, status
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict
 
-from joynexus.control.workloads import WorkloadMetrics, WorkloadStatus
+from joynexus.api import WorkloadMetrics, WorkloadStatus
 from joynexus.errors import InvalidRequestError, NotFoundError, PermissionDeniedError
 from joynexus.server.names import PathName
 from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
@@ -23,7 +23,7 @@ from joynexus.server.wire import decode_body, tensor_body
 from joynexus.spec.workload import WorkloadSpec
 
 if TYPE_CHECKING:
-    from joynexus.control.master import MasterService
+    from joynexus.master.service import MasterService
 
 router = APIRouter(prefix="/v1/workloads", tags=["workloads"])
 

@@ -44,14 +44,10 @@ from typing import Any
 
 from joynexus.control.admission import AdmissionPolicy, GlobalLimit
 from joynexus.control.job import JobState, TaskType
-from joynexus.control.primitives import ModelPrimitives
+from joynexus.master.primitives import ModelPrimitives
 from joynexus.control.scheduler import TrainingScheduler
-from joynexus.control.workloads import (
-    MasterLimits,
-    WorkloadMetrics,
-    WorkloadState,
-    WorkloadStatus,
-)
+from joynexus.api import WorkloadMetrics, WorkloadState, WorkloadStatus
+from joynexus.master.limits import MasterLimits
 from joynexus.errors import (
     ConflictError,
     JoyNexusError,

@@ -1,6 +1,6 @@
 """Low-level model primitives of the Master Service (paper Figure 4), per tenant slot.
 
-:class:`ModelPrimitives` is mixed into :class:`~joynexus.control.master.MasterService`:
+:class:`ModelPrimitives` is mixed into :class:`~joynexus.master.service.MasterService`:
 every call first checks that the tenant has a resident slot (from a running or finished
 workload; task ``custom`` creates one and nothing else) and that a scheduler job it
 names is the tenant's own, then calls the Training / Inference Model Service. Tensors

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from joynexus.control.workloads import MasterLimits, WorkloadState
+from joynexus.api import WorkloadState
+from joynexus.master.limits import MasterLimits
 from joynexus.errors import ConflictError, PermissionDeniedError, SpecError
 from joynexus.spec.workload import parse_spec
 from joynexus.workflows.compile import compile_workloads
