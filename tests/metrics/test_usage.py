@@ -11,9 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from joynexus.api import UsageReport
 from joynexus.cli.main import app
 from joynexus.errors import InvalidRequestError
-from joynexus.metrics.usage import UsageMeter, UsageReport, split_by_rows
+from joynexus.metrics.usage import UsageMeter, split_by_rows
 from joynexus.utils.clock import FakeClock
 
 
@@ -131,3 +132,14 @@ def test_persisted_periodically_resumed_and_shown_by_the_cli(tmp_path: Path) -> 
     assert json.loads(out.read_text())["tenants"]["B"]["env_steps"] == 4
     missing = CliRunner().invoke(app, ["usage", "--run-dir", str(tmp_path / "nope")])
     assert missing.exit_code == 1 and "usage.json" in missing.output
+
+
+def test_reported_usage_is_durable_so_a_restart_never_reports_less(tmp_path: Path) -> None:
+    clock = FakeClock()
+    path = tmp_path / "usage.json"
+    meter = UsageMeter(path, clock=clock, persist_interval_s=3600.0)
+    meter.record_device("training", "alice", 2.5)
+    shown = meter.report().tenants["alice"].device_seconds["training"]
+    # A kill -9 right after the report: nothing else was saved (interval not reached).
+    again = UsageMeter(path, clock=clock, resume=True)
+    assert again.snapshot().tenants["alice"].device_seconds["training"] >= shown == 2.5

@@ -1,9 +1,14 @@
-"""``joynexus run SPEC.yaml [SPEC.yaml ...]``: run workloads in the embedded runtime.
+"""``joynexus run SPEC.yaml [SPEC.yaml ...]``: run workloads to completion on a Master.
 
 Every spec is loaded and checked (shape and capabilities) before anything starts; a
-missing SFT dataset whose spec names a recordable env is recorded first. The workloads
-then run concurrently to their completion targets with one progress bar per tenant,
-and the JSON summary is printed (and written with ``--json``).
+missing SFT dataset whose spec names a recordable env is recorded first. An in-process
+Master Service (:mod:`joynexus.master.run`) then runs the workloads concurrently to
+their completion targets with one progress bar per tenant, and the JSON summary is
+printed (and written with ``--json``).
+
+The run directory holds all of a run's state (job history, workload records,
+checkpoints): running the same specs again on it resumes what was interrupted and
+reports what had finished; ``--fresh`` starts both over.
 """
 
 from __future__ import annotations
@@ -11,17 +16,26 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
 from joynexus.cli.app import app
-from joynexus.cli.ray_cmds import RuntimeKind, close_runtime, make_runtime
+from joynexus.cli.ray_cmds import RuntimeKind
 from joynexus.errors import JoyNexusError
 
 console = Console()
+
+
+def make_placement(kind: RuntimeKind, *, address: str | None, layout: str) -> Any:
+    """Where ``joynexus run`` places the services (None: in this process)."""
+    if kind is RuntimeKind.embedded:
+        return None
+    from joynexus.errors import ServiceUnavailableError
+
+    raise ServiceUnavailableError("--runtime ray: placement pending")
 
 
 @app.command("run")
@@ -32,8 +46,18 @@ def run(
     ] = None,
     run_dir: Annotated[
         Path,
-        typer.Option("--run-dir", help="Scheduler database, model cache and default outputs."),
+        typer.Option(
+            "--run-dir",
+            help="All of the run's state: job history, workload records, checkpoints "
+            "(outputs/<tenant>), metrics, model cache. Rerunning on it resumes.",
+        ),
     ] = Path("runs/joynexus-run"),
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh", help="Delete the run directory's job history and checkpoints first."
+        ),
+    ] = False,
     runtime_kind: Annotated[
         RuntimeKind,
         typer.Option("--runtime", help="embedded (one process) or ray (services as actors)."),
@@ -45,7 +69,8 @@ def run(
         str, typer.Option("--layout", help="--runtime ray: actor-inference-env GPUs.")
     ] = "2-2-4",
 ) -> None:
-    """Run workloads (rl, sft, eval) concurrently in the embedded or the Ray runtime."""
+    """Run workloads (rl, sft, eval) concurrently to completion on an in-process Master."""
+    from joynexus.master.run import run_workloads
     from joynexus.spec.workload import load_specs
     from joynexus.workflows.compile import compile_workloads
     from joynexus.workflows.summary import TenantProgress
@@ -58,7 +83,7 @@ def run(
         raise typer.Exit(2) from None
 
     try:
-        runtime = make_runtime(runtime_kind, run_dir, address=address, layout=layout)
+        placement = make_placement(runtime_kind, address=address, layout=layout)
     except JoyNexusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -98,8 +123,11 @@ def run(
 
         try:
             summary = asyncio.run(
-                runtime.run(
+                run_workloads(
                     compiled,
+                    run_dir,
+                    fresh=fresh,
+                    placement=placement,
                     on_progress=on_progress,
                     on_status=lambda msg: progress.console.print(f"[dim]{msg}[/dim]"),
                     on_record_episode=on_record,
@@ -108,8 +136,6 @@ def run(
         except JoyNexusError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(1) from None
-        finally:
-            close_runtime(runtime)
     doc = summary.to_json()
     console.print_json(json.dumps(doc))
     if json_out is not None:

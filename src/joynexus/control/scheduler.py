@@ -442,6 +442,35 @@ class TrainingScheduler:
             self._persist((rec,))
             return rec.to_model()
 
+    def complete_recovered(self, job_id: str) -> TrainingJob:
+        """Complete a job whose update is known to be applied, from any live state.
+
+        The recovery edge of a restarted orchestrator: the consumer of a dead process
+        trained the job and committed its update (the tenant's checkpoint ledger names
+        it) but died before :meth:`complete`. Meanwhile its lease may have expired and
+        returned it to ``ready``; either way the update must count exactly once.
+
+        Raises:
+            IllegalTransitionError: the job already ended otherwise (failed, dropped).
+            JobNotFoundError: no such job.
+        """
+        with self._lock:
+            self._check_open()
+            rec = self._get(job_id)
+            if rec.state is JobState.COMPLETED:
+                return rec.to_model()
+            if rec.state in TERMINAL_STATES:
+                raise IllegalTransitionError(
+                    f"training job {job_id!r} already ended {rec.state.value}; it cannot be "
+                    "recovered as completed",
+                    job_id=job_id,
+                    from_state=rec.state.value,
+                    to_state=JobState.COMPLETED.value,
+                )
+            self._ix.finish(rec, JobState.COMPLETED, REASON_COMPLETED)
+            self._persist((rec,))
+            return rec.to_model()
+
     def fail(self, job_id: str, reason: str, lease_epoch: int | None = None) -> TrainingJob:
         """Move a nonterminal job to ``failed`` with ``reason`` (kept as terminal_reason)."""
         return self._terminate(job_id, JobState.FAILED, reason, lease_epoch)

@@ -24,6 +24,8 @@ class MasterLimits(BaseModel):
             of them trainable: rl, sft or custom).
         dataset_roots: SFT datasets must live under one of these directories.
         denied_env_kinds: Environment kinds workloads may not use.
+        cross_tenant_eval: An evaluation may target other tenants (a single-user
+            ``joynexus run``); a shared server keeps every tenant to its own policy.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -38,3 +40,4 @@ class MasterLimits(BaseModel):
     max_active_workloads_per_tenant: int = Field(default=2, ge=1)
     dataset_roots: list[Path] = Field(default_factory=list)
     denied_env_kinds: list[str] = Field(default_factory=lambda: ["remote"])
+    cross_tenant_eval: bool = False

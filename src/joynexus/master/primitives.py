@@ -69,8 +69,20 @@ class ModelPrimitives:
         )
 
     async def train_batch(self, tenant_id: str, batch: TrainBatch) -> StepResult:
-        self.require_slot(tenant_id)
-        return await self.training.train_batch(tenant_id, batch)
+        """One optimizer step on the tenant's slot, checkpointed before it returns.
+
+        The checkpoint makes the new version durable, so a restarted server resumes the
+        tenant at it and never issues the same version for other weights.
+        """
+        tenant = self.require_slot(tenant_id)
+        result = await self.training.train_batch(tenant_id, batch)
+        version = int(result.policy_version)
+        tenant.jobs_applied += 1
+        ledger = {"jobs_applied": tenant.jobs_applied, "workload_id": tenant.workload_id}
+        await self.training.save(version, [tenant_id], include_optim=True, ledger=ledger)
+        tenant.last_checkpoint_version = version
+        await self.training.prune_checkpoints(tenant_id, keep_last=2)
+        return result
 
     async def export_params(self, tenant_id: str) -> tuple[int, str, dict[str, np.ndarray]]:
         """(policy version, schema signature, named tensors as numpy)."""
@@ -112,7 +124,11 @@ class ModelPrimitives:
         """Checkpoint the tenant at its current version; paths relative to its dir."""
         self.require_slot(tenant_id)
         version = self.training.policy_version(tenant_id)
-        paths = await self.training.save(version, [tenant_id], include_optim=include_optim)
+        latest = self.training.latest_checkpoint(tenant_id)
+        if latest is not None and latest.name == f"step_{version}":
+            paths = [latest]  # every update is checkpointed already: nothing new to write
+        else:
+            paths = await self.training.save(version, [tenant_id], include_optim=include_optim)
         root = self.tenant_dir(tenant_id).resolve()
         return [str(Path(p).resolve().relative_to(root)) for p in paths]
 

@@ -1,33 +1,45 @@
-"""The Master Service (paper §4.1.1): tenant creator and workload orchestrator.
+"""The Master Service (paper §4.1.1): tenant creator and the one workload orchestrator.
 
 One Master hosts workloads on ONE long-lived execution plane (resident base model,
-Training Scheduler, Training Queue, Environment / Training / Inference Model Services),
-so tenants submit, pause, resume and cancel workloads at any time:
+Training Scheduler, Training Queue, Environment / Training / Inference Model Services).
+Every entry point runs workloads through it: ``joynexus run`` (an in-process Master,
+to completion: :mod:`joynexus.master.run`), ``joynexus serve`` (the same Master behind
+HTTP, where tenants submit, pause, resume and cancel at any time) and ``joynexus demo``.
 
 * **Tenant creator** (:meth:`MasterService.compile`): strict validation of a
   :class:`WorkloadSpec` against what this backend can do — the resident base model, the
   registered environment kinds, the dataset roots, the server's limits, the backbone's
-  camera slots — through :func:`joynexus.workflows.compile.compile_workloads`; derives
-  the deterministic schema signature and the backend configuration (tenant config,
-  admission policy).
+  camera slots — through :func:`joynexus.workflows.compile.compile_workloads`.
 * **Workload orchestrator**: RL connects rollout + inference + environment + training
-  (:func:`~joynexus.workflows.rl.rl_producer` on the tenant's session); SFT connects a
-  data producer to training (:func:`~joynexus.workflows.sft.sft_producer`); evaluation
-  reuses inference + environment with no optimization path
-  (:func:`~joynexus.workflows.evaluation.evaluator`); custom creates only the tenant's
-  slot, which the tenant drives through the low-level primitives. One actor consumer,
-  one advantage stage and (on demand) one actor-forward stage serve every tenant. The
-  steps that start a tenant are :mod:`joynexus.workflows.launch`'s, shared with the
-  runtimes.
+  (:func:`~joynexus.workflows.rl.rl_producer`); SFT connects a data producer to training
+  (:func:`~joynexus.workflows.sft.sft_producer`); evaluation reuses inference +
+  environment with no optimization path (:func:`~joynexus.workflows.evaluation.evaluator`);
+  custom creates only the tenant's slot, which the tenant drives through the low-level
+  primitives. One actor consumer, one advantage stage and (on demand) one actor-forward
+  stage serve every tenant (:mod:`joynexus.workflows.launch`).
 
-Pausing sets the tenant's admission to ``max_in_flight = 0``: the unchanged producer
-loop is refused and backs off, jobs already in flight finish, and resuming restores
-the policy. Cancelling stops the producer, fails every non-terminal job of the tenant
-with reason ``cancelled`` (clearing its partition), closes the sessions and releases
-the tenant's training and serving slots.
+**Durability.** Workload records (:mod:`joynexus.master.store`) live in the run
+directory's ``scheduler.sqlite`` next to the scheduler's jobs; every job a workload's
+producer reserves carries the workload's id, and every update is checkpointed *before*
+it is published or its job completes, with a ledger naming the job
+(``WorkflowContext.durable_checkpoints``). :meth:`MasterService.start` on the same run
+directory therefore brings everything back by itself:
 
-Workload records live in memory (a restart forgets them; checkpoints, metrics and the
-workload manifest stay in the tenant's output directory).
+1. jobs left in flight are reconciled with the checkpoints: the one whose update reached
+   its tenant's latest checkpoint completes; the others fail ``runtime_restarted`` (their
+   partitions lived in the dead process) and the producers reserve new ones;
+2. every workload that was running continues from its tenant's latest checkpoint (so a
+   version number is never issued for two different weights and never goes back, and
+   the completed jobs are exactly the updates in the weights); paused ones come back
+   paused; ended ones stay ended, and the last policy of each tenant is served again.
+
+A clean shutdown (:meth:`aclose`) stops the loops without touching the records, so a
+SIGTERM restart resumes exactly like a crash does.
+
+**Visible failure.** A workload whose jobs fail ``max_failures`` times, or whose roles
+cannot be recovered (:meth:`fail_live`, called when the Health Manager's budget is
+spent), ends ``failed`` with its reason. A workload with no progress for
+``watchdog_factor`` × its expected job time is flagged ``stalled`` in its status.
 """
 
 from __future__ import annotations
@@ -42,12 +54,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from joynexus.control.admission import AdmissionPolicy, GlobalLimit
-from joynexus.control.job import JobState, TaskType
-from joynexus.master.primitives import ModelPrimitives
-from joynexus.control.scheduler import TrainingScheduler
 from joynexus.api import WorkloadMetrics, WorkloadState, WorkloadStatus
-from joynexus.master.limits import MasterLimits
+from joynexus.control.admission import AdmissionPolicy, GlobalLimit
+from joynexus.control.job import JobState, TaskType, TrainingJob
+from joynexus.control.scheduler import TrainingScheduler
+from joynexus.data.record import record_missing_dataset
 from joynexus.errors import (
     ConflictError,
     JoyNexusError,
@@ -55,7 +66,11 @@ from joynexus.errors import (
     PermissionDeniedError,
     SpecError,
 )
+from joynexus.master.limits import MasterLimits
+from joynexus.master.primitives import ModelPrimitives
+from joynexus.master.store import InMemoryWorkloadStore, WorkloadRecord, WorkloadStore
 from joynexus.models.backbone import ResidentBaseModel
+from joynexus.models.payload import find_latest_checkpoint, read_manifest
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService
@@ -72,13 +87,25 @@ from joynexus.workflows.compile import (
     compile_workloads,
 )
 from joynexus.workflows.context import MetricsLog, WorkflowContext, WorkflowTenant
+from joynexus.workflows.sft import SFTSource, heldout_action_error
 
-__all__ = ["CANCELLED_REASON", "MasterService"]
+__all__ = [
+    "CANCELLED_REASON",
+    "RESTARTED_REASON",
+    "ROLE_RESTARTED_REASON",
+    "MasterService",
+]
 
 log = logging.getLogger(__name__)
 
 #: Terminal reason of the jobs a cancelled workload leaves in flight.
 CANCELLED_REASON = "cancelled"
+#: Terminal reason of the jobs a previous process left in flight (not the job's fault).
+RESTARTED_REASON = "runtime_restarted"
+#: Terminal reason of the jobs in flight when the training role was restarted in place.
+ROLE_RESTARTED_REASON = "role_restarted"
+#: Failures that are the service's, not the workload's: they never count against it.
+_NOT_THE_JOBS_FAULT = (CANCELLED_REASON, RESTARTED_REASON, ROLE_RESTARTED_REASON)
 _TRAINABLE = (TaskKind.RL, TaskKind.SFT, TaskKind.CUSTOM)
 
 
@@ -87,15 +114,25 @@ class _Workload:
     workload_id: str
     compiled: CompiledWorkload
     created_at: float
+    seq: int
     state: WorkloadState = WorkloadState.STARTING
     tenant: WorkflowTenant | None = None
     admission: AdmissionPolicy | None = None
-    completed_before: int = 0
+    completed_before: int | None = None
     producer: asyncio.Task[Any] | None = None
     supervisor: asyncio.Task[None] | None = None
     finished_at: float | None = None
     error: str | None = None
     eval_runs: int = 0
+    restarts: int = 0
+    #: Resume into ``paused`` (a paused workload recovered after a restart).
+    resume_paused: bool = False
+    source: SFTSource | None = None
+    heldout_initial: float | None = None
+    #: Watchdog: the progress last seen and when it changed (clock.now()).
+    progress_mark: tuple[int, int, int] = (0, 0, 0)
+    progress_at: float = 0.0
+    stalled: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -106,13 +143,30 @@ class _Workload:
     def task(self) -> TaskKind:
         return self.compiled.task
 
+    def record(self) -> WorkloadRecord:
+        return WorkloadRecord(
+            workload_id=self.workload_id,
+            tenant_id=self.tenant_id,
+            seq=self.seq,
+            spec=self.compiled.spec.model_dump(mode="json", by_alias=True),
+            state=self.state,
+            created_at=self.created_at,
+            finished_at=self.finished_at,
+            completed_before=self.completed_before,
+            eval_runs=self.eval_runs,
+            error=self.error,
+            restarts=self.restarts,
+        )
+
 
 class MasterService(ModelPrimitives):
     """Hosts workloads of many tenants on one set of services (see module docstring).
 
     Args:
         base: The resident base model.
-        scheduler: The Training Scheduler.
+        base_model_id: Its id as specs name it.
+        scheduler: The Training Scheduler (opened with ``keep_in_flight=True`` when
+            workloads are durable: the Master reconciles what a dead process left).
         queue: The Training Queue.
         env: The Environment Service.
         training: The Training Model Service.
@@ -123,6 +177,13 @@ class MasterService(ModelPrimitives):
         clock: Time source of the loops.
         poll_s: Back-off of producers and the supervisors.
         max_failures: A workload whose jobs failed this many times ends ``failed``.
+        store: Where workload records are kept (default: in memory, forgotten with
+            the process; a server passes ``SQLiteWorkloadStore`` on its run dir).
+        heldout_samples: Measure SFT held-out action error on this many frames at the
+            start and the end of an SFT workload (None: do not).
+        watchdog_factor: Flag a workload ``stalled`` after this many expected job
+            times without progress.
+        watchdog_min_s: ... but never before this many seconds without progress.
     """
 
     def __init__(
@@ -140,6 +201,10 @@ class MasterService(ModelPrimitives):
         clock: Clock | None = None,
         poll_s: float = 0.05,
         max_failures: int = 5,
+        store: WorkloadStore | None = None,
+        heldout_samples: int | None = None,
+        watchdog_factor: float = 20.0,
+        watchdog_min_s: float = 120.0,
     ) -> None:
         self.base = base
         self.base_model_id = base_model_id
@@ -152,11 +217,17 @@ class MasterService(ModelPrimitives):
         self.limits = limits or MasterLimits()
         self.clock: Clock = clock or SystemClock()
         self.max_failures = max_failures
+        self.store: WorkloadStore = store or InMemoryWorkloadStore()
+        self.heldout_samples = heldout_samples
+        self.watchdog_factor = watchdog_factor
+        self.watchdog_min_s = watchdog_min_s
         self._tenants: dict[str, WorkflowTenant] = {}  # trainable tenants with a slot
         self._workloads: dict[str, _Workload] = {}
         self._seq = itertools.count(1)
         self._loops: list[asyncio.Task[None]] = []
         self._actor_forward: asyncio.Task[None] | None = None
+        self._started = False
+        self._training_lock = asyncio.Lock()
         self.ctx = WorkflowContext(
             scheduler=scheduler,
             queue=queue,
@@ -166,32 +237,169 @@ class MasterService(ModelPrimitives):
             tenants=self._tenants,
             domain=DOMAIN,
             poll_s=poll_s,
+            durable_checkpoints=True,
         )
 
     # ------------------------------------------------------------------ lifetime
 
     async def start(self) -> None:
-        """Start the shared loops (actor consumer, advantage stage) and global limits."""
-        if self._loops:
+        """Recover the stored workloads, then start the shared loops.
+
+        Jobs a previous process left in flight are reconciled with the checkpoints
+        first (see the module docstring), so the loops never lease a job whose data
+        died with that process.
+        """
+        if self._started:
             return
+        self._started = True
         for limit in _global_limits():
             self.scheduler.set_global_limit(limit)
+        self._reconcile_jobs()
+        await self._recover()
         self._loops = launch.start_stage_loops(self.ctx, prefix="master:")
 
     async def aclose(self) -> None:
-        """Cancel every live workload and stop the shared loops."""
-        for w in list(self._workloads.values()):
-            if not w.state.is_terminal:
-                with contextlib.suppress(Exception):
-                    await self._cancel(w)
-        loops = [*self._loops, *([self._actor_forward] if self._actor_forward else [])]
-        for task in loops:
+        """Stop every workload's loops and the shared loops; records stay as they are.
+
+        A workload that was running is resumed by the next :meth:`start` on the same
+        store (a clean restart behaves like a crash, minus the lost in-flight work).
+        """
+        tasks = [
+            t
+            for w in self._workloads.values()
+            for t in (w.producer, w.supervisor)
+            if t is not None and not t.done()
+        ]
+        tasks += [*self._loops, *([self._actor_forward] if self._actor_forward else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*loops, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._loops = []
         self._actor_forward = None
+        self._started = False
+
+    # ------------------------------------------------------------------ recovery
+
+    def _reconcile_jobs(self) -> None:
+        """Settle the jobs a previous process left in flight against the checkpoints."""
+        for job in self.scheduler.list_jobs():
+            if job.is_terminal:
+                continue
+            if self._in_checkpoint(job):
+                # Its update reached the weights; only ``complete`` was lost.
+                self.scheduler.complete_recovered(job.job_id)
+                log.info("recovered job %s: its update is in the checkpoint", job.job_id)
+            else:
+                with contextlib.suppress(JoyNexusError):
+                    self.scheduler.fail(job.job_id, RESTARTED_REASON)
+
+    def _in_checkpoint(self, job: TrainingJob) -> bool:
+        latest = find_latest_checkpoint(self.output_root, job.tenant_id)
+        if latest is None:
+            return False
+        try:
+            return read_manifest(latest).ledger.get("job_id") == job.job_id
+        except JoyNexusError:
+            return False
+
+    async def _recover(self) -> None:
+        records = self.store.load()
+        self._seq = itertools.count(max((r.seq for r in records), default=0) + 1)
+        served_again: set[str] = set()
+        for r in records:
+            w = self._restore_record(r)
+            if w is None:
+                continue
+            self._workloads[w.workload_id] = w
+            if not w.state.is_terminal:
+                w.restarts += 1
+                w.resume_paused = w.state is WorkloadState.PAUSED
+                w.state = WorkloadState.STARTING
+                self._save(w)
+                self._write_event(w, "resumed_after_restart", restarts=w.restarts)
+                w.supervisor = asyncio.create_task(
+                    self._supervise(w), name=f"master:{w.workload_id}"
+                )
+                if w.task in _TRAINABLE:
+                    served_again.add(w.tenant_id)
+        # Tenants whose last trainable workload ended keep serving their last policy.
+        ended = [
+            w
+            for w in reversed(list(self._workloads.values()))
+            if w.task in (TaskKind.RL, TaskKind.SFT) and w.state is WorkloadState.COMPLETED
+        ]
+        for w in ended:
+            if w.tenant_id in served_again:
+                continue
+            served_again.add(w.tenant_id)
+            try:
+                await self._serve_ended(w)
+            except Exception as exc:  # its policy stays unservable; others go on
+                log.warning("could not serve %s's last policy again: %s", w.tenant_id, exc)
+
+    def _restore_record(self, r: WorkloadRecord) -> _Workload | None:
+        try:
+            spec = WorkloadSpec.model_validate(r.spec)
+        except Exception as exc:  # a record this version cannot read: skip it loudly
+            log.error("workload record %s is unreadable and skipped: %s", r.workload_id, exc)
+            return None
+        state, error = r.state, r.error
+        try:
+            compiled = self.compile(spec, r.tenant_id)
+        except JoyNexusError as exc:  # e.g. the server's limits changed under it
+            try:  # the same spec without this server's limits, to report on it
+                compiled = compile_workloads(
+                    [spec],
+                    allow_custom=True,
+                    require_completion_target=False,
+                    served=self._served_schemas(r.tenant_id, any_tenant=True),
+                ).workloads[0]
+            except JoyNexusError:
+                log.error("workload %s cannot be resumed and is skipped: %s", r.workload_id, exc)
+                return None
+            if not state.is_terminal:
+                state = WorkloadState.FAILED
+                error = f"cannot resume after a restart: {str(exc).splitlines()[0]}"[:500]
+        w = _Workload(r.workload_id, compiled, r.created_at, r.seq, state=state)
+        w.finished_at = r.finished_at
+        w.completed_before = r.completed_before
+        w.eval_runs = r.eval_runs
+        w.error = error
+        w.restarts = r.restarts
+        w.progress_at = self.clock.now()
+        if state is not r.state:
+            w.finished_at = self.clock.wall()
+            self._save(w)
+        return w
+
+    async def _serve_ended(self, w: _Workload) -> None:
+        """Give an ended trainable workload's tenant its slot back (restored, served)."""
+        metrics = MetricsLog(self._workload_dir(w) / "metrics.jsonl", self.clock, resume=True)
+        started = await launch.start_tenant(
+            w.compiled,
+            base=self.base,
+            training=self.training,
+            inference=self.inference,
+            metrics=metrics,
+            session_id=None,
+            serve=True,
+            skip_incompatible_checkpoint=True,
+            workload_id=w.workload_id,
+        )
+        w.tenant = started.tenant
+        self._tenants[w.tenant_id] = started.tenant
 
     # ------------------------------------------------------------ tenant creator
+
+    def _served_schemas(self, tenant_id: str, *, any_tenant: bool = False) -> dict[str, Any]:
+        """Trainable tenants an evaluation may read: with a slot, or a live workload."""
+        served = {t: wt.schema for t, wt in self._tenants.items()}
+        for w in self._workloads.values():
+            if w.compiled.config is not None and w.state is not WorkloadState.CANCELLED:
+                served.setdefault(w.tenant_id, w.compiled.schema)
+        if any_tenant:
+            return served
+        return {t: s for t, s in served.items() if t == tenant_id}
 
     def compile(self, spec: WorkloadSpec, tenant_id: str) -> CompiledWorkload:
         """Validate ``spec`` for ``tenant_id`` against this backend; its compiled form.
@@ -209,7 +417,7 @@ class MasterService(ModelPrimitives):
             )
         spec = spec.model_copy(update={"output_dir": self.output_root})
         self._check_limits(spec)
-        if spec.evaluation is not None:
+        if spec.evaluation is not None and not self.limits.cross_tenant_eval:
             others = sorted(set(spec.evaluation.targets) - {tenant_id})
             if others:
                 raise PermissionDeniedError(
@@ -217,9 +425,11 @@ class MasterService(ModelPrimitives):
                     f"its own policy ({tenant_id!r})",
                     field="evaluation.targets",
                 )
-        served = {t: wt.schema for t, wt in self._tenants.items() if t == tenant_id}
         compiled = compile_workloads(
-            [spec], allow_custom=True, served=served, require_completion_target=False
+            [spec],
+            allow_custom=True,
+            served=self._served_schemas(tenant_id, any_tenant=self.limits.cross_tenant_eval),
+            require_completion_target=False,
         ).workloads[0]
         slots = self.base.num_camera_slots
         if len(compiled.schema.cameras) > slots:
@@ -292,7 +502,7 @@ class MasterService(ModelPrimitives):
     # ---------------------------------------------------------------- lifecycle
 
     async def submit(self, spec: WorkloadSpec, tenant_id: str) -> WorkloadStatus:
-        """Validate, compile and start a workload; answers at once (state ``starting``).
+        """Validate, compile, record and start a workload; answers at once (``starting``).
 
         Raises:
             PermissionDeniedError, SpecError, DatasetError: see :meth:`compile`.
@@ -316,15 +526,25 @@ class MasterService(ModelPrimitives):
                     "slot per tenant); wait for it or cancel it",
                     workload_id=busy[0],
                 )
-        elif compiled.task is TaskKind.EVAL and tenant_id not in self._tenants:
-            raise ConflictError(
-                f"tenant {tenant_id!r} has no policy to evaluate yet; submit an rl, sft or "
-                "custom workload first",
-                field="evaluation.targets",
-            )
-        wid = f"wl-{next(self._seq)}-{secrets.token_hex(4)}"
-        w = _Workload(wid, compiled, self.clock.wall())
+        elif compiled.task is TaskKind.EVAL:
+            assert compiled.spec.evaluation is not None
+            trainable = {w.tenant_id for w in self._live() if w.task in _TRAINABLE}
+            missing = [
+                t
+                for t in compiled.spec.evaluation.targets
+                if t not in self._tenants and t not in trainable
+            ]
+            if missing:
+                raise ConflictError(
+                    f"{missing} have no policy to evaluate yet; submit an rl, sft or custom "
+                    "workload for them first",
+                    field="evaluation.targets",
+                )
+        seq = next(self._seq)
+        wid = f"wl-{seq}-{secrets.token_hex(4)}"
+        w = _Workload(wid, compiled, self.clock.wall(), seq, progress_at=self.clock.now())
         self._workloads[wid] = w
+        self._save(w)
         self._write_manifest(w)
         w.supervisor = asyncio.create_task(self._supervise(w), name=f"master:{wid}")
         return self.status(tenant_id, wid)
@@ -352,12 +572,16 @@ class MasterService(ModelPrimitives):
                 "only running rl and sft workloads can",
                 state=w.state.value,
             )
-        assert w.admission is not None and w.compiled.task_type is not None
-        paused = w.admission.model_copy(update={"max_in_flight": 0})
-        self.scheduler.set_policy(tenant_id, w.compiled.task_type, paused)
+        self._apply_pause(w)
         w.state = WorkloadState.PAUSED
+        self._save(w)
         self._write_event(w, "paused")
         return self.status(tenant_id, workload_id)
+
+    def _apply_pause(self, w: _Workload) -> None:
+        assert w.admission is not None and w.compiled.task_type is not None
+        paused = w.admission.model_copy(update={"max_in_flight": 0})
+        self.scheduler.set_policy(w.tenant_id, w.compiled.task_type, paused)
 
     async def resume(self, tenant_id: str, workload_id: str) -> WorkloadStatus:
         """Let a paused workload reserve jobs again.
@@ -373,6 +597,8 @@ class MasterService(ModelPrimitives):
         assert w.admission is not None and w.compiled.task_type is not None
         self.scheduler.set_policy(tenant_id, w.compiled.task_type, w.admission)
         w.state = WorkloadState.RUNNING
+        w.progress_at = self.clock.now()  # the watchdog counts from the resume
+        self._save(w)
         self._write_event(w, "resumed")
         return self.status(tenant_id, workload_id)
 
@@ -383,25 +609,46 @@ class MasterService(ModelPrimitives):
             await self._cancel(w)
         return self.status(tenant_id, workload_id)
 
+    async def wait(self, workload_id: str, *, timeout_s: float | None = None) -> WorkloadStatus:
+        """Wait until a workload ended (``joynexus run``); its final status.
+
+        Raises:
+            NotFoundError: no such workload.
+            TimeoutError: still live after ``timeout_s``.
+        """
+        w = self._workloads.get(workload_id)
+        if w is None:
+            raise NotFoundError(f"no workload {workload_id!r}", workload_id=workload_id)
+        deadline = None if timeout_s is None else self.clock.now() + timeout_s
+        while not w.state.is_terminal:
+            if deadline is not None and self.clock.now() >= deadline:
+                raise TimeoutError(f"workload {workload_id} still {w.state.value}")
+            await self.clock.sleep(max(self.ctx.poll_s, 0.02))
+        return self.status(w.tenant_id, workload_id)
+
     async def _cancel(self, w: _Workload) -> None:
         w.state = WorkloadState.CANCELLED
         w.finished_at = self.clock.wall()
+        self._save(w)
         tasks = [t for t in (w.producer, w.supervisor) if t is not None and not t.done()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        tid = w.tenant_id
-        if w.task in _TRAINABLE:
-            for job in self.scheduler.list_jobs(tenant_id=tid):
-                if job.is_terminal:
-                    continue
-                await self.queue.async_clear(job.partition_id)
-                with contextlib.suppress(JoyNexusError):
-                    self.scheduler.fail(job.job_id, CANCELLED_REASON)
+        await self._fail_in_flight(w, CANCELLED_REASON)
         await self._close_sessions(w)
         if w.task in _TRAINABLE:
-            await self._release_slot(tid)
+            await self._release_slot(w.tenant_id)
         self._write_event(w, "cancelled")
+
+    async def _fail_in_flight(self, w: _Workload, reason: str) -> None:
+        if w.task not in _TRAINABLE:
+            return
+        for job in self._jobs_of(w):
+            if job.is_terminal:
+                continue
+            await self.queue.async_clear(job.partition_id)
+            with contextlib.suppress(JoyNexusError):
+                self.scheduler.fail(job.job_id, reason)
 
     async def _close_sessions(self, w: _Workload) -> None:
         keep = {
@@ -430,9 +677,14 @@ class MasterService(ModelPrimitives):
     async def _supervise(self, w: _Workload) -> None:
         try:
             await self._launch(w)
-            if w.state is WorkloadState.STARTING:
+            if w.resume_paused:
+                self._apply_pause(w)
+                w.state = WorkloadState.PAUSED
+            elif w.state is WorkloadState.STARTING:
                 w.state = WorkloadState.RUNNING
-            self._write_event(w, "running")
+            w.progress_at = self.clock.now()
+            self._save(w)
+            self._write_event(w, w.state.value)
             if w.task is TaskKind.CUSTOM:
                 return  # endpoints only: it runs until the tenant cancels it
             await self._wait_done(w)
@@ -441,23 +693,30 @@ class MasterService(ModelPrimitives):
             raise
         except Exception as error:
             log.warning("workload %s failed: %s", w.workload_id, error)
-            w.error = str(error).splitlines()[0][:500] if str(error) else type(error).__name__
-            w.state = WorkloadState.FAILED
-            w.finished_at = self.clock.wall()
-            if w.producer is not None:
-                w.producer.cancel()
-            await self._close_sessions(w)
-            self._write_event(w, "failed", error=w.error)
+            text = str(error).splitlines()[0][:500] if str(error) else type(error).__name__
+            await self._end_failed(w, text)
+
+    async def _end_failed(self, w: _Workload, reason: str) -> None:
+        if w.state.is_terminal:
+            return
+        w.error = reason
+        w.state = WorkloadState.FAILED
+        w.finished_at = self.clock.wall()
+        self._save(w)
+        if w.producer is not None and not w.producer.done():
+            w.producer.cancel()
+            await asyncio.gather(w.producer, return_exceptions=True)
+        await self._fail_in_flight(w, CANCELLED_REASON)
+        await self._close_sessions(w)
+        self._write_event(w, "failed", error=w.error)
 
     async def _launch(self, w: _Workload) -> None:
         c, tid = w.compiled, w.tenant_id
         spec = c.spec
-        if c.needs_recording:
-            from joynexus.runtime.embedded import record_missing_dataset
-
+        if c.needs_recording and spec.dataset is not None and not spec.dataset.path.exists():
             await asyncio.to_thread(record_missing_dataset, spec)
         session_id = await launch.open_session(self.env, c)
-        metrics = MetricsLog(self._workload_dir(w) / "metrics.jsonl", self.clock)
+        metrics = MetricsLog(self._workload_dir(w) / "metrics.jsonl", self.clock, resume=True)
         if c.config is not None and (tid in self._tenants or tid in self.training.tenant_ids()):
             await self._release_slot(tid)  # a finished workload's slot: rebuilt below
         started = await launch.start_tenant(
@@ -469,25 +728,49 @@ class MasterService(ModelPrimitives):
             session_id=session_id,
             serve=True,
             skip_incompatible_checkpoint=True,  # another interface's checkpoint: fresh
+            heldout_samples=self.heldout_samples if w.restarts == 0 else None,
+            workload_id=w.workload_id,
         )
         w.tenant = started.tenant
+        w.source = started.source
+        if started.heldout_initial is not None:
+            w.heldout_initial = started.heldout_initial
+            metrics.write("heldout_initial", error=started.heldout_initial)
         if c.config is None:  # evaluation: read-only, no slot of its own
+            await self._await_targets(w)
+            done_runs = {int(r["run"]) for r in metrics.of_kind("eval") if "run" in r}
+            started.tenant.eval_first_run = max(done_runs) + 1 if done_runs else 0
             w.producer = launch.start_producer(self.ctx, c, started)
             return
         self._tenants[tid] = started.tenant
         if c.task is TaskKind.CUSTOM:
             return
         assert c.admission is not None and c.task_type is not None
-        done_before = self._completed(tid, c.task_type)
+        if w.completed_before is None:  # first start; a resumed workload keeps its base
+            w.completed_before = self._completed(tid, c.task_type)
         target = c.admission.completion_target
-        w.completed_before = done_before
         w.admission = c.admission.model_copy(
-            update={"completion_target": None if target is None else done_before + target}
+            update={"completion_target": None if target is None else w.completed_before + target}
         )
         self.scheduler.set_policy(tid, c.task_type, w.admission)
         if launch.uses_actor_forward(c) and self._actor_forward is None:
             self._actor_forward = launch.start_actor_forward(self.ctx, prefix="master:")
         w.producer = launch.start_producer(self.ctx, c, started)
+
+    async def _await_targets(self, w: _Workload) -> None:
+        """An evaluation submitted with its targets' workloads waits for their slots.
+
+        Raises:
+            ConflictError: a target's workload ended before it got a slot.
+        """
+        ev = w.compiled.spec.evaluation
+        assert ev is not None
+        while missing := [t for t in ev.targets if t not in self._tenants]:
+            live = {o.tenant_id for o in self._live() if o.task in _TRAINABLE}
+            gone = [t for t in missing if t not in live]
+            if gone:
+                raise ConflictError(f"evaluation targets {gone} have no policy to evaluate")
+            await self.clock.sleep(max(self.ctx.poll_s, 0.02))
 
     def _completed(self, tenant_id: str, task_type: TaskType) -> int:
         jobs = self.scheduler.list_jobs(tenant_id=tenant_id, state=JobState.COMPLETED)
@@ -496,6 +779,8 @@ class MasterService(ModelPrimitives):
     async def _wait_done(self, w: _Workload) -> None:
         assert w.producer is not None
         while True:
+            if w.state.is_terminal:
+                return
             if w.producer.done():
                 exc = None if w.producer.cancelled() else w.producer.exception()
                 if exc is not None:
@@ -505,51 +790,167 @@ class MasterService(ModelPrimitives):
             elif w.task is not TaskKind.EVAL and self._failed(w) >= self.max_failures:
                 w.producer.cancel()
                 await asyncio.gather(w.producer, return_exceptions=True)
-                raise RuntimeError(f"{self._failed(w)} training jobs failed; see the metrics")
+                errors = w.tenant.errors[-1:] if w.tenant else []
+                last = f"; last: {errors[0]}" if errors else ""
+                raise RuntimeError(f"{self._failed(w)} training jobs failed{last}")
+            self._watch(w)
             await self.clock.sleep(max(self.ctx.poll_s, 0.02))
 
-    def _in_flight(self, w: _Workload) -> int:
-        return sum(1 for j in self.scheduler.list_jobs(tenant_id=w.tenant_id) if not j.is_terminal)
-
-    def _jobs_since(self, w: _Workload) -> list[Any]:
+    def _jobs_of(self, w: _Workload) -> list[TrainingJob]:
+        """The jobs this workload's producer reserved (tagged with its id)."""
         return [
             j
             for j in self.scheduler.list_jobs(tenant_id=w.tenant_id)
-            if j.created_at >= w.created_at
+            if j.metadata.get("workload_id") == w.workload_id
         ]
 
+    def _in_flight(self, w: _Workload) -> int:
+        return sum(1 for j in self._jobs_of(w) if not j.is_terminal)
+
     def _failed(self, w: _Workload) -> int:
-        return sum(1 for j in self._jobs_since(w) if j.state is JobState.FAILED)
+        """Failed jobs that count against the workload (not restarts or cancels)."""
+        return sum(
+            1
+            for j in self._jobs_of(w)
+            if j.state is JobState.FAILED and j.terminal_reason not in _NOT_THE_JOBS_FAULT
+        )
 
     async def _finish(self, w: _Workload) -> None:
         tid, tenant = w.tenant_id, w.tenant
         assert tenant is not None
         if w.task is TaskKind.EVAL:
             assert w.producer is not None
-            w.eval_runs = len(w.producer.result())
+            w.eval_runs = tenant.eval_first_run + len(w.producer.result())
         else:
             version = self.training.policy_version(tid)
             latest = self.training.latest_checkpoint(tid)
             if version > 0 and (latest is None or latest.name != f"step_{version}"):
-                await self.training.save(version, [tid], include_optim=True)
-                tenant.metrics.write("checkpoint", policy_version=version)
+                ledger = {"jobs_applied": tenant.jobs_applied, "workload_id": w.workload_id}
+                await self.training.save(version, [tid], include_optim=True, ledger=ledger)
+            tenant.metrics.write("checkpoint", policy_version=version)
             await publish(self.ctx, tid)  # SFT updates are served from now on
+            if w.source is not None and self.heldout_samples is not None:
+                err = await heldout_action_error(
+                    self.inference, tid, w.source, max_samples=self.heldout_samples
+                )
+                initial = next(
+                    (r.get("error") for r in tenant.metrics.of_kind("heldout_initial")), None
+                )
+                tenant.metrics.write("heldout", initial=initial, final=err, policy_version=version)
         if tenant.session_id is not None:
             with contextlib.suppress(JoyNexusError):
                 await self.env.close(tenant.session_id, tenant_id=tid)
         w.state = WorkloadState.COMPLETED
         w.finished_at = self.clock.wall()
+        self._save(w)
         self._write_event(w, "completed")
+
+    # ------------------------------------------------------------ health hooks
+
+    def _progress(self, w: _Workload) -> tuple[int, int, int]:
+        jobs = self._jobs_of(w)
+        done = sum(1 for j in jobs if j.is_terminal)
+        evals = len(w.tenant.metrics.of_kind("eval")) if w.tenant is not None else 0
+        return (done, len(jobs), evals)
+
+    def expected_job_s(self, w: _Workload) -> float | None:
+        """Mean wall time of the workload's completed jobs (None before the first)."""
+        spans = [
+            j.finished_at - j.created_at
+            for j in self._jobs_of(w)
+            if j.state is JobState.COMPLETED and j.finished_at is not None
+        ]
+        return sum(spans) / len(spans) if spans else None
+
+    def _watch(self, w: _Workload) -> None:
+        """The watchdog: flag a running workload that has made no progress for long."""
+        mark = self._progress(w)
+        now = self.clock.now()
+        if mark != w.progress_mark or w.state is not WorkloadState.RUNNING:
+            if w.stalled is not None and mark != w.progress_mark:
+                self._write_event(w, "progressing")
+            w.progress_mark, w.progress_at, w.stalled = mark, now, None
+            return
+        expected = self.expected_job_s(w)
+        limit = max(self.watchdog_min_s, self.watchdog_factor * (expected or 0.0))
+        silent = now - w.progress_at
+        if w.stalled is None and silent > limit:
+            w.stalled = (
+                f"no progress for {silent:.0f} s (limit {limit:.0f} s = "
+                f"{self.watchdog_factor:g} x expected job time "
+                f"{'unknown' if expected is None else f'{expected:.1f} s'}, at least "
+                f"{self.watchdog_min_s:g} s)"
+            )
+            log.warning("workload %s stalled: %s", w.workload_id, w.stalled)
+            self._write_event(w, "stalled", reason=w.stalled)
+
+    async def fail_live(self, reason: str) -> list[str]:
+        """End every live workload ``failed`` with ``reason`` (a role that cannot be
+        recovered: the Health Manager's budget is spent). Returns their ids."""
+        ended = []
+        for w in list(self._workloads.values()):
+            if w.state.is_terminal:
+                continue
+            if w.supervisor is not None and not w.supervisor.done():
+                w.supervisor.cancel()
+                await asyncio.gather(w.supervisor, return_exceptions=True)
+            await self._end_failed(w, reason[:500])
+            ended.append(w.workload_id)
+        return ended
+
+    async def restart_training(self) -> None:
+        """The training role's in-place restart: rebuild every live tenant's slot.
+
+        Jobs in flight fail ``role_restarted`` (never counted against the workload);
+        each trainable tenant's slot is recreated from its latest checkpoint — which
+        holds every completed update — and published again; the producers go on.
+        """
+        async with self._training_lock:
+            for w in list(self._workloads.values()):
+                if w.state.is_terminal or w.task not in _TRAINABLE or w.tenant is None:
+                    continue
+                await self._fail_in_flight(w, ROLE_RESTARTED_REASON)
+                tenant = w.tenant
+                assert tenant.config is not None
+                with contextlib.suppress(NotFoundError):
+                    await self.training.remove_tenant(w.tenant_id)
+                await self.training.add_tenant(tenant.config)
+                with contextlib.suppress(NotFoundError):
+                    tenant.last_checkpoint_version = await self.training.restore(w.tenant_id)
+                    tenant.jobs_applied = int(
+                        self.training.checkpoint_ledger(w.tenant_id).get("jobs_applied", 0)
+                    )
+                await publish(self.ctx, w.tenant_id)
+                tenant.metrics.write(
+                    "training_restarted", policy_version=tenant.last_checkpoint_version
+                )
+
+    def degraded(self) -> list[str]:
+        """Why the service is not fully healthy: stalled workloads (empty when fine)."""
+        return [f"workload {w.workload_id}: {w.stalled}" for w in self._live() if w.stalled]
+
+    def _live(self) -> list[_Workload]:
+        return [w for w in self._workloads.values() if not w.state.is_terminal]
 
     # --------------------------------------------------------------- reporting
 
     def session_holders(self) -> list[WorkflowTenant]:
         """The tenants of the live workloads (whose sessions the Health Manager watches)."""
-        return [
-            w.tenant
-            for w in self._workloads.values()
-            if w.tenant is not None and not w.state.is_terminal
-        ]
+        return [w.tenant for w in self._live() if w.tenant is not None]
+
+    def workload_ids(self) -> list[str]:
+        """Every workload, oldest first (operators and ``joynexus run``)."""
+        return list(self._workloads)
+
+    def tenant_owner(self, workload_id: str) -> str | None:
+        """The tenant a workload belongs to (None: no such workload)."""
+        w = self._workloads.get(workload_id)
+        return None if w is None else w.tenant_id
+
+    def tenant_of(self, workload_id: str) -> WorkflowTenant | None:
+        """The tenant as the loops see it (None before the workload started)."""
+        w = self._workloads.get(workload_id)
+        return None if w is None else w.tenant
 
     def list_workloads(self, tenant_id: str) -> list[WorkloadStatus]:
         """The tenant's workloads, oldest first."""
@@ -573,6 +974,8 @@ class MasterService(ModelPrimitives):
             schema_signature=w.tenant.schema_signature if w.tenant else None,
             session_id=w.tenant.session_id if w.tenant else None,
             error=w.error,
+            restarts=w.restarts,
+            stalled=w.stalled,
         )
         if c.task is TaskKind.EVAL:
             ev = c.spec.evaluation
@@ -586,7 +989,7 @@ class MasterService(ModelPrimitives):
             with contextlib.suppress(NotFoundError):
                 out.policy_version = self.training.policy_version(w.tenant_id)
         if c.task_type is not None:
-            jobs = self._jobs_since(w)
+            jobs = self._jobs_of(w)
             out.jobs_completed = sum(1 for j in jobs if j.state is JobState.COMPLETED)
             out.jobs_failed = sum(1 for j in jobs if j.state is JobState.FAILED)
             out.jobs_dropped = sum(1 for j in jobs if j.state is JobState.DROPPED)
@@ -647,6 +1050,10 @@ class MasterService(ModelPrimitives):
             "spec": w.compiled.spec.model_dump(mode="json", by_alias=True),
         }
         (folder / "workload.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+    def _save(self, w: _Workload) -> None:
+        """Commit ``w``'s record (every state change goes through here)."""
+        self.store.put(w.record())
 
     def _write_event(self, w: _Workload, state: str, **extra: Any) -> None:
         with contextlib.suppress(OSError):

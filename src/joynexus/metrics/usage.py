@@ -13,6 +13,9 @@ Thread-safe: services call it from worker threads. With a ``path`` the meter wri
 its report there (atomically) at most every ``persist_interval_s`` and on
 :meth:`UsageMeter.save`, so ``joynexus usage --run-dir`` can read it; ``resume=True``
 starts from the totals a previous process left in that file.
+
+The report types (:class:`~joynexus.api.UsageReport`, :class:`~joynexus.api.TenantUsage`)
+live in the torch-free :mod:`joynexus.api`, shared with the server and the client.
 """
 
 from __future__ import annotations
@@ -25,67 +28,20 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from joynexus.api import SERVICES, ServiceName, TenantUsage, UsageReport
 from joynexus.errors import InvalidRequestError
 from joynexus.utils.clock import Clock, SystemClock
 
-__all__ = [
-    "SERVICES",
-    "ServiceName",
-    "TenantUsage",
-    "UsageMeter",
-    "UsageReport",
-    "split_by_rows",
-]
+# Transitional: demo/phase.py still imports UsageReport from here; once it imports it
+# from joynexus.api, drop "UsageReport" from this list.
+__all__ = ["USAGE_FILE", "UsageMeter", "UsageReport", "split_by_rows"]
 
-ServiceName = Literal["training", "inference", "environment"]
-SERVICES: tuple[ServiceName, ...] = ("training", "inference", "environment")
 USAGE_FILE = "usage.json"
 
 
 def _zero_seconds() -> dict[str, float]:
     return dict.fromkeys(SERVICES, 0.0)
-
-
-class TenantUsage(BaseModel):
-    """One tenant's metered usage."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    tenant_id: str
-    device_seconds: dict[str, float] = Field(
-        default_factory=_zero_seconds,
-        description="service -> device-seconds attributed to this tenant",
-    )
-    requests: int = Field(0, description="predict requests accepted")
-    inference_samples: int = Field(0, description="samples served in inference batches")
-    samples_trained: int = Field(0, description="samples in optimizer steps")
-    env_steps: int = Field(0, description="simulator steps (each sub-env counts)")
-
-    @property
-    def total_device_seconds(self) -> float:
-        return sum(self.device_seconds.values())
-
-
-class UsageReport(BaseModel):
-    """A snapshot of the meter (what the API, CLI and dashboard show)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    started_at: float = Field(description="wall seconds when metering began")
-    generated_at: float = Field(description="wall seconds of this snapshot")
-    tenants: dict[str, TenantUsage]
-    service_seconds: dict[str, float] = Field(
-        description="service -> measured device-seconds (equals the sum over tenants)"
-    )
-
-    @classmethod
-    def load(cls, path: str | Path) -> UsageReport:
-        """Read a report the meter wrote (``usage.json``)."""
-        return cls.model_validate_json(Path(path).read_text())
 
 
 def split_by_rows(rows: Mapping[str, int], seconds: float) -> dict[str, float]:
@@ -270,6 +226,17 @@ class UsageMeter:
             tenants=tenants,
             service_seconds=service,
         )
+
+    def report(self) -> UsageReport:
+        """The usage as users see it: persisted first, then returned.
+
+        Whatever a caller was shown is on disk, so a server restarted on the same file
+        (``resume=True``) never reports less: usage is monotone across restarts.
+        """
+        if self.path is not None:
+            with contextlib.suppress(OSError):  # the report still answers; the next retries
+                self.save()
+        return self.snapshot()
 
     def tenant(self, tenant_id: str) -> TenantUsage:
         """One tenant's usage (zeros for a tenant never seen)."""

@@ -21,13 +21,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,10 +40,8 @@ from joynexus.errors import (
     NotFoundError,
     SchemaMismatchError,
 )
+from joynexus.models.normalization import NormalizationStats
 from joynexus.models.slots import TenantSlot, validate_tenant_id
-
-if TYPE_CHECKING:
-    from joynexus.data.sft import NormalizationStats
 
 ACTION_MODULE_FILE = "action_module.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"
@@ -208,6 +207,11 @@ class CheckpointManifest(BaseModel):
     value_head: dict[str, Any] | None = None
     includes_optimizer: bool
     files: dict[str, str] = Field(description="file name → sha256 hex digest")
+    ledger: dict[str, Any] = Field(
+        default_factory=dict,
+        description="what the orchestrator recorded with these weights (the training job "
+        "whose update produced them, how many job updates they contain)",
+    )
 
 
 def _sha256(path: Path) -> str:
@@ -298,6 +302,7 @@ def save_slot(
     base_model_id: str | None = None,
     base_model_hash: str | None = None,
     clock: Callable[[], float] = time.time,
+    ledger: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``slot`` to ``<output_dir>/<tenant>/step_<step>/`` atomically.
 
@@ -309,6 +314,8 @@ def save_slot(
         base_model_id: Recorded in the manifest; defaults to the slot's base model id.
         base_model_hash: Optional digest of the base weights, checked on load.
         clock: Returns the creation timestamp (seconds since the epoch).
+        ledger: JSON data recorded in the manifest with the weights (the Master's
+            job ledger), so weights and the account of what is in them commit together.
 
     Returns:
         The checkpoint directory.
@@ -346,6 +353,7 @@ def save_slot(
             else slot.value_head_config.model_dump(mode="json"),
             includes_optimizer=include_optim,
             files=files,
+            ledger=dict(ledger or {}),
         )
         (tmp / MANIFEST_FILE).write_text(manifest.model_dump_json(indent=2))
         os.replace(tmp, final)
@@ -353,6 +361,26 @@ def save_slot(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def find_latest_checkpoint(output_dir: str | os.PathLike[str], tenant_id: str) -> Path | None:
+    """The tenant's checkpoint with the highest step under ``output_dir``, or None.
+
+    Only complete checkpoints count (written atomically: their manifest exists).
+    """
+    root = Path(output_dir) / tenant_id
+    best: tuple[int, Path] | None = None
+    if root.is_dir():
+        for child in root.iterdir():
+            m = _STEP_DIR.match(child.name)
+            if m and (child / MANIFEST_FILE).is_file():
+                n = int(m.group(1))
+                if best is None or n > best[0]:
+                    best = (n, child)
+    return None if best is None else best[1]
 
 
 def read_manifest(path: str | os.PathLike[str]) -> CheckpointManifest:
@@ -421,8 +449,6 @@ def load_slot(
             )
     normalization: NormalizationStats | None = None
     if NORMALIZATION_FILE in manifest.files:
-        from joynexus.data.sft import NormalizationStats
-
         normalization = NormalizationStats.model_validate_json(
             (root / NORMALIZATION_FILE).read_text()
         )

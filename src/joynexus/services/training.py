@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,7 +48,14 @@ from joynexus.metrics.usage import UsageMeter
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.grouped import GroupedExecutor
-from joynexus.models.payload import TenantPayload, export_params, load_slot, save_slot
+from joynexus.models.payload import (
+    TenantPayload,
+    export_params,
+    find_latest_checkpoint,
+    load_slot,
+    read_manifest,
+    save_slot,
+)
 from joynexus.models.slots import StepResult, TenantSlot
 from joynexus.models.types import BackboneOutput
 from joynexus.queues.training import TrainingQueue
@@ -558,8 +566,16 @@ class TrainingModelService:
         step: int,
         tenant_ids: Sequence[str] | None = None,
         include_optim: bool = True,
+        ledger: Mapping[str, Any] | None = None,
     ) -> list[Path]:
         """Write ``<output_dir>/<tenant>/step_<step>/`` for each tenant (atomically).
+
+        Args:
+            step: The step in the directory name (the policy version, by convention).
+            tenant_ids: Whose slots (default: every tenant).
+            include_optim: Also write the optimizer state (to resume training).
+            ledger: Recorded in each manifest with the weights (see
+                :func:`~joynexus.models.payload.save_slot`).
 
         Raises:
             NotFoundError: an unknown tenant.
@@ -577,6 +593,7 @@ class TrainingModelService:
                         step,
                         include_optim=include_optim,
                         clock=self.clock.wall,
+                        ledger=ledger,
                     )
                     for s in slots
                 ]
@@ -585,16 +602,40 @@ class TrainingModelService:
 
     def latest_checkpoint(self, tenant_id: str) -> Path | None:
         """The tenant's checkpoint with the highest step, or None."""
+        return find_latest_checkpoint(self.checkpoint_root(tenant_id), tenant_id)
+
+    async def prune_checkpoints(
+        self, tenant_id: str, *, keep_last: int = 2, keep_every: int = 0
+    ) -> list[Path]:
+        """Delete the tenant's older checkpoints; returns the deleted directories.
+
+        Args:
+            keep_last: The newest checkpoints always kept (at least 1).
+            keep_every: Also keep steps that are multiples of it (0: none).
+        """
         root = self.checkpoint_root(tenant_id) / tenant_id
-        best: tuple[int, Path] | None = None
-        if root.is_dir():
-            for child in root.iterdir():
-                m = _STEP_DIR.match(child.name)
-                if m and (child / "manifest.json").is_file():
-                    n = int(m.group(1))
-                    if best is None or n > best[0]:
-                        best = (n, child)
-        return None if best is None else best[1]
+
+        def prune() -> list[Path]:
+            steps = sorted(
+                (int(m.group(1)), child)
+                for child in (root.iterdir() if root.is_dir() else [])
+                if (m := _STEP_DIR.match(child.name)) and (child / "manifest.json").is_file()
+            )
+            doomed = [
+                path
+                for step, path in steps[: -max(keep_last, 1)]
+                if not (keep_every > 0 and step % keep_every == 0)
+            ]
+            for path in doomed:
+                shutil.rmtree(path, ignore_errors=True)
+            return doomed
+
+        return await asyncio.to_thread(prune)
+
+    def checkpoint_ledger(self, tenant_id: str) -> dict[str, Any]:
+        """The ledger recorded with the tenant's latest checkpoint (empty without one)."""
+        latest = self.latest_checkpoint(tenant_id)
+        return {} if latest is None else dict(read_manifest(latest).ledger)
 
     async def restore(self, tenant_id: str, checkpoint: Path | None = None) -> int:
         """Load the tenant's latest checkpoint (or ``checkpoint``); returns its version.

@@ -8,9 +8,10 @@ The one consumer of ready RL and SFT jobs, exactly as App. A.6 composes it:
    with the tenant's current training version) → clear the partition, then
    ``drop(policy_stale)``;
 3. ``train_job`` (heartbeating the consumer lease between microbatches);
-4. publish the new version to inference (``export_params`` → ``load_weights``) for RL
+4. checkpoint: every update under the Master (``WorkflowContext.durable_checkpoints``,
+   with a ledger naming the job), else every ``scheduling.checkpoint_every`` versions;
+5. publish the new version to inference (``export_params`` → ``load_weights``) for RL
    tenants and for tenants an evaluation reads;
-5. maybe checkpoint (``scheduling.checkpoint_every`` policy versions);
 6. clear the partition, then ``complete`` with the actor versions in the metadata;
 7. on an exception: best-effort clear, ``fail`` with the reason, re-raise.
 
@@ -68,12 +69,38 @@ async def publish(ctx: WorkflowContext, tenant_id: str) -> int:
     return int(payload.policy_version)
 
 
-async def _maybe_checkpoint(ctx: WorkflowContext, tenant: WorkflowTenant, version: int) -> None:
+#: Checkpoints kept besides the ``checkpoint_every`` ones when every update is saved.
+KEEP_LAST_CHECKPOINTS = 2
+
+
+async def _maybe_checkpoint(
+    ctx: WorkflowContext, tenant: WorkflowTenant, version: int, job: TrainingJob
+) -> None:
+    """Checkpoint ``tenant`` after ``job``'s update (every update when durable).
+
+    The ledger saved with the weights names the job and counts the updates they hold,
+    so a restarted Master completes a job whose update reached the checkpoint even if
+    the process died before ``complete`` (and fails the ones that did not).
+    """
     every = tenant.spec.scheduling.checkpoint_every
+    applied = tenant.jobs_applied + 1
+    if ctx.durable_checkpoints:
+        ledger = {"job_id": job.job_id, "jobs_applied": applied, "workload_id": tenant.workload_id}
+        await ctx.training.save(version, [tenant.tenant_id], include_optim=True, ledger=ledger)
+        tenant.jobs_applied = applied
+        tenant.last_checkpoint_version = version
+        await ctx.training.prune_checkpoints(
+            tenant.tenant_id, keep_last=KEEP_LAST_CHECKPOINTS, keep_every=max(every, 0)
+        )
+        if every > 0 and version % every == 0:
+            tenant.metrics.write("checkpoint", policy_version=version)
+        return
+    tenant.jobs_applied = applied
     if every <= 0:
         return
     if version // every > tenant.last_checkpoint_version // every:
-        await ctx.training.save(version, [tenant.tenant_id], include_optim=True)
+        ledger = {"job_id": job.job_id, "jobs_applied": applied}
+        await ctx.training.save(version, [tenant.tenant_id], include_optim=True, ledger=ledger)
         tenant.last_checkpoint_version = version
         tenant.metrics.write("checkpoint", policy_version=version)
 
@@ -107,12 +134,16 @@ async def _fail(ctx: WorkflowContext, job: TrainingJob, error: BaseException) ->
 
 
 async def _finish(ctx: WorkflowContext, job: TrainingJob, result: Any) -> TrainingJob:
-    """Steps 4–6 after a job trained: publish, maybe checkpoint, clear, complete."""
+    """Steps 4–6 after a job trained: checkpoint, publish, clear, complete.
+
+    The checkpoint comes first: a version is served only once it is durable, so a
+    restart never issues the same version number for other weights.
+    """
     tenant = ctx.tenants[job.tenant_id]
     version = int(result.policy_version)
+    await _maybe_checkpoint(ctx, tenant, version, job)
     if job.task_type is TaskType.RL or tenant.serve:
         await publish(ctx, job.tenant_id)
-    await _maybe_checkpoint(ctx, tenant, version)
     await ctx.queue.async_clear(job.partition_id)
     done = ctx.scheduler.complete(
         job.job_id,

@@ -26,9 +26,10 @@ from joynexus.control.admission import AdmissionPolicy, GlobalLimit
 from joynexus.control.job import TaskType
 from joynexus.data.lerobot_format import FeatureSpec
 from joynexus.data.reader import LeRobotDataset
-from joynexus.data.sft import NormMode, SFTBatchBuilder, SFTFeatureMap
+from joynexus.data.sft import SFTBatchBuilder, SFTFeatureMap
 from joynexus.envs.registry import env_schema, get_registration, list_envs
 from joynexus.errors import DatasetError, JoyNexusError, SpecError
+from joynexus.models.normalization import NormMode
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.services.tenancy import TenantConfig
 from joynexus.spec.workload import BaseModelSpec, TaskKind, WorkloadSpec

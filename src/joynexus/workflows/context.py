@@ -2,9 +2,9 @@
 and where they record what happened.
 
 The loops are coupled only through the Training Scheduler and the Training Queue
-(paper §4.2); they reach the model services through the small protocols below, which
-the real :class:`~joynexus.services.training.TrainingModelService` and
-:class:`~joynexus.services.inference.InferenceModelService` satisfy.
+(paper §4.2); they reach the services through the protocols of
+:mod:`joynexus.services.protocols`, which the service objects, the rollout-engine pool
+and the Ray actor proxies all satisfy.
 """
 
 from __future__ import annotations
@@ -14,16 +14,20 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from joynexus.control.admission import REFUSED_COMPLETION_TARGET
 from joynexus.control.job import TaskType, TrainingJob
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.models.schema import DataSchema
-from joynexus.queues.training import TrainingQueue
+from joynexus.services.protocols import (
+    InferenceModelServiceAPI,
+    TrainingModelServiceAPI,
+    TrainingQueueAPI,
+)
 from joynexus.services.tenancy import TenantConfig
 from joynexus.spec.workload import WorkloadSpec
 from joynexus.utils.clock import Clock
@@ -31,7 +35,6 @@ from joynexus.utils.clock import Clock
 __all__ = [
     "ACTOR_ROLE",
     "MetricsLog",
-    "TrainingService",
     "WorkflowContext",
     "WorkflowTenant",
     "job_heartbeat",
@@ -40,59 +43,6 @@ __all__ = [
 ACTOR_ROLE = "actor"
 ROLLOUT_ROLE = "rollout"
 SFT_ROLE = "sft"
-
-
-class TrainingService(Protocol):
-    """The Training Model Service calls the loops make."""
-
-    async def train_job(
-        self, job: TrainingJob, *, heartbeat: Callable[[], None] | None = None
-    ) -> Any: ...
-
-    async def train_jobs_isolated(
-        self, jobs: Sequence[TrainingJob], *, heartbeat: Callable[[], None] | None = None
-    ) -> list[Any]: ...
-
-    async def actor_forward(self, job: TrainingJob) -> None: ...
-
-    async def export_params(self, tenant_id: str) -> Any: ...
-
-    async def save(
-        self, step: int, tenant_ids: Sequence[str] | None = None, include_optim: bool = True
-    ) -> list[Path]: ...
-
-    def policy_version(self, tenant_id: str) -> int: ...
-
-
-class InferenceService(Protocol):
-    """The Inference Model Service calls the loops make."""
-
-    def current_policy_version(self, tenant_id: str) -> int: ...
-
-    async def load_weights(self, tenant_id: str, version: int, named_tensors: Any) -> None: ...
-
-    async def rollout(
-        self,
-        config: Any,
-        job_id: str,
-        partition_id: str,
-        num_envs: int,
-        horizon: int,
-        version: int,
-        *,
-        heartbeat: Callable[[], None] | None = None,
-    ) -> Any: ...
-
-    async def evaluate(
-        self,
-        tenant_id: str,
-        session_id: str,
-        *,
-        episodes: int,
-        version: int | None = None,
-        deterministic: bool = True,
-        session_tenant: str | None = None,
-    ) -> Any: ...
 
 
 def _finite(value: Any) -> Any:
@@ -104,13 +54,19 @@ def _finite(value: Any) -> Any:
 class MetricsLog:
     """Append-only JSONL metrics of one tenant (``<tenant output dir>/metrics.jsonl``)."""
 
-    def __init__(self, path: Path | None, clock: Clock) -> None:
+    def __init__(self, path: Path | None, clock: Clock, *, resume: bool = False) -> None:
         self.path = path
         self.clock = clock
         self.records: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
+            if resume and path.is_file():  # a restarted Master: what was recorded before
+                for line in path.read_text().splitlines():
+                    try:
+                        self.records.append(json.loads(line))
+                    except ValueError:  # a line cut short by a kill: skip it
+                        continue
 
     def write(self, kind: str, **values: Any) -> None:
         record = {"kind": kind, "time": self.clock.wall()}
@@ -139,6 +95,11 @@ class WorkflowTenant:
         serve: Publish weights to inference after every update (RL tenants and
             evaluation targets).
         metrics: Its metrics log.
+        workload_id: The Master workload it runs for (tags its jobs; None outside one).
+        last_checkpoint_version: Version of its latest checkpoint.
+        jobs_applied: Training jobs whose updates its current weights contain (the
+            ledger recorded with every checkpoint).
+        eval_first_run: The first evaluation run still to do (a resumed evaluation).
     """
 
     spec: WorkloadSpec
@@ -148,8 +109,18 @@ class WorkflowTenant:
     metrics: MetricsLog
     session_id: str | None = None
     serve: bool = True
+    workload_id: str | None = None
     last_checkpoint_version: int = 0
+    jobs_applied: int = 0
+    eval_first_run: int = 0
     errors: list[str] = field(default_factory=list)
+
+    def job_metadata(self) -> dict[str, Any]:
+        """Metadata of the jobs its producer reserves (schema signature, workload)."""
+        meta: dict[str, Any] = {"schema_signature": self.schema_signature}
+        if self.workload_id is not None:
+            meta["workload_id"] = self.workload_id
+        return meta
 
     @property
     def tenant_id(self) -> str:
@@ -166,9 +137,9 @@ class WorkflowContext:
     """The shared objects every loop of one runtime uses."""
 
     scheduler: TrainingScheduler
-    queue: TrainingQueue
-    training: TrainingService
-    inference: InferenceService
+    queue: TrainingQueueAPI
+    training: TrainingModelServiceAPI
+    inference: InferenceModelServiceAPI
     clock: Clock
     tenants: Mapping[str, WorkflowTenant]
     domain: str = "vla"
@@ -180,6 +151,10 @@ class WorkflowContext:
     #: Most ready jobs (of different tenants) the actor leases and trains together,
     #: sharing one grouped backbone forward per microbatch; 1 = one job at a time.
     actor_group_size: int = 4
+    #: Checkpoint every update before it is published or its job completes (the
+    #: Master's durability: a version is never issued twice, and completed jobs are
+    #: exactly the updates in the weights); False: ``scheduling.checkpoint_every``.
+    durable_checkpoints: bool = False
 
 
 def job_heartbeat(scheduler: TrainingScheduler, job: TrainingJob) -> Callable[[], None]:

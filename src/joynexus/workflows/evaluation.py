@@ -76,7 +76,7 @@ async def evaluator(ctx: WorkflowContext, tenant: WorkflowTenant) -> list[EvalRu
     ev = tenant.spec.evaluation
     assert ev is not None
     runs: list[EvalRun] = []
-    for k in range(ev.runs):
+    for k in range(tenant.eval_first_run, ev.runs):  # a resumed evaluation skips done runs
         await ctx.clock.sleep(ev.interval_s)
         for target in ev.targets:
             try:

@@ -92,6 +92,7 @@ async def start_tenant(
     serve: bool,
     skip_incompatible_checkpoint: bool = False,
     heldout_samples: int | None = None,
+    workload_id: str | None = None,
 ) -> StartedTenant:
     """Give ``c``'s tenant its slots and resume it from its latest checkpoint.
 
@@ -109,6 +110,7 @@ async def start_tenant(
             checkpoint does not fit the tenant (another interface).
         heldout_samples: Measure an SFT tenant's initial held-out action error on
             this many frames (None: do not measure).
+        workload_id: The Master workload the tenant runs for (tags its jobs).
 
     Raises:
         JoyNexusError: a slot could not be created, or (unless skipped) the checkpoint
@@ -125,6 +127,7 @@ async def start_tenant(
                 metrics=metrics,
                 session_id=session_id,
                 serve=False,
+                workload_id=workload_id,
             )
         )
     config, source = c.config, None
@@ -133,8 +136,10 @@ async def start_tenant(
         config = with_normalization(config, source)
     info = await training.add_tenant(config)
     resumed: int | None = None
+    applied = 0
     try:
         resumed = await training.restore(tid)
+        applied = int(training.checkpoint_ledger(tid).get("jobs_applied", 0))
     except NotFoundError:
         pass  # no checkpoint yet
     except JoyNexusError as exc:
@@ -152,6 +157,8 @@ async def start_tenant(
         session_id=session_id,
         serve=serve,
         last_checkpoint_version=resumed or 0,
+        workload_id=workload_id,
+        jobs_applied=applied,
     )
     if resumed:
         metrics.write("resumed", policy_version=resumed)

@@ -64,7 +64,7 @@ async def produce_rl(ctx: WorkflowContext, tenant: WorkflowTenant) -> str | None
         max_policy_staleness=spec.scheduling.max_policy_staleness,
         producer_role=ROLLOUT_ROLE,
         consumer_role=ACTOR_ROLE,
-        metadata={"schema_signature": tenant.schema_signature},
+        metadata=tenant.job_metadata(),
     )
     if job is None:
         return ctx.scheduler.last_refusal(tenant.tenant_id, TaskType.RL) or "refused"

@@ -130,7 +130,7 @@ async def produce_sft(
         behavior_policy_version=None,
         producer_role=SFT_ROLE,
         consumer_role=ACTOR_ROLE,
-        metadata={"schema_signature": tenant.schema_signature},
+        metadata=tenant.job_metadata(),
     )
     if job is None:
         return ctx.scheduler.last_refusal(tenant.tenant_id, TaskType.SFT) or "refused"

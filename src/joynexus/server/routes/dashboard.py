@@ -23,9 +23,8 @@ from fastapi import APIRouter, Query
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from joynexus.api import WorkloadStatus
+from joynexus.api import TenantUsage, WorkloadStatus
 from joynexus.errors import JoyNexusError, NotFoundError
-from joynexus.metrics.usage import TenantUsage
 from joynexus.server.dashboard import STATIC_DIR
 from joynexus.server.dashboard.feed import CurvePoint, DashboardFeed, UtilizationTimeline
 from joynexus.server.routes.metrics import METRICS, USAGE, Viewer, viewer_tenant
@@ -174,7 +173,7 @@ def build_state(state: ServerState, viewer: Viewer, scope: str | None) -> Dashbo
 
     counters = state.services.scheduler.counters()
     by_tenant: dict[str, dict[str, int]] = counters["by_tenant"]
-    usage = meter.snapshot() if meter is not None else None
+    usage = meter.report() if meter is not None else None
     partitions = _partitions_by_tenant(state)
     tenants: list[TenantView] = []
     for tid in _tenant_ids(state, scope):

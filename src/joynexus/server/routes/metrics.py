@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from joynexus.api import TenantUsage, UsageReport
 from joynexus.errors import AuthenticationError, PermissionDeniedError
-from joynexus.metrics.usage import TenantUsage, UsageReport
 from joynexus.server.auth import Principal
 from joynexus.server.state import ServerState, State
 
@@ -151,4 +151,4 @@ async def usage(
     environment steps. A tenant key sees only its own usage; an admin key every tenant's."""
     meter: UsageMeter = state.service(USAGE)
     scope = viewer_tenant(principal, tenant_id)
-    return scoped_usage(meter.snapshot(), scope)
+    return scoped_usage(meter.report(), scope)

@@ -1,0 +1,360 @@
+"""Run workloads to completion on an in-process Master (``joynexus run``, the demo).
+
+:class:`LocalRun` is the Master Service of one run directory, hosted in this process:
+it builds the execution plane (:func:`~joynexus.runtime.plane.build_plane`), opens the
+durable workload store in the run directory, starts the Master (which resumes whatever
+a previous invocation left running) and submits the specs. A spec identical to a
+workload already recorded in the run directory is *that* workload again — resumed if
+it was interrupted, reported as it ended otherwise — so rerunning a command continues
+the same checkpoint and the same job history together, and never counts another run's
+jobs. ``fresh=True`` deletes the run directory's state first (workload records, job
+history, checkpoints, metrics and usage) and starts both over.
+
+Everything of a run lives in its run directory: ``scheduler.sqlite`` (jobs and
+workload records), ``outputs/<tenant>/`` (checkpoints, each workload's metrics),
+``usage.json`` and the tiny-model cache ``models/`` (kept by ``fresh``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from joynexus.api import WorkloadState, WorkloadStatus
+from joynexus.data.record import record_missing_dataset
+from joynexus.master.limits import MasterLimits
+from joynexus.master.service import MasterService
+from joynexus.master.store import SQLiteWorkloadStore
+from joynexus.runtime.plane import ExecutionPlane, RuntimeConfig, build_plane, load_base_model
+from joynexus.spec.workload import TaskKind, WorkloadSpec
+from joynexus.utils.clock import Clock, SystemClock
+from joynexus.workflows.compile import CompiledRun, compile_workloads
+from joynexus.workflows.summary import EvalRunSummary, RunSummary, TenantProgress, TenantSummary
+
+__all__ = ["RUN_STATE", "LocalRun", "run_workloads", "wipe_run_state"]
+
+#: What ``fresh`` deletes from a run directory (the model cache stays).
+RUN_STATE = (
+    "scheduler.sqlite",
+    "scheduler.sqlite-wal",
+    "scheduler.sqlite-shm",
+    "usage.json",
+    "outputs",
+    "metrics",
+    "tensorboard",
+)
+
+
+def wipe_run_state(run_dir: Path) -> None:
+    """Delete a run directory's job history, workload records, checkpoints and usage."""
+    for name in RUN_STATE:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def _comparable(spec: WorkloadSpec) -> dict[str, Any]:
+    data: dict[str, Any] = spec.model_dump(mode="json", by_alias=True, exclude={"output_dir"})
+    return data
+
+
+class LocalRun:
+    """One run directory's Master, in this process (see module docstring).
+
+    Args:
+        run_dir: Holds everything of the run.
+        config: Plane and loop knobs.
+        clock: Time source (tests may pass their own).
+        placement: Where the services live (default: in this process).
+        limits: What the Master accepts (default: everything a local user may run).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        config: RuntimeConfig | None = None,
+        clock: Clock | None = None,
+        placement: Any = None,
+        limits: MasterLimits | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.config = config or RuntimeConfig()
+        self.clock: Clock = clock or SystemClock()
+        self.placement = placement
+        self.limits = limits
+        self.plane: ExecutionPlane | None = None
+        self.master: MasterService | None = None
+        self.workload_ids: dict[str, str] = {}  # tenant -> its workload of this run
+        self.started_at = time.monotonic()
+
+    async def open(self, compiled: CompiledRun, *, status: Callable[[str], None]) -> None:
+        """Load the base model, build the plane, start the Master (recovering)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        status(f"loading base model {compiled.base_model.id}")
+        base = await asyncio.to_thread(
+            load_base_model, compiled.base_model, self.run_dir / "models"
+        )
+        kwargs: dict[str, Any] = {}
+        if self.placement is not None:
+            kwargs["placement"] = self.placement
+        self.plane = build_plane(
+            self.run_dir,
+            compiled.base_model,
+            config=self.config,
+            clock=self.clock,
+            base=base,
+            keep_in_flight=True,
+            **kwargs,
+        )
+        roots = sorted(
+            {w.spec.dataset.path.resolve().parent for w in compiled.workloads if w.spec.dataset}
+        )
+        limits = self.limits or MasterLimits(
+            dataset_roots=roots,
+            denied_env_kinds=[],
+            cross_tenant_eval=True,
+            max_active_workloads_per_tenant=max(2, len(compiled.workloads)),
+        )
+        p = self.plane
+        self.master = MasterService(
+            base=p.base,
+            base_model_id=p.base_model_id,
+            scheduler=p.scheduler,
+            queue=p.queue,
+            env=p.env,
+            training=p.training,
+            inference=p.inference,
+            output_root=self.run_dir / "outputs",
+            limits=limits,
+            clock=self.clock,
+            poll_s=self.config.poll_s,
+            max_failures=self.config.max_failures_per_tenant,
+            store=SQLiteWorkloadStore(self.run_dir / "scheduler.sqlite"),
+            heldout_samples=self.config.heldout_samples,
+        )
+        if p.metrics is not None:
+            p.metrics.start()
+        await p.inference.start()
+        await self.master.start()
+
+    async def submit_all(self, compiled: CompiledRun) -> dict[str, str]:
+        """Submit each workload unless the run directory already holds it; tenant → id.
+
+        Trainable workloads go first: an evaluation reads their slots.
+        """
+        master = self.master
+        assert master is not None
+        order = sorted(compiled.workloads, key=lambda w: w.task is TaskKind.EVAL)
+        for w in order:
+            wid = self._recorded(w.spec)
+            if wid is None:
+                wid = (await master.submit(w.spec, w.tenant_id)).workload_id
+            self.workload_ids[w.tenant_id] = wid
+        return dict(self.workload_ids)
+
+    def _recorded(self, spec: WorkloadSpec) -> str | None:
+        """The newest recorded workload with this exact spec (not cancelled)."""
+        master = self.master
+        assert master is not None
+        want = _comparable(spec)
+        for wid in reversed(master.workload_ids()):
+            st = master.status(spec.tenant, wid) if self._owner(wid) == spec.tenant else None
+            if st is None or st.state is WorkloadState.CANCELLED:
+                continue
+            if _comparable(WorkloadSpec.model_validate(master.spec_of(spec.tenant, wid))) == want:
+                return wid
+        return None
+
+    def _owner(self, workload_id: str) -> str | None:
+        assert self.master is not None
+        tenant = self.master.tenant_owner(workload_id)
+        return tenant
+
+    def statuses(self) -> dict[str, WorkloadStatus]:
+        assert self.master is not None
+        return {t: self.master.status(t, wid) for t, wid in self.workload_ids.items()}
+
+    def progress(self) -> list[TenantProgress]:
+        """One progress row per workload of this run."""
+        rows = []
+        for t, st in self.statuses().items():
+            if st.task == "eval":
+                completed, target, version = st.eval_runs_completed, st.eval_runs_target, None
+            else:
+                completed, target, version = st.jobs_completed, st.jobs_target, st.policy_version
+            rows.append(
+                TenantProgress(
+                    tenant=t,
+                    task=st.task,
+                    completed=completed,
+                    target=target,
+                    version=version,
+                    done=st.state.is_terminal,
+                )
+            )
+        return rows
+
+    async def wait(self, on_progress: Callable[[list[TenantProgress]], None] | None = None) -> None:
+        """Wait until every workload of this run ended."""
+        while True:
+            rows = self.progress()
+            if on_progress is not None:
+                on_progress(rows)
+            if all(r.done for r in rows):
+                return
+            await self.clock.sleep(0.1)
+
+    def summary(self) -> RunSummary:
+        """The run summary (``joynexus run --json``)."""
+        master = self.master
+        assert master is not None
+        out: dict[str, TenantSummary] = {}
+        for t, st in self.statuses().items():
+            wid = self.workload_ids[t]
+            records = master.metrics(t, wid).records
+            errors = [st.error] if st.error else []
+            tenant = master.tenant_of(wid)
+            if tenant is not None:
+                errors += tenant.errors[:20]
+            s = TenantSummary(
+                task=st.task,
+                jobs_completed=st.jobs_completed,
+                jobs_dropped=st.jobs_dropped,
+                jobs_failed=st.jobs_failed,
+                errors=errors[:20],
+                output_dir=str(master.tenant_dir(t)),
+            )
+            resumed = [r["policy_version"] for r in records if r.get("kind") == "resumed"]
+            s.resumed_from_version = int(resumed[0]) if resumed else None
+            if st.task != "eval":
+                s.final_version = st.policy_version
+            if st.task == "sft":
+                held = [r for r in records if r.get("kind") == "heldout"]
+                first = [r for r in records if r.get("kind") == "heldout_initial"]
+                s.sft_heldout_error_initial = first[0].get("error") if first else None
+                s.sft_heldout_error_final = held[-1].get("final") if held else None
+            elif st.task == "rl":
+                rets = [
+                    r["mean_return"]
+                    for r in records
+                    if r.get("kind") == "rollout" and r.get("mean_return") is not None
+                ]
+                s.rl_return_initial = float(rets[0]) if rets else None
+                s.rl_return_final = float(rets[-1]) if rets else None
+            elif st.task == "eval":
+                runs = [
+                    EvalRunSummary(
+                        run=int(r["run"]),
+                        target=str(r["target"]),
+                        version=int(r["version"]),
+                        versions_seen=list(r.get("versions_seen") or []),
+                        episodes=int(r["episodes"]),
+                        success_rate=float(r["success_rate"]),
+                        mean_return=float(r["mean_return"]),
+                    )
+                    for r in records
+                    if r.get("kind") == "eval"
+                ]
+                s.eval_runs = runs
+                if runs:
+                    last = max(r.run for r in runs)
+                    s.eval_success_rate = float(
+                        np.mean([r.success_rate for r in runs if r.run == last])
+                    )
+            out[t] = s
+        return RunSummary(
+            run_dir=str(self.run_dir), wall_s=time.monotonic() - self.started_at, tenants=out
+        )
+
+    async def close(self) -> None:
+        """Stop the Master and the services (records and checkpoints stay)."""
+        if self.master is not None:
+            await self.master.aclose()
+            self.master.store.close()
+        p = self.plane
+        if p is None:
+            return
+        with contextlib.suppress(Exception):
+            await p.inference.stop()
+        with contextlib.suppress(Exception):
+            await p.env.aclose()
+        if p.metrics is not None:
+            p.metrics.stop()
+        if p.usage is not None:
+            with contextlib.suppress(OSError):
+                p.usage.save()
+        p.scheduler.close()
+        close = getattr(p, "close", None)
+        if callable(close):
+            with contextlib.suppress(Exception):
+                close()
+
+
+async def run_workloads(
+    specs: Sequence[WorkloadSpec] | CompiledRun,
+    run_dir: str | Path,
+    *,
+    fresh: bool = False,
+    config: RuntimeConfig | None = None,
+    clock: Clock | None = None,
+    placement: Any = None,
+    on_progress: Callable[[list[TenantProgress]], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
+    on_record_episode: Callable[[str, int, int, bool], None] | None = None,
+    on_open: Callable[[LocalRun], None] | None = None,
+) -> RunSummary:
+    """Validate, then run every workload to its end on an in-process Master.
+
+    Args:
+        specs: The workloads (or already compiled ones); all checked before anything
+            starts.
+        run_dir: Everything of the run (see module docstring).
+        fresh: Delete the run directory's state first and start over.
+        on_progress / on_status / on_record_episode: Progress callbacks.
+        on_open: Called with the run once its Master is up (the demo adjusts
+            admission through it).
+
+    Raises:
+        SpecError / DatasetError: a bad spec, before anything starts.
+    """
+    compiled = specs if isinstance(specs, CompiledRun) else compile_workloads(list(specs))
+    status = on_status or (lambda _msg: None)
+    run_dir = Path(run_dir)
+    if fresh:
+        wipe_run_state(run_dir)
+    for w in compiled.workloads:
+        spec = w.spec
+        if w.needs_recording and spec.dataset is not None and not spec.dataset.path.exists():
+            assert spec.env is not None
+            status(
+                f"{w.tenant_id}: dataset {spec.dataset.path} is missing; recording "
+                f"{spec.dataset.record_episodes} episodes of {spec.env.kind} with the "
+                "scripted expert"
+            )
+            tid = w.tenant_id
+            cb = None
+            if on_record_episode is not None:
+                cb = lambda ep, n, ok, tid=tid: on_record_episode(tid, ep, n, ok)  # noqa: E731
+            await asyncio.to_thread(record_missing_dataset, spec, cb)
+    run = LocalRun(run_dir, config=config, clock=clock, placement=placement)
+    try:
+        await run.open(compiled, status=status)
+        status("starting tenants and environment sessions")
+        await run.submit_all(compiled)
+        if on_open is not None:
+            on_open(run)
+        status("running")
+        await run.wait(on_progress)
+        return run.summary()
+    finally:
+        await run.close()
