@@ -7,14 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from joynexus.data.sft import (
-    FeatureNormStats,
-    NormalizationStats,
-    SFTBatchBuilder,
-    SFTFeatureMap,
-)
+from joynexus.data.sft import SFTBatchBuilder, SFTFeatureMap
 from joynexus.errors import DatasetError, SchemaMismatchError
 from joynexus.models.batch import ObservationBatch
+from joynexus.models.normalization import FeatureNormStats, NormalizationStats
 from joynexus.models.schema import CameraSpec, DataSchema
 from tests.data.conftest import EPISODE_LENGTHS, SIZE, TASKS, action_of, frame_image, state_of
 

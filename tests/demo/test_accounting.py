@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from joynexus.api import UsageReport
 from joynexus.demo.phase import Interval, JobRecord, PhaseTrace, _window_end, window_busy_seconds
-from joynexus.metrics.usage import UsageReport
 from joynexus.workflows.summary import RunSummary
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from joynexus.api import UsageReport
 from joynexus.cli.main import app
-from joynexus.metrics.usage import UsageReport
 
 
 def test_demo_cli_writes_report_plots_and_matches_work(tmp_path: Path) -> None:
@@ -59,9 +59,22 @@ def test_demo_cli_writes_report_plots_and_matches_work(tmp_path: Path) -> None:
     ratio = report["isolated"]["window_s"] / report["multi_tenant"]["window_s"]
     assert abs(report["device_time_ratio"] - ratio) < 0.01
 
-    # The runtime metered every service into usage.json (the utilization's source).
+    # The plane metered every service into usage.json (the utilization's source), and
+    # the Metrics Service's events went to the run directory.
     usage = UsageReport.load(out / "multi" / "usage.json")
     assert usage.service_seconds["training"] > 0
     assert usage.service_seconds["inference"] > 0
     assert usage.tenants["rl-reach0"].env_steps > 0
     assert (out / "multi" / "metrics" / "rl-reach0" / "metrics.jsonl").is_file()
+    # The Master wrote each workload's records under the run directory's outputs.
+    (wl,) = (out / "multi" / "outputs" / "rl-reach0" / "workloads").iterdir()
+    kinds = {json.loads(line)["kind"] for line in (wl / "metrics.jsonl").read_text().splitlines()}
+    assert {"train", "rollout", "lifecycle"} <= kinds
+
+    # Each replay ran alone in its own run directory: its usage and its checkpoints
+    # are its tenant's only, nothing of the multi-tenant run.
+    for r in replays:
+        tenant = r["tenant"]
+        run_dir = out / "isolated" / tenant
+        assert set(UsageReport.load(run_dir / "usage.json").tenants) == {tenant}
+        assert [d.name for d in (run_dir / "outputs").iterdir()] == [tenant]

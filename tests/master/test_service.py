@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from joynexus.api import WorkloadState
-from joynexus.master.limits import MasterLimits
 from joynexus.errors import ConflictError, PermissionDeniedError, SpecError
+from joynexus.master.limits import MasterLimits
 from joynexus.spec.workload import parse_spec
 from joynexus.workflows.compile import compile_workloads
 from tests.server.livesrv import (  # fixtures: reach_demos, tiny_model

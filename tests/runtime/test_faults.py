@@ -1,6 +1,7 @@
-"""Fault tests: an environment worker SIGKILLed during a mixed workload (ManagedRuntime).
+"""Fault tests: an environment worker SIGKILLed during a mixed workload (embedded runtime).
 
-Two reach2d RL tenants and one SFT tenant share the managed embedded runtime. Once the
+Two reach2d RL tenants and one SFT tenant share the embedded runtime (in-process
+placement; the health wiring is the same for every placement). Once the
 victim RL tenant has completed a job (a known point, observed through ``on_progress``),
 its simulator worker process is SIGKILLed. The Health Manager's ``environment`` role
 must recreate the session, the rollout that hit the dead worker fails and its producer
@@ -16,8 +17,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from joynexus.runtime.embedded import EmbeddedRuntime
+
 from joynexus.control.job import JobState
-from joynexus.runtime.managed import ManagedRuntime
 from joynexus.workflows.summary import TenantProgress
 from tests.workflows.helpers import rl_spec, spec
 
@@ -25,7 +27,7 @@ BASE = "tiny:qwen2_5_vl"
 TARGET = 4  # > max_in_flight + 1: at least one rollout starts after the kill
 
 
-def _kill_on_next_step(rt: ManagedRuntime, tenant_id: str, killed: list[dict[str, Any]]) -> None:
+def _kill_on_next_step(rt: EmbeddedRuntime, tenant_id: str, killed: list[dict[str, Any]]) -> None:
     """SIGKILL ``tenant_id``'s simulator worker right before its next ``step`` reaches it.
 
     The kill happens inside a rollout, so exactly that rollout sees the dead worker
@@ -67,7 +69,7 @@ def test_env_worker_killed_during_mixed_workload(tmp_path: Path, reach2d_demos: 
             }
         ),
     ]
-    rt = ManagedRuntime(tmp_path / "run", health_check_s=0.05)
+    rt = EmbeddedRuntime(tmp_path / "run", health_check_s=0.05)
     killed: list[dict[str, Any]] = []
     armed: list[bool] = []
 

@@ -1,5 +1,6 @@
 """Health Manager: heartbeats, probes, error reports, partial restart, budget, escalation;
-and an inference role killed during a mixed workload (embedded runtime)."""
+and an inference role killed during a mixed workload (embedded runtime on an engine
+pool)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from joynexus.runtime.embedded import EmbeddedRuntime
 
 from joynexus.control.job import JobState
 from joynexus.errors import ServiceUnavailableError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.runtime.health import HealthManager
-from joynexus.runtime.managed import ManagedRuntime
+from joynexus.runtime.hosting import EnginePoolPlacement
 from joynexus.runtime.scaling import EnginePool
 from joynexus.utils.clock import FakeClock
 from joynexus.workflows.summary import TenantProgress
@@ -191,12 +193,15 @@ def test_inference_role_killed_during_a_mixed_workload(
             }
         ),
     ]
-    rt = ManagedRuntime(tmp_path / "run", health_check_s=0.05)
+    rt = EmbeddedRuntime(
+        tmp_path / "run", placement=EnginePoolPlacement(engines=1), health_check_s=0.05
+    )
     killed: list[Any] = []
 
     def on_progress(rows: list[TenantProgress]) -> None:
         rl = next(r for r in rows if r.tenant == "rl")
         if not killed and rl.completed >= 1:
+            assert rt.pool is not None
             engine = rt.pool.engine(0)
             killed.append(engine)
             asyncio.get_running_loop().create_task(engine.stop())

@@ -1,4 +1,4 @@
-"""The Ray runtime: same workloads, same invariants as the embedded end-to-end test."""
+"""The Ray placement: same workloads, same invariants as the embedded end-to-end test."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from joynexus.runtime.embedded import EmbeddedRuntime
 
 from joynexus.control.job import JobState
-from joynexus.runtime.ray_runtime import RayRuntime
+from joynexus.runtime.ray_hosting import RayHosting, RayPlacement
+from joynexus.runtime.ray_proxy import ActorProxy
 from tests.workflows.helpers import rl_spec, spec
 
 pytestmark = pytest.mark.ray
@@ -40,7 +42,7 @@ def test_rl_and_sft_run_on_ray_actors_like_embedded(
         rl_spec("reach-rl", tiny_model, out, target=2, horizon=6, num_envs=2, episode_steps=6),
         _sft("reach-sft", tiny_model, reach2d_demos, out, target=2),
     ]
-    rt = RayRuntime(tmp_path / "run", layout="2-2-4")
+    rt = EmbeddedRuntime(tmp_path / "run", placement=RayPlacement(layout="2-2-4"))
     try:
         summary = asyncio.run(rt.run(specs))
         s = summary.tenants
@@ -48,10 +50,14 @@ def test_rl_and_sft_run_on_ray_actors_like_embedded(
         assert sched is not None
 
         # The services really were actors in the layout's placement group.
-        assert rt.placement is not None
-        assert rt.placement.layout.bundles() == [{"GPU": 2.0}, {"GPU": 2.0}, {"GPU": 4.0}]
-        training = rt._training_proxy
-        assert training is not None
+        assert rt.plane is not None
+        hosting = rt.plane.hosting
+        assert isinstance(hosting, RayHosting) and hosting.group is not None
+        assert hosting.group.layout.bundles() == [{"GPU": 2.0}, {"GPU": 2.0}, {"GPU": 4.0}]
+        training = rt.plane.training
+        assert isinstance(training, ActorProxy)
+        for svc in (rt.plane.queue, rt.plane.env):
+            assert isinstance(svc, ActorProxy), svc
         gpus = ray.get(training.actor.__ray_call__.remote(lambda _svc: ray.get_gpu_ids()))
         assert len(gpus) == 2
 
@@ -115,14 +121,17 @@ def test_killed_inference_actor_is_restarted_and_the_workload_completes(
         ),
         _sft("sft", tiny_model, reach2d_demos, out, target=2),
     ]
-    rt = RayRuntime(tmp_path / "run", layout="2-2-4", health_check_s=0.2)
+    rt = EmbeddedRuntime(
+        tmp_path / "run", placement=RayPlacement(layout="2-2-4"), health_check_s=0.2
+    )
     killed: list[bool] = []
 
     def on_progress(rows: list[TenantProgress]) -> None:
         rl = next(r for r in rows if r.tenant == "rl")
         if not killed and rl.completed >= 1:
             killed.append(True)
-            rt.kill_engine(0)
+            assert rt.plane is not None and isinstance(rt.plane.hosting, RayHosting)
+            rt.plane.hosting.kill_engine(0)
 
     try:
         summary = asyncio.run(rt.run(specs, on_progress=on_progress))

@@ -1,8 +1,9 @@
 """``joynexus serve --runtime ray``: the HTTP API over services that are Ray actors.
 
-The Master Service and the server stay in this process; the plane comes from
-:func:`build_serving_plane`. A tiny reach2d RL workload is submitted through the app
-(in-process ASGI client) and runs to completion.
+The Master Service and the server stay in this process; the plane is built with a
+:class:`RayPlacement`. A tiny reach2d RL workload is submitted through the app
+(in-process ASGI client) and runs to completion while an admin scales the rollout
+engine actors 1 → 2 (the new actor synced to the published weights) and back to 1.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import httpx
 import pytest
 
 from joynexus.control.job import JobState
-from joynexus.runtime.embedded import RuntimeConfig
 from joynexus.runtime.health import HealthManager
+from joynexus.runtime.hosting import RuntimeConfig
+from joynexus.runtime.plane import build_plane
+from joynexus.runtime.ray_hosting import RayPlacement
 from joynexus.runtime.ray_proxy import ActorProxy
-from joynexus.runtime.ray_runtime import build_serving_plane
+from joynexus.runtime.scaling import EnginePool
 from joynexus.server import TenantStore
 from joynexus.server.serve import build_live_app
 from joynexus.spec.workload import BaseModelSpec
@@ -31,20 +34,27 @@ def test_serve_runs_a_workload_on_ray_actors(
 ) -> None:
     async def body() -> None:
         run_dir = tmp_path / "run"
-        plane, rt = await build_serving_plane(
+        plane = build_plane(
             run_dir,
             BaseModelSpec(id=tiny_model),
-            layout="cpu",
+            placement=RayPlacement(layout="cpu", max_engines=2),
             config=RuntimeConfig(poll_s=0.02, max_wait_s=0.002),
         )
         try:
-            # Every service of the plane is an actor (the scheduler stays here).
-            for svc in (plane.queue, plane.env, plane.training, plane.inference):
+            # Every service of the plane is an actor (the scheduler stays here); the
+            # rollout engines are actors behind the pool in this process.
+            for svc in (plane.queue, plane.env, plane.training):
                 assert isinstance(svc, ActorProxy), svc
+            pool = plane.inference
+            assert isinstance(pool, EnginePool) and pool is plane.pool
             store = TenantStore.in_memory()
             health = HealthManager(heartbeat_timeout_s=None, check_interval_s=0.2)
             srv = build_live_app(
-                plane, store, output_root=run_dir / "outputs", poll_s=0.02, health=health
+                plane,
+                store,
+                output_root=run_dir / "outputs",
+                runtime=RuntimeConfig(poll_s=0.02),
+                health=health,
             )
             admin = store.create_admin_key().api_key
             async with srv.app.router.lifespan_context(srv.app):
@@ -63,14 +73,30 @@ def test_serve_runs_a_workload_on_ray_actors(
                     r = await lv.submit("alice", reach_rl("alice", tiny_model, target=2))
                     assert r.status_code in (200, 201, 202), r.text
                     wid = r.json()["workload_id"]
+                    admin_auth = {"Authorization": f"Bearer {admin}"}
+                    st = await lv.wait_state("alice", wid, ["running", "completed"])
+                    r = await client.post(
+                        "/v1/admin/engines", json={"engines": 2}, headers=admin_auth
+                    )
+                    assert r.status_code == 200, r.text
+                    assert r.json()["engines"] == 2
+                    added = pool.engine(pool.engine_ids()[1])
+                    assert isinstance(added, ActorProxy)
+                    served = pool.current_policy_version("alice")
+                    assert added.current_policy_version("alice") >= served  # synced
+                    assert "inference/1" in health.roles()
                     done = await lv.wait_state("alice", wid, ["completed"], timeout_s=240)
-                    assert done["jobs_completed"] >= 2, done
+                    assert done["jobs_completed"] >= 2, (done, st)
+                    r = await client.post(
+                        "/v1/admin/engines", json={"engines": 1}, headers=admin_auth
+                    )
+                    assert r.status_code == 200, r.text
+                    assert [e["engine_id"] for e in r.json()["pool"]] == [0]
             jobs = plane.scheduler.list_jobs(tenant_id="alice")
             assert jobs and all(j.is_terminal for j in jobs)
             assert sum(j.state is JobState.COMPLETED for j in jobs) >= 2
             assert health.escalated is None
         finally:
-            plane.scheduler.close()
-            rt.close()
+            plane.close()
 
     asyncio.run(body())

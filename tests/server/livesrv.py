@@ -22,8 +22,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from joynexus.master.limits import MasterLimits
-from joynexus.runtime.embedded import RuntimeConfig
 from joynexus.runtime.health import HealthManager
+from joynexus.runtime.hosting import InProcess, Placement, RuntimeConfig
 from joynexus.server import ServerConfig, TenantQuotas, TenantStore
 from joynexus.server.serve import LiveServer, build_live_app, build_plane
 from joynexus.spec.workload import BaseModelSpec
@@ -69,12 +69,10 @@ def make_live(
     limits: MasterLimits | None = None,
     config: ServerConfig | None = None,
     health: HealthManager | None = None,
+    placement: Placement = InProcess(),
 ) -> LiveServer:
-    plane = build_plane(
-        run_dir,
-        BaseModelSpec(id=model),
-        config=RuntimeConfig(poll_s=0.02, max_wait_s=0.002),
-    )
+    runtime = RuntimeConfig(poll_s=0.02, max_wait_s=0.002)
+    plane = build_plane(run_dir, BaseModelSpec(id=model), placement=placement, config=runtime)
     store = TenantStore.in_memory()
     return build_live_app(
         plane,
@@ -82,7 +80,7 @@ def make_live(
         output_root=run_dir / "outputs",
         config=config,
         limits=limits,
-        poll_s=0.02,
+        runtime=runtime,
         health=health,
     )
 
@@ -96,8 +94,9 @@ async def live(
     quotas: dict[str, TenantQuotas] | None = None,
     limits: MasterLimits | None = None,
     health: HealthManager | None = None,
+    placement: Placement = InProcess(),
 ) -> AsyncIterator[Live]:
-    srv = make_live(run_dir, model, limits=limits, health=health)
+    srv = make_live(run_dir, model, limits=limits, health=health, placement=placement)
     admin = srv.tenants.create_admin_key().api_key
     async with srv.app.router.lifespan_context(srv.app):
         transport = httpx.ASGITransport(app=srv.app)

@@ -39,7 +39,7 @@ def test_env_worker_killed_under_serve(tmp_path: Path, tiny_model: str) -> None:
     async def body() -> None:
         health = HealthManager(heartbeat_timeout_s=None, check_interval_s=0.05)
         async with live(tmp_path / "run", tiny_model, tenants=("alice",), health=health) as lv:
-            assert set(health.roles()) == {"environment", "inference"}
+            assert set(health.roles()) == {"environment", "inference", "training"}
             r = await lv.submit("alice", reach_rl("alice", tiny_model, target=TARGET))
             assert r.status_code in (200, 201, 202), r.text
             wid = r.json()["workload_id"]

@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from joynexus.data.sft import FeatureNormStats, NormalizationStats
 from joynexus.envs import env_schema
 from joynexus.envs.base import EnvSpec
 from joynexus.errors import SchemaMismatchError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.heads import OFTHeadConfig
+from joynexus.models.normalization import FeatureNormStats, NormalizationStats
 from joynexus.models.payload import export_params, load_slot, save_slot
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService

@@ -1,4 +1,4 @@
-"""``joynexus demo``: the §5.1 mixture on the embedded runtime vs the isolated baseline."""
+"""``joynexus demo``: the §5.1 mixture on an in-process Master vs the isolated baseline."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def demo(
         console.print(f"[red]error:[/red] --envs must be one of {list(PROFILES)}, got {profile!r}")
         raise typer.Exit(2)
     console.print(
-        "[bold]joynexus demo[/bold]: multi-tenant run on the embedded runtime "
+        "[bold]joynexus demo[/bold]: multi-tenant run on an in-process Master "
         f"(tiny backbone), then the isolated baseline; budget {minutes:g} min"
     )
     try:

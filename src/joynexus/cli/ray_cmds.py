@@ -1,30 +1,33 @@
 """Runtime choice for ``joynexus run`` (``--runtime embedded|ray``) and
-``joynexus scale rollout N``.
+``joynexus scale rollout N`` against a running server.
 
-There is no long-running server to send a scaling request to yet, so ``scale rollout``
-acts on a runtime in this process: it runs the given workloads and, once they are
-running, scales the rollout-engine pool to N (serialized, rolled back on failure),
-printing the pool before and after.
+``scale rollout`` sends ``POST /v1/admin/engines`` to a ``joynexus serve`` (admin key)
+and prints the pool after the operation; scaling in drains the leaving engines first,
+so the command returns once their requests have finished.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from enum import StrEnum
-from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from joynexus.cli.app import app
-from joynexus.errors import JoyNexusError
+
+if TYPE_CHECKING:
+    from joynexus.runtime.hosting import Placement
 
 console = Console()
 
-scale_app = typer.Typer(help="Elastic scaling of resident services.", no_args_is_help=True)
+scale_app = typer.Typer(help="Elastic scaling of a running server.", no_args_is_help=True)
 app.add_typer(scale_app, name="scale")
+
+#: The admin route of the rollout-engine pool (joynexus.server.routes.engines).
+ENGINES_PATH = "/v1/admin/engines"
 
 
 class RuntimeKind(StrEnum):
@@ -32,82 +35,77 @@ class RuntimeKind(StrEnum):
     ray = "ray"
 
 
-def make_runtime(
+def make_placement(
     kind: RuntimeKind | str,
-    run_dir: Path,
     *,
     address: str | None = None,
     layout: str = "2-2-4",
     engines: int = 1,
-) -> Any:
-    """The runtime ``joynexus run`` / ``scale`` use: embedded (engine pool + health) or Ray.
+) -> Placement:
+    """Where ``joynexus run`` puts the services: in this process (an engine pool), or
+    Ray actors.
 
     Raises:
         SpecError: an unknown layout.
+        InvalidRequestError: more engines than the layout holds.
         ServiceUnavailableError: ``ray`` was asked for but is not installed.
     """
     from joynexus.errors import ServiceUnavailableError
+    from joynexus.runtime.hosting import EnginePoolPlacement
+    from joynexus.runtime.ray_hosting import RayPlacement
 
     if RuntimeKind(kind) is RuntimeKind.embedded:
-        from joynexus.runtime.managed import ManagedRuntime
-
-        return ManagedRuntime(run_dir, engines=engines)
+        return EnginePoolPlacement(engines=engines)
     try:
-        from joynexus.runtime.ray_runtime import RayRuntime
+        import ray  # noqa: F401
     except ImportError as exc:  # pragma: no cover - ray is an optional extra
         raise ServiceUnavailableError(
             "--runtime ray needs the 'ray' extra: pip install 'joynexus[ray]'"
         ) from exc
-    return RayRuntime(run_dir, address=address, layout=layout, engines=engines)
+    return RayPlacement(address=address, layout=layout, engines=engines)
 
 
-def close_runtime(runtime: Any) -> None:
-    close = getattr(runtime, "close", None)
-    if close is not None:
-        close()
+Url = Annotated[str | None, typer.Option("--url", envvar="JOYNEXUS_URL", help="Server URL.")]
+Key = Annotated[
+    str | None, typer.Option("--api-key", envvar="JOYNEXUS_API_KEY", help="Admin API key.")
+]
 
 
 @scale_app.command("rollout")
 def scale_rollout(
     engines: Annotated[int, typer.Argument(help="Rollout engines to scale the pool to.")],
-    specs: Annotated[list[Path], typer.Argument(help="Workload spec YAML file(s) to run.")],
-    runtime: Annotated[RuntimeKind, typer.Option("--runtime")] = RuntimeKind.embedded,
-    address: Annotated[
-        str | None, typer.Option("--address", help="Ray cluster ('auto'); default: local.")
-    ] = None,
-    layout: Annotated[str, typer.Option("--layout", help="Ray layout, e.g. 2-2-4.")] = "2-2-4",
-    run_dir: Annotated[Path, typer.Option("--run-dir")] = Path("runs/joynexus-scale"),
+    url: Url = None,
+    api_key: Key = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the pool as JSON.")] = False,
 ) -> None:
-    """Run workloads and scale the rollout-engine pool to ENGINES while they run."""
-    from joynexus.spec.workload import load_specs
-    from joynexus.workflows.compile import compile_workloads
+    """Scale a running server's rollout-engine pool to ENGINES (admin key).
+
+    Scaling out syncs every tenant's published weights to the new engines and admits
+    them gradually; scaling in drains the leaving engines first. A failed operation is
+    rolled back to the previous engines.
+    """
+    from joynexus.client import APIError, Client
+    from joynexus.client._core import Call
 
     try:
-        compiled = compile_workloads([s for path in specs for s in load_specs(path)])
-        rt = make_runtime(runtime, run_dir, address=address, layout=layout)
-    except JoyNexusError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-
-    async def main() -> Any:
-        run = asyncio.create_task(rt.run(compiled))
-        while rt.inference is None and not run.done():  # wait until the pool serves
-            await asyncio.sleep(0.1)
-        if not run.done():
-            before = [s.model_dump() for s in rt.pool.status()]
-            try:
-                size = await rt.scale_rollout(engines)
-                console.print(f"rollout pool: {len(before)} → {size} engine(s)")
-            except JoyNexusError as exc:
-                console.print(f"[red]scaling failed (rolled back):[/red] {exc}")
-            console.print_json(json.dumps([s.model_dump() for s in rt.pool.status()]))
-        return await run
-
-    try:
-        summary = asyncio.run(main())
-    except JoyNexusError as exc:
+        with Client(url, api_key) as c:
+            before = c.call(Call("GET", ENGINES_PATH))
+            after = c.call(Call("POST", ENGINES_PATH, json={"engines": engines}))
+    except APIError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
-    finally:
-        close_runtime(rt)
-    console.print_json(json.dumps(summary.to_json()))
+    if as_json:
+        typer.echo(json.dumps(after, sort_keys=True))
+        return
+    console.print(f"rollout pool: {before['engines']} → {after['engines']} engine(s)")
+    table = Table("engine", "slot", "state", "weight", "in flight", "answered")
+    for e in after["pool"]:
+        table.add_row(
+            str(e["engine_id"]),
+            str(e["slot"]),
+            e["state"],
+            f"{e['weight']:g}",
+            str(e["in_flight"]),
+            str(e["answered"]),
+        )
+    console.print(table)

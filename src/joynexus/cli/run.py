@@ -16,26 +16,17 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
 from joynexus.cli.app import app
-from joynexus.cli.ray_cmds import RuntimeKind
+from joynexus.cli.ray_cmds import RuntimeKind, make_placement
 from joynexus.errors import JoyNexusError
 
 console = Console()
-
-
-def make_placement(kind: RuntimeKind, *, address: str | None, layout: str) -> Any:
-    """Where ``joynexus run`` places the services (None: in this process)."""
-    if kind is RuntimeKind.embedded:
-        return None
-    from joynexus.errors import ServiceUnavailableError
-
-    raise ServiceUnavailableError("--runtime ray: placement pending")
 
 
 @app.command("run")
@@ -68,6 +59,9 @@ def run(
     layout: Annotated[
         str, typer.Option("--layout", help="--runtime ray: actor-inference-env GPUs.")
     ] = "2-2-4",
+    engines: Annotated[
+        int, typer.Option("--engines", min=1, help="Rollout engines (inference replicas).")
+    ] = 1,
 ) -> None:
     """Run workloads (rl, sft, eval) concurrently to completion on an in-process Master."""
     from joynexus.master.run import run_workloads
@@ -83,7 +77,7 @@ def run(
         raise typer.Exit(2) from None
 
     try:
-        placement = make_placement(runtime_kind, address=address, layout=layout)
+        placement = make_placement(runtime_kind, address=address, layout=layout, engines=engines)
     except JoyNexusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -141,3 +135,9 @@ def run(
     if json_out is not None:
         summary.write(json_out)
         console.print(f"summary written to {json_out}")
+    failed = [t for t, s in summary.tenants.items() if s.state != "completed"]
+    if failed:
+        for t in failed:
+            why = summary.tenants[t].errors[0] if summary.tenants[t].errors else "no reason given"
+            console.print(f"[red]{t}: workload {summary.tenants[t].state}:[/red] {why}")
+        raise typer.Exit(1)

@@ -31,6 +31,10 @@ app.add_typer(tenants_app, name="tenants")
 Url = Annotated[str | None, typer.Option("--url", envvar="JOYNEXUS_URL", help="Server URL.")]
 Key = Annotated[str | None, typer.Option("--api-key", envvar="JOYNEXUS_API_KEY", help="API key.")]
 
+#: ``joynexus serve --runtime local``'s bound of the engine pool: in-process engines share
+#: one backbone (and its lock), so more of them add batching queues, not throughput.
+DEFAULT_LOCAL_MAX_ENGINES = 4
+
 
 def _client(url: str | None, key: str | None) -> Client:
     from joynexus.client import Client
@@ -62,6 +66,17 @@ def serve(
             "('2-2-4', '1-1-2', or a name: shared, isolated, cpu)."
         ),
     ] = "cpu",
+    engines: Annotated[
+        int, typer.Option(help="Rollout engines at start (scale later with 'joynexus scale').")
+    ] = 1,
+    max_engines: Annotated[
+        int | None,
+        typer.Option(
+            "--max-engines",
+            help="Upper bound of the rollout-engine pool (default: 4 for --runtime local; "
+            "one per inference GPU of the layout for --runtime ray).",
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     run_dir: Annotated[
@@ -87,7 +102,11 @@ def serve(
         ),
     ] = "none",
 ) -> None:
-    """Serve the HTTP API with a live Master Service (workloads can be submitted any time)."""
+    """Serve the HTTP API with a live Master Service (workloads can be submitted any time).
+
+    Inference runs on an elastic pool of rollout engines (in this process, or Ray
+    actors); an admin scales it while the server runs with ``joynexus scale rollout``.
+    """
     if runtime not in ("local", "ray"):
         raise _fail(ValueError(f"--runtime must be 'local' or 'ray', got {runtime!r}"))
     if metrics_auth not in ("none", "admin"):
@@ -99,15 +118,32 @@ def serve(
             raise _fail(
                 RuntimeError(f"--runtime ray needs the 'ray' extra (pip install ray): {exc}")
             ) from exc
-    import asyncio
 
     import uvicorn
 
+    from joynexus.errors import JoyNexusError
     from joynexus.master.limits import MasterLimits
+    from joynexus.master.store import SQLiteWorkloadStore
     from joynexus.runtime.health import HealthManager
+    from joynexus.runtime.hosting import EnginePoolPlacement, Placement
+    from joynexus.runtime.ray_hosting import RayPlacement
     from joynexus.server.auth import TenantStore
     from joynexus.server.serve import build_live_app, build_plane, ensure_admin_key
     from joynexus.spec.workload import BaseModelSpec
+
+    placement: Placement
+    try:
+        if runtime == "ray":
+            placement = RayPlacement(
+                address=address, layout=layout, engines=engines, max_engines=max_engines
+            )
+        else:
+            placement = EnginePoolPlacement(
+                engines=engines,
+                max_engines=DEFAULT_LOCAL_MAX_ENGINES if max_engines is None else max_engines,
+            )
+    except JoyNexusError as exc:
+        raise _fail(exc) from None
 
     run_dir.mkdir(parents=True, exist_ok=True)
     key_file = admin_key_file or run_dir / "admin.key"
@@ -117,28 +153,28 @@ def serve(
     else:
         console.print(f"admin API key: [bold]{key_file}[/bold]")
     console.print(f"loading base model {base_model} ...")
-    closer = None
     if runtime == "ray":
-        from joynexus.runtime.ray_runtime import build_serving_plane
-
         where = "a local Ray cluster" if address is None else f"Ray at {address}"
         console.print(f"starting the services as actors on {where} (layout {layout}) ...")
-        plane, ray_rt = asyncio.run(
-            build_serving_plane(
-                run_dir, BaseModelSpec(id=base_model), address=address, layout=layout
-            )
+    try:
+        # Jobs a killed server left in flight are the Master's to reconcile against
+        # the checkpoint ledgers (completed if their update is in a checkpoint).
+        plane = build_plane(
+            run_dir, BaseModelSpec(id=base_model), placement=placement, keep_in_flight=True
         )
-        closer = ray_rt.close
-    else:
-        plane = build_plane(run_dir, BaseModelSpec(id=base_model))
+    except JoyNexusError as exc:
+        raise _fail(exc) from None
     roots = [*(dataset_root or []), run_dir / "datasets"]
     live = build_live_app(
         plane,
         store,
         output_root=run_dir / "outputs",
+        # Workload records next to the scheduler's jobs: a restarted server resumes them.
+        store=SQLiteWorkloadStore(run_dir / "scheduler.sqlite"),
         limits=MasterLimits(dataset_roots=roots),
         # Probes and crash reports only (no heartbeats): a crashed simulator session or a
-        # stopped inference worker is restarted in place.
+        # failed rollout engine is restarted in place, the training role from the
+        # checkpoints; a spent budget fails the live workloads.
         health=HealthManager(heartbeat_timeout_s=None, check_interval_s=1.0),
         metrics_auth="admin" if metrics_auth == "admin" else "none",
     )
@@ -151,8 +187,7 @@ def serve(
     try:
         uvicorn.run(live.app, host=host, port=port, log_level="info")
     finally:
-        if closer is not None:
-            closer()
+        live.host.close()  # workload store, scheduler, Ray actors and placement group
 
 
 @tenants_app.command("create")

@@ -19,8 +19,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from joynexus.api import SERVICES, UsageReport
 from joynexus.cli.app import app
-from joynexus.metrics.usage import SERVICES, USAGE_FILE, UsageReport
+from joynexus.metrics.usage import USAGE_FILE
 
 console = Console()
 

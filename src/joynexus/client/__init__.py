@@ -7,10 +7,10 @@ progress callbacks, and retries with exponential backoff on 429 / 503.
 
 from __future__ import annotations
 
+from joynexus.api import WorkloadMetrics, WorkloadState, WorkloadStatus
 from joynexus.client._core import APIError, FutureInfo, Prediction, RetryPolicy, StepInfo
 from joynexus.client.aio import AsyncClient
 from joynexus.client.sync import Client
-from joynexus.api import WorkloadMetrics, WorkloadState, WorkloadStatus
 
 __all__ = [
     "APIError",

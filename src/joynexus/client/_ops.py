@@ -9,9 +9,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from joynexus.api import UsageReport, WorkloadMetrics, WorkloadStatus
 from joynexus.client._core import Call, FutureInfo, StepInfo, prediction
-from joynexus.api import WorkloadMetrics, WorkloadStatus
-from joynexus.metrics.usage import UsageReport
 
 
 def spec_body(spec: Any) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from joynexus.api import UsageReport, WorkloadMetrics, WorkloadStatus
 from joynexus.client import _ops as ops
 from joynexus.client._core import (
     RETRY_STATUSES,
@@ -32,8 +33,6 @@ from joynexus.client._core import (
     StepInfo,
     observations,
 )
-from joynexus.api import WorkloadMetrics, WorkloadStatus
-from joynexus.metrics.usage import UsageReport
 
 __all__ = ["Client"]
 

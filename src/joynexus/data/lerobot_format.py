@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from joynexus.errors import DatasetError
+from joynexus.utils.files import atomic_write_bytes
 
 __all__ = [
     "CODEBASE_VERSION",
@@ -57,7 +56,6 @@ __all__ = [
     "DatasetInfo",
     "FeatureSpec",
     "advance_chunk_file",
-    "atomic_write_bytes",
     "atomic_write_json",
     "load_info",
 ]
@@ -322,21 +320,6 @@ def advance_chunk_file(chunk_index: int, file_index: int, chunks_size: int) -> t
     if file_index + 1 >= chunks_size:
         return chunk_index + 1, 0
     return chunk_index, file_index + 1
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temp file + rename (never half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

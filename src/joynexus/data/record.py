@@ -9,6 +9,9 @@ expert and every transition becomes one frame with LeRobot's usual keys::
     action                        float32 [action_dim]
     next.reward / next.done / next.success
 
+:func:`record_missing_dataset` does the same for a workload spec whose
+``dataset.record_episodes`` asks for a dataset that does not exist yet.
+
 Experts: MetaWorld ships one scripted policy per task (``metaworld.policies``); PushT
 gets :class:`PushTScriptedPolicy`, a pusher controller driven by the T block's pose.
 """
@@ -19,7 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -30,6 +33,9 @@ from joynexus.envs.registry import make_env
 from joynexus.errors import SpecError
 from joynexus.models.schema import DataSchema
 
+if TYPE_CHECKING:  # only read here; importing it at run time would load the model layer
+    from joynexus.spec.workload import WorkloadSpec
+
 __all__ = [
     "MetaWorldScriptedPolicy",
     "PushTScriptedPolicy",
@@ -38,6 +44,7 @@ __all__ = [
     "dataset_features",
     "make_scripted_policy",
     "record_episodes",
+    "record_missing_dataset",
 ]
 
 
@@ -318,3 +325,22 @@ def record_episodes(
     finally:
         env.close()
     return RecordSummary(root=Path(out), episodes=episodes, frames=frames, successes=successes)
+
+
+def record_missing_dataset(
+    spec: WorkloadSpec, on_episode: Callable[[int, int, bool], None] | None = None
+) -> Path:
+    """Record ``spec.dataset.record_episodes`` expert episodes into the missing dataset.
+
+    Returns:
+        The dataset directory (``spec.dataset.path``).
+    """
+    assert spec.dataset is not None and spec.env is not None
+    summary = record_episodes(
+        spec.env,
+        spec.dataset.path,
+        episodes=spec.dataset.record_episodes,
+        seed=spec.seed,
+        on_episode=on_episode,
+    )
+    return summary.root

@@ -1,7 +1,7 @@
-"""``joynexus demo``: the paper's §5.1 experiment at small scale on the real runtime.
+"""``joynexus demo``: the paper's §5.1 experiment at small scale on the real services.
 
 * :mod:`joynexus.demo.mixture` — the workload mixture (3 RL + 1 SFT + 1 evaluation).
-* :mod:`joynexus.demo.phase` — one runtime run and its measured trace.
+* :mod:`joynexus.demo.phase` — one run on an in-process Master and its measured trace.
 * :mod:`joynexus.demo.baseline` — the isolated single-tenant replay of the matched work.
 * :mod:`joynexus.demo.report` — utilization, device time, plots and ``report.json``.
 * :mod:`joynexus.demo.runner` — :func:`run_demo`, what the command runs.

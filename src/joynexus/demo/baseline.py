@@ -2,10 +2,10 @@
 
 Each RL tenant runs alone, with its completion target set to the number of updates it
 completed in the multi-tenant run; then the SFT tenant runs alone with its matched
-number of jobs — one after another, through the same runtime code (an
-:class:`~joynexus.runtime.embedded.EmbeddedRuntime` hosting one tenant). Every replay
-writes to its own run and output directories, so nothing resumes from the
-multi-tenant run's checkpoints.
+number of jobs — one after another, through the same code (an in-process Master,
+:class:`~joynexus.master.run.LocalRun`, hosting one tenant). Every replay runs fresh in
+its own run directory (``<root>/<tenant>``, outputs in ``<root>/<tenant>/outputs``), so
+nothing resumes from the multi-tenant run's checkpoints or counts its jobs.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ async def replay_isolated(
     Args:
         training_specs: The multi-tenant run's RL and SFT specs.
         matched: Updates per tenant observed in the multi-tenant run.
-        root: Parent of the replays' run directories (``<root>/<tenant>``) and outputs
-            (``<root>/outputs``).
+        root: Parent of the replays' run directories (``<root>/<tenant>``, each with
+            its own ``outputs/``).
         prepare_run_dir: Called on each replay's run directory before it starts (the
             demo links the shared tiny-model cache there).
         on_phase: Called as ``(phase name, spec)`` when a replay starts.
@@ -60,12 +60,14 @@ async def replay_isolated(
     Returns:
         One trace per replay, each with ``matched = {tenant: n}``.
     """
-    specs = isolated_specs(training_specs, matched, root / "outputs")
+    specs = isolated_specs(training_specs, matched, root)
     specs.sort(key=lambda s: 0 if s.task.value == "rl" else 1)
     traces: list[PhaseTrace] = []
     for spec in specs:
         name = f"isolated:{spec.tenant}"
         run_dir = root / spec.tenant
+        # The Master writes a run's outputs under its run directory; say so in the spec.
+        spec = spec.model_copy(update={"output_dir": run_dir / "outputs"})
         run_dir.mkdir(parents=True, exist_ok=True)
         if prepare_run_dir is not None:
             prepare_run_dir(run_dir)

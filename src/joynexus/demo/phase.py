@@ -1,14 +1,17 @@
-"""One phase of the demo: run specs through the embedded runtime and keep its trace.
+"""One phase of the demo: run specs to their end on an in-process Master, keep its trace.
 
-A phase is one :class:`~joynexus.runtime.embedded.EmbeddedRuntime` run (the multi-tenant
-run, or one isolated replay). While it runs, a callback sink on the runtime's Metrics
-Service keeps every service's busy interval — one per grouped inference batch
-(``inference.batch_latency_s``), per optimizer / actor-forward step
-(``training.step_latency_s``) and per simulator call (``env.step_latency_s``), each ending
-at its event's timestamp — the same measurements the runtime's :class:`UsageMeter`
-accumulates into ``usage.json``. After the run the scheduler's job records give each
-update's actor phase (``leased_at`` → ``finished_at``), which fixes the measurement
-window: from the moment the loops start to the completion of the last matched update.
+A phase is one :class:`~joynexus.master.run.LocalRun` (the multi-tenant run, or one
+isolated replay) in its own run directory, started fresh (``fresh=True``: a rerun never
+mixes with an earlier run's jobs, checkpoints or usage). Before any workload is
+submitted, a callback sink on the plane's Metrics Service starts keeping every service's
+busy interval — one per grouped inference batch (``inference.batch_latency_s``), per
+optimizer / actor-forward step (``training.step_latency_s``) and per simulator call
+(``env.step_latency_s``), each ending at its event's timestamp — the same measurements
+the plane's :class:`UsageMeter` accumulates into ``usage.json``. After the run the
+scheduler's job records give each update's actor phase (``leased_at`` →
+``finished_at``), which fixes the measurement window: from the moment the first
+workload's loops start (its ``running`` lifecycle record; the Master launches the
+workloads concurrently) to the completion of the last matched update.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from joynexus.api import UsageReport
 from joynexus.control.job import JobState, TaskType
+from joynexus.master.run import LocalRun, record_missing_datasets, wipe_run_state
 from joynexus.metrics.events import MetricEvent
-from joynexus.metrics.usage import UsageReport
-from joynexus.runtime.embedded import EmbeddedRuntime
 from joynexus.spec.workload import WorkloadSpec
+from joynexus.workflows.compile import compile_workloads
 from joynexus.workflows.summary import RunSummary, TenantProgress
 
 __all__ = [
@@ -69,15 +73,16 @@ class PhaseTrace:
 
     Attributes:
         name: ``multi-tenant`` or ``isolated:<tenant>``.
-        run_dir: The runtime's run directory (``usage.json``, ``scheduler.sqlite``).
-        started_at: Wall-clock time when the workflow loops started.
+        run_dir: The phase's run directory (``usage.json``, ``scheduler.sqlite``,
+            ``outputs/``, ``metrics/``).
+        started_at: Wall-clock time when the first workload's loops started.
         ended_at: Completion of the last matched update (see :func:`run_phase`).
         wall_s: The whole run (model load, sessions, checkpoints included).
         busy: Busy intervals of every service.
         jobs: Every training job with its actor-phase timestamps.
         usage: The usage meter's final report.
         records: Per-tenant workflow records (``train``, ``rollout``, ``eval`` ...).
-        summary: The runtime's run summary.
+        summary: The run summary.
     """
 
     name: str
@@ -151,6 +156,19 @@ def _window_end(jobs: Sequence[JobRecord], matched: Mapping[str, int]) -> float 
     return max(ends) if ends else None
 
 
+def _loops_started(run: LocalRun) -> float | None:
+    """Wall-clock time of the first ``running`` lifecycle record of the run's workloads
+    (written by the Master when a workload's producer or evaluator starts)."""
+    assert run.master is not None
+    times = [
+        float(r["time"])
+        for tenant, wid in run.workload_ids.items()
+        for r in run.master.metrics(tenant, wid, kind="lifecycle").records
+        if r.get("state") == "running" and r.get("time") is not None
+    ]
+    return min(times) if times else None
+
+
 async def run_phase(
     name: str,
     specs: Sequence[WorkloadSpec],
@@ -166,8 +184,8 @@ async def run_phase(
 
     Args:
         name: Label of the phase.
-        specs: The workloads (they all run concurrently in one runtime).
-        run_dir: A fresh run directory for this phase.
+        specs: The workloads (they all run concurrently on one in-process Master).
+        run_dir: This phase's run directory; its state is deleted first (``fresh``).
         matched: Updates per tenant that count (the window ends at the last of them);
             default: every completed update of every training tenant not in
             ``fill_tenants``.
@@ -177,32 +195,13 @@ async def run_phase(
             completed inside the window.
 
     Raises:
+        SpecError / DatasetError: a bad spec, before anything starts.
         RuntimeError: the run completed fewer updates than ``matched`` asks for.
     """
-    runtime = EmbeddedRuntime(run_dir)
+    compiled = compile_workloads(list(specs))
     fill = set(fill_tenants)
     closed: list[str] = []
-
-    def progress(rows: list[TenantProgress]) -> None:
-        lead = [r for r in rows if r.task in ("rl", "sft") and r.tenant not in fill]
-        if fill and not closed and lead and all(r.done for r in lead):
-            assert runtime.scheduler is not None and runtime.compiled is not None
-            for w in runtime.compiled.workloads:
-                if w.tenant_id in fill and w.admission is not None:
-                    policy = w.admission.model_copy(update={"completion_target": 0})
-                    runtime.scheduler.set_policy(w.tenant_id, TaskType.SFT, policy)
-                    closed.append(w.tenant_id)
-        if on_progress is not None:
-            on_progress(rows)
-
     busy: list[Interval] = []
-
-    def on_event(e: MetricEvent) -> None:
-        service = BUSY_EVENTS.get(e.name)
-        if service is not None:
-            busy.append(Interval(service, e.timestamp - e.value, e.timestamp))
-
-    runtime.metrics_service.subscribe(on_event, categories=["system"], name="demo-busy")
     started: list[float] = []
 
     def status(msg: str) -> None:
@@ -211,23 +210,61 @@ async def run_phase(
         if on_status is not None:
             on_status(msg)
 
-    summary = await runtime.run(
-        list(specs),
-        on_progress=progress,
-        on_status=status,
-        on_record_episode=on_record_episode,
-    )
-    assert runtime.scheduler is not None
-    jobs = [
-        JobRecord(
-            tenant_id=j.tenant_id,
-            task=j.task_type.value,
-            state=j.state.value,
-            leased_at=j.timestamps.leased_at,
-            finished_at=j.timestamps.finished_at,
+    def on_event(e: MetricEvent) -> None:
+        service = BUSY_EVENTS.get(e.name)
+        if service is not None:
+            busy.append(Interval(service, e.timestamp - e.value, e.timestamp))
+
+    wipe_run_state(run_dir)  # fresh: nothing of an earlier run resumes or is counted
+    run = LocalRun(run_dir)
+
+    def progress(rows: list[TenantProgress]) -> None:
+        lead = [r for r in rows if r.task in ("rl", "sft") and r.tenant not in fill]
+        if fill and not closed and lead and all(r.done for r in lead):
+            assert run.plane is not None
+            for w in compiled.workloads:
+                if w.tenant_id in fill and w.admission is not None:
+                    policy = w.admission.model_copy(update={"completion_target": 0})
+                    run.plane.scheduler.set_policy(w.tenant_id, TaskType.SFT, policy)
+                    closed.append(w.tenant_id)
+        if on_progress is not None:
+            on_progress(rows)
+
+    try:
+        await record_missing_datasets(
+            compiled, on_status=status, on_record_episode=on_record_episode
         )
-        for j in runtime.scheduler.list_jobs()
-    ]
+        await run.open(compiled, status=status)
+        assert run.plane is not None and run.master is not None
+        if run.plane.metrics is None or run.plane.usage is None:
+            raise RuntimeError(f"phase {name}: the plane has no Metrics Service / usage meter")
+        meter = run.plane.usage
+        # Subscribed before any workload is submitted: no busy interval is missed.
+        run.plane.metrics.subscribe(on_event, categories=["system"], name="demo-busy")
+        run.write_event_files()
+        status("starting tenants and environment sessions")
+        await run.submit_all(compiled)
+        status("running")
+        await run.wait(progress)
+        summary = run.summary()
+        jobs = [
+            JobRecord(
+                tenant_id=j.tenant_id,
+                task=j.task_type.value,
+                state=j.state.value,
+                leased_at=j.timestamps.leased_at,
+                finished_at=j.timestamps.finished_at,
+            )
+            for j in run.plane.scheduler.list_jobs()
+        ]
+        records: dict[str, list[dict[str, Any]]] = {}
+        for tenant, wid in run.workload_ids.items():
+            wt = run.master.tenant_of(wid)
+            records[tenant] = list(wt.metrics.records) if wt is not None else []
+        loops_started = _loops_started(run)
+    finally:
+        await run.close()  # delivers the buffered events to the busy sink
+    usage = meter.snapshot()  # after close: the services are stopped, nothing more lands
     if matched is None:
         matched = {
             t: s.jobs_completed
@@ -249,8 +286,12 @@ async def run_phase(
     if end is None:
         got = {t: s.jobs_completed for t, s in summary.tenants.items()}
         raise RuntimeError(f"phase {name}: completed updates {got} fall short of {dict(matched)}")
-    start = started[0] if started else min((iv.start for iv in busy), default=end)
-    records = {t: list(tenant.metrics.records) for t, tenant in runtime.tenants.items()}
+    if loops_started is not None:
+        start = loops_started
+    elif started:
+        start = started[0]
+    else:
+        start = min((iv.start for iv in busy), default=end)
     return PhaseTrace(
         name=name,
         run_dir=run_dir,
@@ -259,7 +300,7 @@ async def run_phase(
         wall_s=summary.wall_s,
         busy=sorted(busy, key=lambda iv: iv.start),
         jobs=jobs,
-        usage=runtime.usage.snapshot(),
+        usage=usage,
         records=records,
         summary=summary,
         matched=dict(matched),

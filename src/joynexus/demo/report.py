@@ -2,12 +2,13 @@
 
 Definitions (all from the traces of :mod:`joynexus.demo.phase`):
 
-* **Window** of a phase: from the moment the workflow loops start to the completion of
-  its last matched update (model loading, session start-up and final checkpoints are
-  outside; they are reported in ``wall_s``).
+* **Window** of a phase: from the moment the first workload's loops start to the
+  completion of its last matched update (model loading, the first session's start-up
+  and final checkpoints are outside; they are reported in ``wall_s``; the Master
+  launches a phase's workloads concurrently, so later sessions may start inside it).
 * **Utilization** of a service = its busy seconds inside the window ÷ the window. Busy
   seconds are the measured durations of grouped inference batches and of training
-  (optimizer / actor-forward) steps — what the runtime's usage meter accumulates.
+  (optimizer / actor-forward) steps — what the plane's usage meter accumulates.
   The isolated row is the mean over the standalone RL replays, as in Table 1; the
   aggregate over all replays (SFT included) is reported too.
 * **Device time**: both phases ran on the same single machine, every service sharing

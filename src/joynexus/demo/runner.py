@@ -1,16 +1,16 @@
-"""``joynexus demo``: the §5.1 mixture on the embedded runtime, then the isolated baseline.
+"""``joynexus demo``: the §5.1 mixture on an in-process Master, then the isolated baseline.
 
 Layout of the output directory::
 
     DIR/data/<dataset>/        SFT demonstrations (recorded on first use, then reused)
     DIR/models/                the tiny backbone, built once and shared by every phase
     DIR/multi/                 the multi-tenant run (scheduler.sqlite, usage.json, metrics/)
-    DIR/multi/outputs/         its tenants' checkpoints and workflow metrics
+    DIR/multi/outputs/<tenant>/  its checkpoints; workloads/<id>/metrics.jsonl its records
     DIR/isolated/<tenant>/     one isolated replay per tenant (same files)
     DIR/report.json, DIR/*.png the report
 
-The phase directories are recreated on every run (a stale checkpoint would otherwise
-resume a tenant); the data and the model cache are kept.
+Every phase runs fresh in its own run directory (a stale checkpoint would otherwise
+resume a tenant, and old jobs would be counted); the data and the model cache are kept.
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ from joynexus.control.scheduler import TrainingScheduler
 from joynexus.errors import ConflictError, NotFoundError, PermissionDeniedError
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.slots import StepResult
-from joynexus.services.inference import InferenceModelService, PredictResult, RolloutConfig
-from joynexus.services.training import TrainBatch, TrainingModelService
+from joynexus.services.protocols import InferenceModelServiceAPI, TrainingModelServiceAPI
+from joynexus.services.rollout import PredictResult, RolloutConfig
+from joynexus.services.training import TrainBatch
 from joynexus.workflows.context import WorkflowTenant
 
 __all__ = ["ModelPrimitives"]
@@ -33,8 +34,8 @@ class ModelPrimitives:
     ``save``, ``rollout`` and ``train_job`` on the caller's own slot."""
 
     scheduler: TrainingScheduler
-    training: TrainingModelService
-    inference: InferenceModelService
+    training: TrainingModelServiceAPI
+    inference: InferenceModelServiceAPI
     base_model_id: str
     _tenants: dict[str, WorkflowTenant]
 

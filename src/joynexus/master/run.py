@@ -18,7 +18,7 @@ workload records), ``outputs/<tenant>/`` (checkpoints, each workload's metrics),
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -29,16 +29,27 @@ import numpy as np
 
 from joynexus.api import WorkloadState, WorkloadStatus
 from joynexus.data.record import record_missing_dataset
+from joynexus.master.host import MasterHost
 from joynexus.master.limits import MasterLimits
 from joynexus.master.service import MasterService
 from joynexus.master.store import SQLiteWorkloadStore
+from joynexus.runtime.health import HealthManager
+from joynexus.runtime.hosting import InProcess, Placement
 from joynexus.runtime.plane import ExecutionPlane, RuntimeConfig, build_plane, load_base_model
 from joynexus.spec.workload import TaskKind, WorkloadSpec
 from joynexus.utils.clock import Clock, SystemClock
 from joynexus.workflows.compile import CompiledRun, compile_workloads
 from joynexus.workflows.summary import EvalRunSummary, RunSummary, TenantProgress, TenantSummary
 
-__all__ = ["RUN_STATE", "LocalRun", "run_workloads", "wipe_run_state"]
+__all__ = [
+    "RUN_STATE",
+    "LocalRun",
+    "record_missing_datasets",
+    "run_workloads",
+    "wipe_run_state",
+]
+
+log = logging.getLogger(__name__)
 
 #: What ``fresh`` deletes from a run directory (the model cache stays).
 RUN_STATE = (
@@ -76,6 +87,8 @@ class LocalRun:
         clock: Time source (tests may pass their own).
         placement: Where the services live (default: in this process).
         limits: What the Master accepts (default: everything a local user may run).
+        health_check_s: Period of the Health Manager's probes.
+        recovery_budget: Restarts per role before the live workloads are failed.
     """
 
     def __init__(
@@ -84,14 +97,24 @@ class LocalRun:
         *,
         config: RuntimeConfig | None = None,
         clock: Clock | None = None,
-        placement: Any = None,
+        placement: Placement | None = None,
         limits: MasterLimits | None = None,
+        health_check_s: float = 0.5,
+        recovery_budget: int = 3,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.config = config or RuntimeConfig()
         self.clock: Clock = clock or SystemClock()
-        self.placement = placement
+        self.placement: Placement = placement or InProcess()
         self.limits = limits
+        # Probes and crash reports only: nothing in a run sends heartbeats.
+        self.health = HealthManager(
+            self.clock,
+            default_budget=recovery_budget,
+            heartbeat_timeout_s=None,
+            check_interval_s=health_check_s,
+        )
+        self.host: MasterHost | None = None
         self.plane: ExecutionPlane | None = None
         self.master: MasterService | None = None
         self.workload_ids: dict[str, str] = {}  # tenant -> its workload of this run
@@ -104,17 +127,14 @@ class LocalRun:
         base = await asyncio.to_thread(
             load_base_model, compiled.base_model, self.run_dir / "models"
         )
-        kwargs: dict[str, Any] = {}
-        if self.placement is not None:
-            kwargs["placement"] = self.placement
         self.plane = build_plane(
             self.run_dir,
             compiled.base_model,
+            placement=self.placement,
             config=self.config,
             clock=self.clock,
             base=base,
             keep_in_flight=True,
-            **kwargs,
         )
         roots = sorted(
             {w.spec.dataset.path.resolve().parent for w in compiled.workloads if w.spec.dataset}
@@ -125,27 +145,17 @@ class LocalRun:
             cross_tenant_eval=True,
             max_active_workloads_per_tenant=max(2, len(compiled.workloads)),
         )
-        p = self.plane
-        self.master = MasterService(
-            base=p.base,
-            base_model_id=p.base_model_id,
-            scheduler=p.scheduler,
-            queue=p.queue,
-            env=p.env,
-            training=p.training,
-            inference=p.inference,
+        self.host = MasterHost(
+            self.plane,
+            store=SQLiteWorkloadStore(self.run_dir / "scheduler.sqlite"),
             output_root=self.run_dir / "outputs",
             limits=limits,
+            config=self.config,
             clock=self.clock,
-            poll_s=self.config.poll_s,
-            max_failures=self.config.max_failures_per_tenant,
-            store=SQLiteWorkloadStore(self.run_dir / "scheduler.sqlite"),
-            heldout_samples=self.config.heldout_samples,
+            health=self.health,
         )
-        if p.metrics is not None:
-            p.metrics.start()
-        await p.inference.start()
-        await self.master.start()
+        self.master = self.host.master
+        await self.host.start()
 
     async def submit_all(self, compiled: CompiledRun) -> dict[str, str]:
         """Submit each workload unless the run directory already holds it; tenant → id.
@@ -174,6 +184,29 @@ class LocalRun:
             if _comparable(WorkloadSpec.model_validate(master.spec_of(spec.tenant, wid))) == want:
                 return wid
         return None
+
+    def write_event_files(self) -> None:
+        """Also write the Metrics Service's events into the run directory (after
+        :meth:`open`, before :meth:`submit_all`, so no event is missed).
+
+        Every event of a tenant goes to ``<run_dir>/metrics/<tenant>/metrics.jsonl``
+        (service-wide ones to ``<run_dir>/metrics/service.jsonl``) and learning curves
+        to TensorBoard under ``<run_dir>/tensorboard``. Both are run state
+        (:data:`RUN_STATE`): ``fresh`` deletes them.
+        """
+        from joynexus.metrics.jsonl import TenantJsonlSink
+
+        metrics = self.plane.metrics if self.plane is not None else None
+        if metrics is None:
+            raise RuntimeError("write_event_files: the run is not open (or has no metrics)")
+        root = self.run_dir / "metrics"
+        metrics.subscribe(TenantJsonlSink(root, service_path=root / "service.jsonl"), name="jsonl")
+        try:
+            from joynexus.metrics.trackers import TensorBoardSink
+
+            metrics.subscribe(TensorBoardSink(self.run_dir / "tensorboard"), name="tensorboard")
+        except ImportError as exc:  # tensorboard is a core dependency; a broken install
+            log.warning("TensorBoard sink disabled: %s", exc)
 
     def _owner(self, workload_id: str) -> str | None:
         assert self.master is not None
@@ -228,6 +261,7 @@ class LocalRun:
                 errors += tenant.errors[:20]
             s = TenantSummary(
                 task=st.task,
+                state=st.state.value,
                 jobs_completed=st.jobs_completed,
                 jobs_dropped=st.jobs_dropped,
                 jobs_failed=st.jobs_failed,
@@ -278,60 +312,28 @@ class LocalRun:
 
     async def close(self) -> None:
         """Stop the Master and the services (records and checkpoints stay)."""
-        if self.master is not None:
-            await self.master.aclose()
-            self.master.store.close()
-        p = self.plane
-        if p is None:
+        if self.host is None:
             return
-        with contextlib.suppress(Exception):
-            await p.inference.stop()
-        with contextlib.suppress(Exception):
-            await p.env.aclose()
-        if p.metrics is not None:
-            p.metrics.stop()
-        if p.usage is not None:
-            with contextlib.suppress(OSError):
-                p.usage.save()
-        p.scheduler.close()
-        close = getattr(p, "close", None)
-        if callable(close):
-            with contextlib.suppress(Exception):
-                close()
+        try:
+            await self.host.stop()
+        finally:
+            self.host.close()
 
 
-async def run_workloads(
-    specs: Sequence[WorkloadSpec] | CompiledRun,
-    run_dir: str | Path,
+async def record_missing_datasets(
+    compiled: CompiledRun,
     *,
-    fresh: bool = False,
-    config: RuntimeConfig | None = None,
-    clock: Clock | None = None,
-    placement: Any = None,
-    on_progress: Callable[[list[TenantProgress]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
     on_record_episode: Callable[[str, int, int, bool], None] | None = None,
-    on_open: Callable[[LocalRun], None] | None = None,
-) -> RunSummary:
-    """Validate, then run every workload to its end on an in-process Master.
+) -> None:
+    """Record every SFT dataset a workload needs and lacks, with the scripted expert.
 
     Args:
-        specs: The workloads (or already compiled ones); all checked before anything
-            starts.
-        run_dir: Everything of the run (see module docstring).
-        fresh: Delete the run directory's state first and start over.
-        on_progress / on_status / on_record_episode: Progress callbacks.
-        on_open: Called with the run once its Master is up (the demo adjusts
-            admission through it).
-
-    Raises:
-        SpecError / DatasetError: a bad spec, before anything starts.
+        compiled: The run's workloads.
+        on_status: Told which dataset is recorded.
+        on_record_episode: Called as ``(tenant, episode, frames, success)`` per episode.
     """
-    compiled = specs if isinstance(specs, CompiledRun) else compile_workloads(list(specs))
     status = on_status or (lambda _msg: None)
-    run_dir = Path(run_dir)
-    if fresh:
-        wipe_run_state(run_dir)
     for w in compiled.workloads:
         spec = w.spec
         if w.needs_recording and spec.dataset is not None and not spec.dataset.path.exists():
@@ -346,7 +348,54 @@ async def run_workloads(
             if on_record_episode is not None:
                 cb = lambda ep, n, ok, tid=tid: on_record_episode(tid, ep, n, ok)  # noqa: E731
             await asyncio.to_thread(record_missing_dataset, spec, cb)
-    run = LocalRun(run_dir, config=config, clock=clock, placement=placement)
+
+
+async def run_workloads(
+    specs: Sequence[WorkloadSpec] | CompiledRun,
+    run_dir: str | Path,
+    *,
+    fresh: bool = False,
+    config: RuntimeConfig | None = None,
+    clock: Clock | None = None,
+    placement: Placement | None = None,
+    health_check_s: float = 0.5,
+    recovery_budget: int = 3,
+    on_progress: Callable[[list[TenantProgress]], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
+    on_record_episode: Callable[[str, int, int, bool], None] | None = None,
+    on_open: Callable[[LocalRun], None] | None = None,
+) -> RunSummary:
+    """Validate, then run every workload to its end on an in-process Master.
+
+    Args:
+        specs: The workloads (or already compiled ones); all checked before anything
+            starts.
+        run_dir: Everything of the run (see module docstring).
+        fresh: Delete the run directory's state first and start over.
+        placement: Where the services live (default: in this process).
+        health_check_s / recovery_budget: The Health Manager's probe period and
+            restarts per role before the live workloads are failed.
+        on_progress / on_status / on_record_episode: Progress callbacks.
+        on_open: Called with the run once its workloads are submitted (to adjust
+            admission through ``run.plane.scheduler``, for instance).
+
+    Raises:
+        SpecError / DatasetError: a bad spec, before anything starts.
+    """
+    compiled = specs if isinstance(specs, CompiledRun) else compile_workloads(list(specs))
+    status = on_status or (lambda _msg: None)
+    run_dir = Path(run_dir)
+    if fresh:
+        wipe_run_state(run_dir)
+    await record_missing_datasets(compiled, on_status=status, on_record_episode=on_record_episode)
+    run = LocalRun(
+        run_dir,
+        config=config,
+        clock=clock,
+        placement=placement,
+        health_check_s=health_check_s,
+        recovery_budget=recovery_budget,
+    )
     try:
         await run.open(compiled, status=status)
         status("starting tenants and environment sessions")

@@ -71,10 +71,12 @@ from joynexus.master.primitives import ModelPrimitives
 from joynexus.master.store import InMemoryWorkloadStore, WorkloadRecord, WorkloadStore
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.payload import find_latest_checkpoint, read_manifest
-from joynexus.queues.training import TrainingQueue
-from joynexus.services.environment import EnvironmentService
-from joynexus.services.inference import InferenceModelService
-from joynexus.services.training import TrainingModelService
+from joynexus.services.protocols import (
+    EnvironmentServiceAPI,
+    InferenceModelServiceAPI,
+    TrainingModelServiceAPI,
+    TrainingQueueAPI,
+)
 from joynexus.spec.workload import TaskKind, WorkloadSpec
 from joynexus.utils.clock import Clock, SystemClock
 from joynexus.workflows import launch
@@ -192,10 +194,10 @@ class MasterService(ModelPrimitives):
         base: ResidentBaseModel,
         base_model_id: str,
         scheduler: TrainingScheduler,
-        queue: TrainingQueue,
-        env: EnvironmentService,
-        training: TrainingModelService,
-        inference: InferenceModelService,
+        queue: TrainingQueueAPI,
+        env: EnvironmentServiceAPI,
+        training: TrainingModelServiceAPI,
+        inference: InferenceModelServiceAPI,
         output_root: Path,
         limits: MasterLimits | None = None,
         clock: Clock | None = None,

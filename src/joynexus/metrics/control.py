@@ -17,8 +17,8 @@ It imports no torch: the sampler can run next to the scheduler in a control proc
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,9 +30,17 @@ from joynexus.utils.clock import Clock, SystemClock
 if TYPE_CHECKING:
     from joynexus.control.scheduler import TrainingScheduler
     from joynexus.queues.inference_metrics import InferenceQueueMetrics
-    from joynexus.queues.training import TrainingQueue
 
-__all__ = ["ControlSampler", "ControlSnapshot"]
+__all__ = ["ControlSampler", "ControlSnapshot", "QueueGauge"]
+
+
+class QueueGauge(Protocol):
+    """What the sampler reads of a Training Queue (in process, or its Ray proxy)."""
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def partitions(self) -> Sequence[object]: ...
 
 
 class ControlSnapshot(BaseModel):
@@ -70,7 +78,7 @@ class ControlSampler:
         metrics: MetricsService,
         *,
         scheduler: TrainingScheduler | None = None,
-        training_queue: TrainingQueue | None = None,
+        training_queue: QueueGauge | None = None,
         inference_metrics: Callable[[], InferenceQueueMetrics] | None = None,
         inference_in_flight: Callable[[], int] | None = None,
         policy_version: Callable[[str], int] | None = None,

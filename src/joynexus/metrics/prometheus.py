@@ -11,7 +11,12 @@ family's type follows from the name:
 * anything else: a gauge holding the last value (losses, queue depth, staleness).
 
 :class:`UsageCollector` exposes a :class:`~joynexus.metrics.usage.UsageMeter` as
-``joynexus_usage_*`` counters read at scrape time.
+``joynexus_usage_*`` counters read at scrape time (the plane registers it).
+
+Imports point one way inside :mod:`joynexus.metrics`: the Metrics Service
+(:mod:`~joynexus.metrics.events`) builds its :class:`PrometheusSink`, so this module
+does not import the service's module; it reads events and the service's counters
+through the structural types :class:`EventLike` and :class:`EventCounters`.
 """
 
 from __future__ import annotations
@@ -19,21 +24,20 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from joynexus.metrics.events import MetricEvent
-
 if TYPE_CHECKING:
-    from joynexus.metrics.events import MetricsServiceStats
     from joynexus.metrics.usage import UsageMeter
 
 __all__ = [
     "CONTENT_TYPE_LATEST",
     "HISTOGRAM_BUCKETS",
+    "EventCounters",
+    "EventLike",
     "PrometheusSink",
     "UsageCollector",
     "metric_kind",
@@ -55,7 +59,39 @@ _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
 
 
-def metric_kind(event: MetricEvent) -> MetricKind:
+class EventLike(Protocol):
+    """What the sink reads of a :class:`~joynexus.metrics.events.MetricEvent`."""
+
+    @property
+    def category(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def value(self) -> float: ...
+    @property
+    def tenant_id(self) -> str | None: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+
+class EventCounters(Protocol):
+    """What the sink exposes of :class:`~joynexus.metrics.events.MetricsServiceStats`."""
+
+    @property
+    def buffered(self) -> int: ...
+    @property
+    def emitted(self) -> int: ...
+    @property
+    def dropped(self) -> int: ...
+    @property
+    def invalid(self) -> int: ...
+    @property
+    def delivered(self) -> int: ...
+    @property
+    def sink_errors(self) -> int: ...
+
+
+def metric_kind(event: EventLike) -> MetricKind:
     """How an event's name is exposed (see module docstring)."""
     if event.name.endswith("_total"):
         return "counter"
@@ -66,7 +102,7 @@ def metric_kind(event: MetricEvent) -> MetricKind:
     return "gauge"
 
 
-def prometheus_name(event: MetricEvent, namespace: str = "joynexus") -> str:
+def prometheus_name(event: EventLike, namespace: str = "joynexus") -> str:
     base = _INVALID.sub("_", f"{namespace}_{event.category}_{event.name}")
     # prometheus-client appends _total to counters itself.
     return base.removesuffix("_total")
@@ -91,7 +127,7 @@ class PrometheusSink:
         registry: CollectorRegistry | None = None,
         *,
         namespace: str = "joynexus",
-        stats: Callable[[], MetricsServiceStats] | None = None,
+        stats: Callable[[], EventCounters] | None = None,
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self.namespace = namespace
@@ -101,7 +137,7 @@ class PrometheusSink:
         if stats is not None:
             self.registry.register(_StatsCollector(stats, namespace))
 
-    def handle(self, events: Sequence[MetricEvent]) -> None:
+    def handle(self, events: Sequence[EventLike]) -> None:
         with self._lock:
             for e in events:
                 self._observe(e)
@@ -113,7 +149,7 @@ class PrometheusSink:
         """The registry in the Prometheus text format (``CONTENT_TYPE_LATEST``)."""
         return generate_latest(self.registry)
 
-    def _observe(self, e: MetricEvent) -> None:
+    def _observe(self, e: EventLike) -> None:
         name = prometheus_name(e, self.namespace)
         entry = self._families.get(name)
         if entry is None:
@@ -138,7 +174,7 @@ class PrometheusSink:
         else:
             child.set(e.value)
 
-    def _create(self, name: str, e: MetricEvent) -> tuple[_Family, tuple[str, ...]] | None:
+    def _create(self, name: str, e: EventLike) -> tuple[_Family, tuple[str, ...]] | None:
         label_names = ("tenant", *sorted(e.labels))
         doc = f"{e.category} signal {e.name}"
         kind = metric_kind(e)
@@ -161,7 +197,7 @@ class PrometheusSink:
 
 
 class _StatsCollector(Collector):
-    def __init__(self, stats: Callable[[], MetricsServiceStats], namespace: str) -> None:
+    def __init__(self, stats: Callable[[], EventCounters], namespace: str) -> None:
         self._stats = stats
         self._ns = namespace
 

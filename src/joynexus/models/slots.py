@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,11 +29,9 @@ from joynexus.models.heads import (
     ValueHeadConfig,
     build_action_module,
 )
+from joynexus.models.normalization import NormalizationStats
 from joynexus.models.schema import DataSchema
 from joynexus.models.types import BackboneOutput
-
-if TYPE_CHECKING:  # data.sft imports models; the slot only carries the stats
-    from joynexus.data.sft import NormalizationStats
 
 _TENANT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 

@@ -4,8 +4,9 @@ A layout names the accelerators of the three resident roles as
 ``actor-inference-environment`` GPU counts: the paper's shared deployment is ``2-2-4``,
 its isolated single-tenant baseline ``1-1-2``. :func:`build_placement` reserves one
 placement group with one bundle per role (PACK: the roles of one deployment stay on as
-few nodes as possible) and :class:`Placement` hands out the scheduling options that put
-each service actor into its role's bundle.
+few nodes as possible) and :class:`ReservedGroup` hands out the scheduling options that
+put each service actor into its role's bundle (the
+:class:`~joynexus.runtime.ray_hosting.RayPlacement` of a plane uses them).
 
 The inference bundle is split evenly among ``max_engines`` rollout engines, so an
 elastic pool can grow to that many engines inside the reservation it already holds.
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from joynexus.errors import CapacityError, SpecError
 
-__all__ = ["LAYOUTS", "Layout", "Placement", "Role", "build_placement"]
+__all__ = ["LAYOUTS", "Layout", "ReservedGroup", "Role", "build_placement"]
 
 Role = Literal["actor", "inference", "environment"]
 ROLES: tuple[Role, ...] = ("actor", "inference", "environment")
@@ -102,7 +103,7 @@ LAYOUTS = {"shared": "2-2-4", "isolated": "1-1-2", "cpu": "0-0-0"}
 
 
 @dataclass
-class Placement:
+class ReservedGroup:
     """A reserved placement group and the actor options of each role inside it."""
 
     layout: Layout
@@ -139,7 +140,7 @@ class Placement:
         remove_placement_group(self.group)
 
 
-def build_placement(layout: Layout, *, timeout_s: float = 30.0, name: str = "") -> Placement:
+def build_placement(layout: Layout, *, timeout_s: float = 30.0, name: str = "") -> ReservedGroup:
     """Reserve ``layout``'s placement group and wait until it is placed.
 
     Raises:
@@ -158,4 +159,4 @@ def build_placement(layout: Layout, *, timeout_s: float = 30.0, name: str = "") 
             f"layout {layout} needs {layout.total_gpus:g} GPUs in one placement group "
             f"(bundles {layout.bundles()}); the cluster has {available:g} GPUs available"
         )
-    return Placement(layout=layout, group=group)
+    return ReservedGroup(layout=layout, group=group)

@@ -1,80 +1,84 @@
 """The execution plane: the long-lived services every workload of a process runs on.
 
-One builder, :func:`build_plane`, serves both hosts of the plane: the live server
-(``joynexus serve``, around a Master Service) and the runtimes that run compiled
-workloads to completion (embedded, managed, Ray). It loads the resident base model (or
-takes one already loaded), opens the durable Training Scheduler in the run directory —
-failing the jobs a previous process left in flight — and builds the Training Queue and
-the Environment / Training / Inference Model Services reporting to one Metrics Service
-and one usage meter. The services are built, not started.
+One builder, :func:`build_plane`, serves every host of the plane: the live server
+(``joynexus serve``, around a Master Service) and the embedded runtime that runs
+compiled workloads to completion. It loads the resident base model (or takes one
+already loaded), opens the durable Training Scheduler in the run directory — failing
+the jobs a previous process left in flight — builds the Metrics Service and usage meter
+(unless given), and has a :class:`~joynexus.runtime.hosting.Placement` build the
+Training Queue and the Environment / Training / Inference Model Services where it puts
+them: objects in this process (:class:`~joynexus.runtime.hosting.InProcess`), an
+elastic pool of in-process rollout engines
+(:class:`~joynexus.runtime.hosting.EnginePoolPlacement`) or Ray actors
+(:class:`~joynexus.runtime.ray_hosting.RayPlacement`). The plane's service fields are
+typed by the protocols of :mod:`joynexus.services.protocols`, which all three satisfy.
 
-Where the services live is the :class:`ServiceFactory`'s business: the default builds
-them as objects in this process; the managed runtime serves inference through an engine
-pool and the Ray runtime returns actor proxies of the very same classes.
+The :class:`ExecutionPlane` owns the services' lifecycle (:meth:`~ExecutionPlane.start`
+/ :meth:`~ExecutionPlane.stop` / :meth:`~ExecutionPlane.close`) and rollout scaling;
+:func:`watch_plane` is the one health wiring of a plane, used by every host.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from joynexus.control.scheduler import TrainingScheduler
-from joynexus.errors import SpecError
+from joynexus.errors import ServiceUnavailableError, SpecError
 from joynexus.metrics.events import MetricsService
 from joynexus.metrics.prometheus import UsageCollector
 from joynexus.metrics.usage import USAGE_FILE, UsageMeter
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.tiny import ARCHES, SIDECAR, make_tiny
-from joynexus.queues.training import TrainingQueue
-from joynexus.services.environment import EnvironmentService, EnvironmentServiceConfig
+from joynexus.runtime.health import HealthManager
+from joynexus.runtime.hosting import (
+    EnginePoolPlacement,
+    Hosting,
+    InProcess,
+    Placement,
+    PlaneSettings,
+    RuntimeConfig,
+)
+from joynexus.runtime.scaling import EnginePool, EngineStatus
+from joynexus.runtime.sessions import SessionRecovery
 from joynexus.services.inference import InferenceModelService
-from joynexus.services.training import TrainingModelService
+from joynexus.services.protocols import (
+    EnvironmentServiceAPI,
+    InferenceModelServiceAPI,
+    TrainingModelServiceAPI,
+    TrainingQueueAPI,
+)
 from joynexus.spec.workload import BaseModelSpec
 from joynexus.utils.clock import Clock, SystemClock
+from joynexus.workflows.context import WorkflowTenant
 
 __all__ = [
+    "INFERENCE_ROLE",
     "RESTARTED_REASON",
+    "TRAINING_ROLE",
+    "EnginePoolPlacement",
     "ExecutionPlane",
+    "InProcess",
+    "Placement",
     "PlaneSettings",
     "RuntimeConfig",
-    "ServiceFactory",
     "build_plane",
     "load_base_model",
-    "new_environment",
-    "new_inference",
     "new_monitoring",
-    "new_training",
     "open_scheduler",
+    "watch_plane",
 ]
 
 #: Terminal reason of the jobs a previous process left in flight.
 RESTARTED_REASON = "runtime_restarted"
+#: Health role of a single in-process inference engine (a pool's are ``inference/<id>``).
+INFERENCE_ROLE = "inference"
+#: Health role of the Training Model Service.
+TRAINING_ROLE = "training"
 TINY_PREFIX = "tiny:"
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
-
-
-@dataclass
-class RuntimeConfig:
-    """Knobs of the execution plane and its loops (defaults suit a CPU run).
-
-    Attributes:
-        lease_ttl_s: Stage / consumer lease lifetime between heartbeats.
-        producer_lease_ttl_s: Producer lease lifetime between rollout heartbeats.
-        poll_s: Back-off of producers and stages when there is nothing to do.
-        max_failures_per_tenant: A tenant with this many failed jobs stops producing.
-        heldout_samples: Held-out frames used to measure SFT action error.
-        max_batch_size / max_wait_s: Inference Queue group batching.
-        env: Environment Service limits.
-    """
-
-    lease_ttl_s: float = 120.0
-    producer_lease_ttl_s: float = 300.0
-    poll_s: float = 0.05
-    max_failures_per_tenant: int = 5
-    heldout_samples: int = 64
-    max_batch_size: int = 128
-    max_wait_s: float = 0.005
-    env: EnvironmentServiceConfig = field(default_factory=EnvironmentServiceConfig)
 
 
 def load_base_model(spec: BaseModelSpec, cache_dir: Path) -> ResidentBaseModel:
@@ -113,28 +117,66 @@ def load_base_model(spec: BaseModelSpec, cache_dir: Path) -> ResidentBaseModel:
 
 @dataclass
 class ExecutionPlane:
-    """The long-lived services one process hosts every workload on."""
+    """The long-lived services one process hosts every workload on.
+
+    Attributes:
+        base / base_model_id: The resident base model and the id it was loaded from.
+        scheduler: The durable Training Scheduler (in this process).
+        queue / env / training / inference: The services, wherever they live;
+            ``inference`` is the engine pool when the placement has one.
+        hosting: Where they live and how to start, stop and release them.
+        metrics / usage: The Metrics Service and usage meter the in-process services
+            report to.
+    """
 
     base: ResidentBaseModel
     base_model_id: str
     scheduler: TrainingScheduler
-    queue: TrainingQueue
-    env: EnvironmentService
-    training: TrainingModelService
-    inference: InferenceModelService
+    queue: TrainingQueueAPI
+    env: EnvironmentServiceAPI
+    training: TrainingModelServiceAPI
+    inference: InferenceModelServiceAPI
+    hosting: Hosting
     metrics: MetricsService | None = None
     usage: UsageMeter | None = None
 
+    @property
+    def pool(self) -> EnginePool | None:
+        """The rollout-engine pool behind ``inference`` (None: one engine)."""
+        return self.hosting.pool
 
-@dataclass
-class PlaneSettings:
-    """What every service of a plane is built with."""
+    async def start(self) -> None:
+        """Start the inference engine(s); the other services need no start."""
+        await self.hosting.start()
 
-    run_dir: Path
-    config: RuntimeConfig
-    clock: Clock
-    metrics: MetricsService | None = None
-    usage: UsageMeter | None = None
+    async def stop(self) -> None:
+        """Stop the inference engine(s) and close every environment session."""
+        await self.hosting.stop()
+
+    def close(self) -> None:
+        """Release what the placement reserved (Ray actors, placement group, a Ray
+        started for it) and close the scheduler; after :meth:`stop`."""
+        try:
+            self.hosting.close()
+        finally:
+            self.scheduler.close()
+
+    async def scale_rollout(self, n: int) -> int:
+        """Scale the rollout-engine pool to ``n`` engines (draining the leaving ones);
+        returns the new size. See :meth:`Hosting.scale_rollout`.
+
+        Raises:
+            ConflictError: the placement has no engine pool (``InProcess``).
+        """
+        return await self.hosting.scale_rollout(n)
+
+    def engine_status(self) -> list[EngineStatus]:
+        """The pool's engines.
+
+        Raises:
+            ConflictError: the placement has no engine pool (``InProcess``).
+        """
+        return self.hosting.engine_status()
 
 
 def new_monitoring(run_dir: Path, clock: Clock | None = None) -> tuple[MetricsService, UsageMeter]:
@@ -150,12 +192,15 @@ def new_monitoring(run_dir: Path, clock: Clock | None = None) -> tuple[MetricsSe
     return metrics, usage
 
 
-def open_scheduler(run_dir: Path, config: RuntimeConfig, clock: Clock) -> TrainingScheduler:
+def open_scheduler(
+    run_dir: Path, config: RuntimeConfig, clock: Clock, *, keep_in_flight: bool = False
+) -> TrainingScheduler:
     """Open the durable Training Scheduler in ``<run_dir>/scheduler.sqlite``.
 
     Jobs another process left in flight lost their partitions with that process (the
     Training Queue lives in memory): they are failed ``runtime_restarted`` instead of
-    being waited for forever.
+    being waited for forever — unless ``keep_in_flight``, for a caller that reconciles
+    them itself (the Master, against its checkpoint ledgers).
     """
     scheduler = TrainingScheduler.open(
         run_dir / "scheduler.sqlite",
@@ -163,105 +208,48 @@ def open_scheduler(run_dir: Path, config: RuntimeConfig, clock: Clock) -> Traini
         lease_ttl_s=config.lease_ttl_s,
         producer_lease_ttl_s=config.producer_lease_ttl_s,
     )
-    for job in scheduler.list_jobs():
+    for job in [] if keep_in_flight else scheduler.list_jobs():
         if not job.is_terminal:
             scheduler.fail(job.job_id, RESTARTED_REASON)
     return scheduler
-
-
-def new_environment(s: PlaneSettings) -> EnvironmentService:
-    """An Environment Service in this process."""
-    return EnvironmentService(s.config.env, clock=s.clock, metrics=s.metrics, usage=s.usage)
-
-
-def new_training(
-    s: PlaneSettings, base: ResidentBaseModel, queue: TrainingQueue
-) -> TrainingModelService:
-    """A Training Model Service in this process, writing under ``<run_dir>/outputs``."""
-    return TrainingModelService(
-        base,
-        queue,
-        output_dir=s.run_dir / "outputs",
-        clock=s.clock,
-        metrics=s.metrics,
-        usage=s.usage,
-    )
-
-
-def new_inference(
-    s: PlaneSettings,
-    base: ResidentBaseModel,
-    env: EnvironmentService,
-    queue: TrainingQueue,
-) -> InferenceModelService:
-    """An Inference Model Service (one rollout engine) in this process, not started."""
-    return InferenceModelService(
-        base,
-        env,
-        queue,
-        max_batch_size=s.config.max_batch_size,
-        max_wait_s=s.config.max_wait_s,
-        clock=s.clock,
-        metrics=s.metrics,
-        usage=s.usage,
-    )
-
-
-class ServiceFactory:
-    """Builds a plane's services as objects in this process.
-
-    Runtimes override methods to host the same classes elsewhere (an engine pool, Ray
-    actors); what they return must offer the service's interface.
-    """
-
-    def make_queue(self, s: PlaneSettings) -> TrainingQueue:
-        return TrainingQueue()
-
-    def make_env(self, s: PlaneSettings) -> EnvironmentService:
-        return new_environment(s)
-
-    def make_training(
-        self, s: PlaneSettings, base: ResidentBaseModel, queue: TrainingQueue
-    ) -> TrainingModelService:
-        return new_training(s, base, queue)
-
-    def make_inference(
-        self,
-        s: PlaneSettings,
-        base: ResidentBaseModel,
-        env: EnvironmentService,
-        queue: TrainingQueue,
-    ) -> InferenceModelService:
-        return new_inference(s, base, env, queue)
 
 
 def build_plane(
     run_dir: Path,
     base_model: BaseModelSpec,
     *,
+    placement: Placement = InProcess(),
     config: RuntimeConfig | None = None,
     clock: Clock | None = None,
     base: ResidentBaseModel | None = None,
     metrics: MetricsService | None = None,
     usage: UsageMeter | None = None,
-    factory: ServiceFactory | None = None,
+    keep_in_flight: bool = False,
 ) -> ExecutionPlane:
-    """Load the base model and build the services (not started yet).
+    """Load the base model and place the services (not started yet).
 
-    Jobs a previous process left in flight are failed ``runtime_restarted``: their
-    partitions lived in that process's memory.
+    Jobs a previous process left in flight are failed ``runtime_restarted`` (their
+    partitions lived in that process's memory), unless ``keep_in_flight``.
 
     Args:
         run_dir: Holds ``scheduler.sqlite``, ``usage.json``, the tiny-model cache and
             the default outputs; created if missing.
         base_model: The resident backbone to load (unless ``base`` is given).
+        placement: Where the services live (default: objects in this process, one
+            inference engine).
         config: Plane knobs.
-        clock: Time source of every service.
+        clock: Time source of every in-process service and the scheduler.
         base: An already loaded base model (a runtime loads it off the event loop).
         metrics / usage: The Metrics Service and usage meter the services report to;
             when neither is given, new ones (:func:`new_monitoring`, resuming
             ``usage.json``).
-        factory: Where the services live (default: objects in this process).
+        keep_in_flight: Leave the jobs a previous process left in flight to the caller
+            (the Master reconciles them with its checkpoint ledgers).
+
+    Raises:
+        SpecError: an unknown tiny architecture.
+        CapacityError / ServiceUnavailableError: the placement cannot reserve what it
+            needs (the scheduler is closed again).
     """
     cfg = config or RuntimeConfig()
     clk = clock or SystemClock()
@@ -270,17 +258,124 @@ def build_plane(
         base = load_base_model(base_model, run_dir / "models")
     if metrics is None and usage is None:
         metrics, usage = new_monitoring(run_dir, clk)
-    make = factory or ServiceFactory()
-    settings = PlaneSettings(run_dir, cfg, clk, metrics, usage)
-    scheduler = open_scheduler(run_dir, cfg, clk)
+    scheduler = open_scheduler(run_dir, cfg, clk, keep_in_flight=keep_in_flight)
     try:
-        queue = make.make_queue(settings)
-        env = make.make_env(settings)
-        training = make.make_training(settings, base, queue)
-        inference = make.make_inference(settings, base, env, queue)
+        hosting = placement.place(PlaneSettings(run_dir, cfg, clk, metrics, usage), base)
     except BaseException:
         scheduler.close()
         raise
     return ExecutionPlane(
-        base, base_model.id, scheduler, queue, env, training, inference, metrics, usage
+        base=base,
+        base_model_id=base_model.id,
+        scheduler=scheduler,
+        queue=hosting.queue,
+        env=hosting.env,
+        training=hosting.training,
+        inference=hosting.inference,
+        hosting=hosting,
+        metrics=metrics,
+        usage=usage,
     )
+
+
+def watch_plane(
+    health: HealthManager,
+    plane: ExecutionPlane,
+    *,
+    session_holders: Callable[[], Iterable[WorkflowTenant]],
+    restart_training: Callable[[], Awaitable[None]] | None = None,
+) -> SessionRecovery:
+    """Register the plane's restartable roles with ``health`` (call once per plane).
+
+    * ``environment``: a crashed simulator session is closed and recreated with the
+      same spec for the tenant that holds it
+      (:class:`~joynexus.runtime.sessions.SessionRecovery`);
+    * inference: with an engine pool, one ``inference/<id>`` role per engine, kept in
+      step with scaling; a failed engine (probe, or a call that found it dead) is
+      replaced in place — under Ray by a new actor — and synced to every tenant's
+      latest published weights, which the pool records. With one in-process engine,
+      an ``inference`` role whose restart stops and starts its Inference Queue
+      (tenant slots and weights live in the service and survive);
+    * ``training``: probed (under Ray: the actor is alive); its restart is
+      ``restart_training`` when given (e.g. rebuild the training slots from their
+      checkpoints), otherwise any failure escalates to a global restart, since
+      optimizer state cannot be rebuilt in place. Under Ray the ``training_queue``
+      actor escalates the same way (its partitions are lost with it).
+
+    Args:
+        health: The Health Manager to register with (its owner runs it).
+        plane: The plane to watch (before or after :meth:`ExecutionPlane.start`).
+        session_holders: Lists the tenants that may hold a simulator session now.
+        restart_training: Redeploys the training role; None: escalate instead.
+
+    Returns:
+        The environment role's session recovery.
+
+    Raises:
+        ConflictError: a role is already registered (the plane is watched already).
+    """
+    sessions = SessionRecovery(plane.env, session_holders, health)
+    sessions.register()
+    pool = plane.pool
+    if pool is not None:
+        _watch_pool(health, pool)
+    elif isinstance(plane.inference, InferenceModelService):
+        _watch_engine(health, plane.inference)
+    for role, probe in plane.hosting.probes().items():
+        if role == TRAINING_ROLE and restart_training is not None:
+            health.register(role, restart_training, probe=probe)
+        else:
+            health.register(
+                role, functools.partial(_cannot_restart, role), probe=probe, shared=True
+            )
+    return sessions
+
+
+async def _cannot_restart(role: str) -> None:
+    # Never called: a shared role escalates instead of restarting.
+    raise ServiceUnavailableError(f"the {role} role cannot be restarted in place")
+
+
+def _watch_engine(health: HealthManager, engine: InferenceModelService) -> None:
+    async def probe() -> None:
+        if not engine.inference_queue.running:
+            raise ServiceUnavailableError("the inference queue worker stopped unexpectedly")
+
+    async def restart() -> None:
+        await engine.stop()
+        await engine.start()
+
+    health.register(INFERENCE_ROLE, restart, probe=probe)
+
+
+def _watch_pool(health: HealthManager, pool: EnginePool) -> None:
+    prefix = f"{INFERENCE_ROLE}/"
+
+    def sync_roles() -> None:
+        live = {f"{prefix}{i}" for i in pool.engine_ids()}
+        for role in health.roles():
+            if role.startswith(prefix) and role not in live:
+                health.unregister(role)
+        registered = set(health.roles())
+        for engine_id in pool.engine_ids():
+            if f"{prefix}{engine_id}" not in registered:
+                health.register(
+                    f"{prefix}{engine_id}",
+                    functools.partial(pool.restart_engine, engine_id),
+                    probe=functools.partial(_probe_engine, pool, engine_id),
+                )
+
+    async def report(engine_id: int, error: BaseException) -> None:
+        role = f"{prefix}{engine_id}"
+        if role in health.roles():
+            await health.report_error(role, error)
+
+    pool.on_engine_failure = report
+    pool.on_resize = sync_roles
+    sync_roles()
+
+
+async def _probe_engine(pool: EnginePool, engine_id: int) -> None:
+    probe = pool.handle(engine_id).probe
+    if probe is not None:
+        await probe()

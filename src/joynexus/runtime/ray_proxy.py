@@ -16,6 +16,13 @@ and the error propagates, as it would in-process.
 Proxies pickle (they hold only the actor handle), so one actor can be handed to another:
 the inference actor reaches the environment actor and the Training Queue actor through
 proxies.
+
+Typing: ``ActorProxy[S]`` answers every attribute through ``__getattr__``, which a type
+checker accepts for any method or read-only property of a protocol, so a proxy satisfies
+the service protocols of :mod:`joynexus.services.protocols` structurally. What makes
+that true at run time is the mapping above: every public member of ``S`` keeps its kind
+(coroutine, plain method, property) through the proxy, and ``S`` itself is checked
+against the protocol.
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ import asyncio
 import contextlib
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 __all__ = ["ActorProxy", "async_methods", "await_ref"]
+
+S = TypeVar("S")
 
 
 def _ray() -> Any:
@@ -77,7 +86,7 @@ async def await_ref(
         raise
 
 
-class ActorProxy:
+class ActorProxy(Generic[S]):
     """The service-object surface of a Ray actor (see module docstring).
 
     Args:
@@ -86,7 +95,7 @@ class ActorProxy:
         heartbeat_interval_s: How often a caller's ``heartbeat`` runs during a call.
     """
 
-    def __init__(self, handle: Any, cls: type, *, heartbeat_interval_s: float = 1.0) -> None:
+    def __init__(self, handle: Any, cls: type[S], *, heartbeat_interval_s: float = 1.0) -> None:
         self._handle = handle
         self._cls = cls
         self._async = async_methods(cls)
@@ -99,7 +108,7 @@ class ActorProxy:
         return self._handle
 
     @property
-    def service_class(self) -> type:
+    def service_class(self) -> type[S]:
         return self._cls
 
     def __getattr__(self, name: str) -> Any:

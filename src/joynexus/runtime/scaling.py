@@ -16,6 +16,10 @@ actors through a proxy) behind the one surface the workflow loops use
 * scaling operations are serialized by one lock, and all-or-nothing: a failure rolls the
   pool back to the engines it had (new ones are stopped and released).
 
+The pool satisfies :class:`~joynexus.services.protocols.InferenceModelServiceAPI` (its
+``metrics`` add up the engines' Inference Queue counters), so the plane hands it to the
+Master and the workflow loops in place of one engine.
+
 :class:`Autoscaler` is the optional policy (off unless started): it scales out when the
 outstanding calls per engine exceed a threshold and in when they fall below another.
 """
@@ -27,7 +31,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,8 +43,16 @@ from joynexus.errors import (
     ServiceUnavailableError,
 )
 from joynexus.models.payload import TenantPayload
+from joynexus.queues.inference_metrics import InferenceQueueMetrics, QueueWaitStats
+from joynexus.services.protocols import InferenceModelServiceAPI
 from joynexus.services.tenancy import TenantConfig
 from joynexus.utils.clock import Clock, SystemClock
+
+if TYPE_CHECKING:
+    import torch
+
+    from joynexus.models.batch import ObservationBatch
+    from joynexus.services.rollout import EvalResult, PredictResult, RolloutConfig, RolloutStats
 
 __all__ = [
     "AutoscalePolicy",
@@ -49,6 +61,7 @@ __all__ = [
     "EnginePool",
     "EngineState",
     "EngineStatus",
+    "combine_metrics",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,12 +74,12 @@ class EngineHandle:
     """A started engine plus how to probe and release it.
 
     Attributes:
-        engine: An object with the Inference Model Service's async methods.
+        engine: An Inference Model Service (in process, or a Ray actor's proxy).
         release: Frees its resources after ``stop`` (a Ray actor is killed).
         probe: Raises if the engine is not alive (the Health Manager calls it).
     """
 
-    engine: Any
+    engine: InferenceModelServiceAPI
     release: Callable[[], Awaitable[None]] | None = None
     probe: Callable[[], Awaitable[None]] | None = None
 
@@ -117,6 +130,10 @@ class EnginePool:
         serving_wait_s: How long a call waits for an engine while none serves (restart).
         is_engine_failure: Which exceptions of a call mean the engine itself failed.
         on_engine_failure: Told (engine id, error) about such failures (Health Manager).
+
+    Attributes:
+        on_resize: Called after every scaling operation and after :meth:`stop`, whether
+            it changed the engines or not (the health wiring re-syncs its roles).
     """
 
     def __init__(
@@ -147,6 +164,7 @@ class EnginePool:
         self._reports: set[asyncio.Future[None]] = set()
         self._is_failure = is_engine_failure or (lambda e: isinstance(e, ServiceUnavailableError))
         self.on_engine_failure = on_engine_failure
+        self.on_resize: Callable[[], None] | None = None
         self._members: list[_Member] = []
         self._next_id = 0
         self._scale_lock = asyncio.Lock()
@@ -174,7 +192,7 @@ class EnginePool:
             for m in self._members
         ]
 
-    def engine(self, engine_id: int) -> Any:
+    def engine(self, engine_id: int) -> InferenceModelServiceAPI:
         return self._member(engine_id).handle.engine
 
     def handle(self, engine_id: int) -> EngineHandle:
@@ -187,6 +205,12 @@ class EnginePool:
     def in_flight(self) -> int:
         """Outstanding calls over all engines (the pressure the autoscaler reads)."""
         return sum(m.in_flight for m in self._members)
+
+    @property
+    def metrics(self) -> InferenceQueueMetrics:
+        """The Inference Queue metrics of the engines in the pool now, added up
+        (:func:`combine_metrics`); an engine's counters leave with it."""
+        return combine_metrics([m.handle.engine.metrics for m in self._members])
 
     def _member(self, engine_id: int) -> _Member:
         for m in self._members:
@@ -203,10 +227,18 @@ class EnginePool:
         await self.scale_to(engines, gradual=False)
 
     async def stop(self) -> None:
+        """Stop and release every engine (the pool can be started again)."""
         async with self._scale_lock:
             members, self._members = self._members, []
-            for m in members:
-                await self._release(m)
+            try:
+                for m in members:
+                    await self._release(m)
+            finally:
+                self._resized()
+
+    def _resized(self) -> None:
+        if self.on_resize is not None:
+            self.on_resize()
 
     async def _release(self, m: _Member) -> None:
         with contextlib.suppress(Exception):
@@ -218,6 +250,7 @@ class EnginePool:
     # ------------------------------------------------------------------ tenants / weights
 
     async def add_tenant(self, config: TenantConfig, payload: TenantPayload | None = None) -> None:
+        """Serve a tenant on every engine (and on every engine started later)."""
         async with self._weights_lock:
             await self._broadcast("add_tenant", config, payload)
             self._configs[config.tenant_id] = config
@@ -232,8 +265,9 @@ class EnginePool:
             self._versions.pop(tenant_id, None)
 
     async def load_weights(
-        self, tenant_id: str, version: int, named_tensors: Mapping[str, Any]
+        self, tenant_id: str, version: int, named_tensors: Mapping[str, torch.Tensor]
     ) -> None:
+        """Publish ``version`` on every engine and record it for engines started later."""
         async with self._weights_lock:
             await self._broadcast("load_weights", tenant_id, version, named_tensors)
             config = self._configs.get(tenant_id)
@@ -278,7 +312,7 @@ class EnginePool:
         """The tenant's latest published payload (None: still at its initial weights)."""
         return self._payloads.get(tenant_id)
 
-    async def _sync(self, engine: Any) -> None:
+    async def _sync(self, engine: InferenceModelServiceAPI) -> None:
         """Bring a fresh engine to every tenant's latest published weights."""
         for tenant_id, config in self._configs.items():
             payload = self._payloads.get(tenant_id)
@@ -337,17 +371,61 @@ class EnginePool:
             if m.in_flight == 0:
                 m.idle.set()
 
-    async def predict(self, *args: Any, **kwargs: Any) -> Any:
-        async with self._dispatch() as m:
-            return await m.handle.engine.predict(*args, **kwargs)
+    # The engine's own signatures, so the pool type-checks as an inference service.
 
-    async def rollout(self, *args: Any, **kwargs: Any) -> Any:
+    async def predict(
+        self,
+        observations: ObservationBatch,
+        tenant_id: str,
+        policy_version: int | None = None,
+        *,
+        mode: Literal["mean", "sample"] = "mean",
+        session_id: str = "predict",
+    ) -> PredictResult:
         async with self._dispatch() as m:
-            return await m.handle.engine.rollout(*args, **kwargs)
+            return await m.handle.engine.predict(
+                observations, tenant_id, policy_version, mode=mode, session_id=session_id
+            )
 
-    async def evaluate(self, *args: Any, **kwargs: Any) -> Any:
+    async def rollout(
+        self,
+        config: RolloutConfig,
+        job_id: str,
+        partition_id: str,
+        num_envs: int,
+        horizon: int,
+        version: int,
+        *,
+        heartbeat: Callable[[], None] | None = None,
+    ) -> RolloutStats:
         async with self._dispatch() as m:
-            return await m.handle.engine.evaluate(*args, **kwargs)
+            return await m.handle.engine.rollout(
+                config, job_id, partition_id, num_envs, horizon, version, heartbeat=heartbeat
+            )
+
+    async def evaluate(
+        self,
+        tenant_id: str,
+        session_id: str,
+        *,
+        episodes: int,
+        version: int | None = None,
+        deterministic: bool = True,
+        session_tenant: str | None = None,
+        seed: int | None = None,
+        max_decisions: int = 100_000,
+    ) -> EvalResult:
+        async with self._dispatch() as m:
+            return await m.handle.engine.evaluate(
+                tenant_id,
+                session_id,
+                episodes=episodes,
+                version=version,
+                deterministic=deterministic,
+                session_tenant=session_tenant,
+                seed=seed,
+                max_decisions=max_decisions,
+            )
 
     # ------------------------------------------------------------------ scaling
 
@@ -372,19 +450,23 @@ class EnginePool:
 
     async def _scale(self, target: Callable[[int], int], gradual: bool) -> int:
         async with self._scale_lock:
-            n = target(len(self._members))
-            if n < 1:
-                raise InvalidRequestError(f"a rollout pool needs at least 1 engine, asked for {n}")
-            if self.max_engines is not None and n > self.max_engines:
-                raise CapacityError(
-                    f"asked for {n} rollout engines; the layout's inference bundle holds at "
-                    f"most {self.max_engines}"
-                )
-            if n > len(self._members):
-                await self._scale_out(n - len(self._members), gradual)
-            elif n < len(self._members):
-                await self._scale_in(len(self._members) - n)
-            return len(self._members)
+            try:
+                return await self._scale_locked(target(len(self._members)), gradual)
+            finally:
+                self._resized()
+
+    async def _scale_locked(self, n: int, gradual: bool) -> int:
+        if n < 1:
+            raise InvalidRequestError(f"a rollout pool needs at least 1 engine, asked for {n}")
+        if self.max_engines is not None and n > self.max_engines:
+            raise CapacityError(
+                f"asked for {n} rollout engines; this placement holds at most {self.max_engines}"
+            )
+        if n > len(self._members):
+            await self._scale_out(n - len(self._members), gradual)
+        elif n < len(self._members):
+            await self._scale_in(len(self._members) - n)
+        return len(self._members)
 
     def _free_slot(self) -> int:
         used = {m.slot for m in self._members}
@@ -478,6 +560,52 @@ class EnginePool:
             new.step = len(self._steps) - 1
             self._members[self._members.index(old)] = new
             self._changed.set()
+
+
+def combine_metrics(parts: Sequence[InferenceQueueMetrics]) -> InferenceQueueMetrics:
+    """Several engines' Inference Queue metrics as one queue's.
+
+    Depth, counters and the batch-size histogram add up; ``max_batch_size`` and
+    ``max_wait_s`` are the largest engine's; the mean batch size and fill ratio are
+    weighted by batches and the mean queue wait by waits. The wait percentiles are the
+    largest over the engines: an upper bound, since each engine keeps only its own
+    recent waits. No engines: every number is zero.
+    """
+    histogram: dict[int, int] = {}
+    for p in parts:
+        for size, n in p.batch_size_histogram.items():
+            histogram[size] = histogram.get(size, 0) + n
+    batches = sum(p.batches for p in parts)
+    waits = sum(p.queue_wait.count for p in parts)
+
+    return InferenceQueueMetrics(
+        max_batch_size=max((p.max_batch_size for p in parts), default=0),
+        max_wait_s=max((p.max_wait_s for p in parts), default=0.0),
+        queue_depth=sum(p.queue_depth for p in parts),
+        requests=sum(p.requests for p in parts),
+        completed=sum(p.completed for p in parts),
+        errors=sum(p.errors for p in parts),
+        validation_failures=sum(p.validation_failures for p in parts),
+        rejections=sum(p.rejections for p in parts),
+        timeouts=sum(p.timeouts for p in parts),
+        cancellations=sum(p.cancellations for p in parts),
+        batches=batches,
+        retried_batches=sum(p.retried_batches for p in parts),
+        samples=sum(p.samples for p in parts),
+        batch_size_histogram=dict(sorted(histogram.items())),
+        mean_batch_size=sum(p.samples for p in parts) / batches if batches else 0.0,
+        fill_ratio=sum(p.fill_ratio * p.batches for p in parts) / batches if batches else 0.0,
+        queue_wait=QueueWaitStats(
+            count=waits,
+            mean_s=sum(p.queue_wait.mean_s * p.queue_wait.count for p in parts) / waits
+            if waits
+            else 0.0,
+            max_s=max((p.queue_wait.max_s for p in parts), default=0.0),
+            p50_s=max((p.queue_wait.p50_s for p in parts), default=0.0),
+            p95_s=max((p.queue_wait.p95_s for p in parts), default=0.0),
+            p99_s=max((p.queue_wait.p99_s for p in parts), default=0.0),
+        ),
+    )
 
 
 class AutoscalePolicy(BaseModel):

@@ -1,9 +1,9 @@
 """Recovery of crashed simulator sessions: the Health Manager's ``environment`` role.
 
-Shared by the runtimes (:class:`~joynexus.runtime.managed.ManagedRuntime`, whose
-tenants are a run's) and the live server (whose tenants are the Master's workloads'):
-both hand :class:`SessionRecovery` a callable listing the tenants that currently hold a
-session.
+Registered by :func:`~joynexus.runtime.plane.watch_plane` for every host of a plane
+(the embedded runtime, whose tenants are a run's, and the live server, whose tenants
+are the Master's workloads'): each hands :class:`SessionRecovery` a callable listing the
+tenants that currently hold a session.
 
 A crashed session is closed and recreated with the same EnvSpec, and its tenant's
 ``session_id`` swapped to the new one. The crash is reported the moment a call finds
@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from joynexus.errors import ServiceUnavailableError
 from joynexus.runtime.health import HealthManager
 from joynexus.services.environment import EnvironmentService
+from joynexus.services.protocols import EnvironmentServiceAPI
 from joynexus.spec.workload import TaskKind
 from joynexus.workflows.context import WorkflowTenant
 
@@ -42,7 +43,7 @@ class SessionRecovery:
 
     def __init__(
         self,
-        env: EnvironmentService,
+        env: EnvironmentServiceAPI,
         tenants: Callable[[], Iterable[WorkflowTenant]],
         health: HealthManager,
         *,

@@ -17,7 +17,7 @@ from joynexus.errors import InvalidRequestError, PermissionDeniedError
 
 if TYPE_CHECKING:  # the Training Queue module imports torch; the server must not
     from joynexus.control.scheduler import TrainingScheduler
-    from joynexus.queues.training import TrainingQueue
+    from joynexus.services.protocols import TrainingQueueAPI
 
 __all__ = ["SCHEDULER_PARTITION_PREFIX", "PartitionOwnership"]
 
@@ -36,7 +36,7 @@ class PartitionOwnership:
         queue: Tells whether an unclaimed partition already exists.
     """
 
-    def __init__(self, scheduler: TrainingScheduler, queue: TrainingQueue) -> None:
+    def __init__(self, scheduler: TrainingScheduler, queue: TrainingQueueAPI) -> None:
         self._scheduler = scheduler
         self._queue = queue
         self._owners: dict[str, str] = {}

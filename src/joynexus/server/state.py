@@ -25,8 +25,7 @@ from joynexus.utils.clock import Clock
 
 if TYPE_CHECKING:  # the Training Queue module imports torch; the server must not
     from joynexus.control.scheduler import TrainingScheduler
-    from joynexus.queues.training import TrainingQueue
-    from joynexus.services.environment import EnvironmentService
+    from joynexus.services.protocols import EnvironmentServiceAPI, TrainingQueueAPI
 
 __all__ = [
     "AdminPrincipal",
@@ -52,8 +51,8 @@ class ServiceRegistry:
 
     tenants: TenantStore
     scheduler: TrainingScheduler
-    training_queue: TrainingQueue
-    environment: EnvironmentService
+    training_queue: TrainingQueueAPI
+    environment: EnvironmentServiceAPI
     extras: dict[str, Any] = field(default_factory=dict)
 
 

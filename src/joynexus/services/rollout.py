@@ -25,10 +25,10 @@ from typing import Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from joynexus.data.sft import NormalizationStats
 from joynexus.envs.base import EnvObservation
 from joynexus.errors import InvalidRequestError
 from joynexus.models.batch import ObservationBatch
+from joynexus.models.normalization import NormalizationStats
 from joynexus.models.schema import DataSchema
 from joynexus.queues.meta import SampleMeta
 from joynexus.queues.training import TrainingQueue

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from joynexus.data.sft import NormalizationStats
 from joynexus.errors import SchemaMismatchError
 from joynexus.models.batch import ObservationBatch
+from joynexus.models.normalization import NormalizationStats
 from joynexus.models.schema import DataSchema
 
 INSTRUCTION_DTYPE = "<U256"

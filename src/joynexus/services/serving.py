@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from joynexus.data.sft import NormalizationStats
 from joynexus.errors import ConflictError, NotFoundError
+from joynexus.models.normalization import NormalizationStats
 from joynexus.models.payload import TenantPayload, load_weights
 from joynexus.models.slots import BaseModelRef, TenantSlot
 from joynexus.services.tenancy import TenantConfig, build_slot

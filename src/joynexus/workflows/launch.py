@@ -25,9 +25,11 @@ from typing import Any
 
 from joynexus.errors import JoyNexusError, NotFoundError
 from joynexus.models.backbone import ResidentBaseModel
-from joynexus.services.environment import EnvironmentService
-from joynexus.services.inference import InferenceModelService
-from joynexus.services.training import TrainingModelService
+from joynexus.services.protocols import (
+    EnvironmentServiceAPI,
+    InferenceModelServiceAPI,
+    TrainingModelServiceAPI,
+)
 from joynexus.spec.workload import TaskKind
 from joynexus.workflows.actor import actor_consumer
 from joynexus.workflows.compile import CompiledWorkload
@@ -70,7 +72,7 @@ class StartedTenant:
     heldout_initial: float | None = None
 
 
-async def open_session(env: EnvironmentService, c: CompiledWorkload) -> str | None:
+async def open_session(env: EnvironmentServiceAPI, c: CompiledWorkload) -> str | None:
     """Create the simulator session an RL or evaluation workload rolls out in.
 
     Returns:
@@ -85,8 +87,8 @@ async def start_tenant(
     c: CompiledWorkload,
     *,
     base: ResidentBaseModel,
-    training: TrainingModelService,
-    inference: InferenceModelService,
+    training: TrainingModelServiceAPI,
+    inference: InferenceModelServiceAPI,
     metrics: MetricsLog,
     session_id: str | None,
     serve: bool,

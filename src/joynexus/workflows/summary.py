@@ -37,6 +37,7 @@ class TenantSummary(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     task: str
+    state: str = "completed"
     jobs_completed: int = 0
     jobs_dropped: int = 0
     jobs_failed: int = 0

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from joynexus.api import SERVICES, UsageReport
 from joynexus.metrics.events import MetricEvent
-from joynexus.metrics.usage import SERVICES, UsageReport
 
 __all__ = [
     "CURVE_NAMES",

@@ -10,6 +10,10 @@ from joynexus.server.state import State
 
 router = APIRouter(tags=["health"])
 
+#: Registry extra: a callable listing why the service is degraded (empty: it is not) —
+#: a spent recovery budget, stalled workloads (``MasterHost.degraded``).
+DEGRADED = "degraded"
+
 
 class Health(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -26,7 +30,8 @@ async def healthz() -> Health:
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
 async def readyz(state: State) -> JSONResponse:
-    """The injected services can take requests (503 with the failing checks otherwise)."""
+    """The injected services can take requests and no workload is degraded (503 with
+    the failing checks otherwise: a spent recovery budget, a stalled workload)."""
     checks: dict[str, str] = {}
     try:
         state.services.scheduler.counters()
@@ -38,6 +43,10 @@ async def readyz(state: State) -> JSONResponse:
         checks["tenants"] = "ok"
     except Exception as exc:
         checks["tenants"] = f"error: {type(exc).__name__}"
+    degraded = state.services.extras.get(DEGRADED)
+    if degraded is not None:
+        why = degraded()
+        checks["workloads"] = "degraded: " + "; ".join(why)[:500] if why else "ok"
     ok = all(v == "ok" for v in checks.values())
     body = Health(status="ok" if ok else "unavailable", checks=checks)
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)

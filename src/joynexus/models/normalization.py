@@ -1,0 +1,163 @@
+"""A tenant's normalization statistics for state and actions (mean/std or quantiles).
+
+Normalization statistics belong to the tenant, not the dataset: they are picked once
+from a dataset's ``meta/stats.json`` content (:meth:`NormalizationStats.from_dataset_stats`;
+mean/std, or q01/q99 quantiles, as the tenant chooses), travel with the tenant's slot,
+payloads and checkpoints (:meth:`NormalizationStats.save` / :meth:`~NormalizationStats.load`),
+and map predicted actions back to robot units at inference time
+(:meth:`NormalizationStats.unnormalize`). The SFT batch builder
+(:mod:`joynexus.data.sft`) normalizes with them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from joynexus.errors import DatasetError, SchemaMismatchError
+from joynexus.utils.files import atomic_write_bytes
+
+__all__ = ["FeatureNormStats", "NormMode", "NormalizationStats"]
+
+NormMode = Literal["mean_std", "quantile"]
+
+
+class FeatureNormStats(BaseModel):
+    """Per-element statistics of one vector feature."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mean: list[float] = Field(min_length=1)
+    std: list[float] = Field(min_length=1)
+    q01: list[float] = Field(min_length=1)
+    q99: list[float] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> FeatureNormStats:
+        n = len(self.mean)
+        if any(len(v) != n for v in (self.std, self.q01, self.q99)):
+            raise ValueError("mean, std, q01 and q99 must have the same length")
+        return self
+
+    @property
+    def dim(self) -> int:
+        return len(self.mean)
+
+
+class NormalizationStats(BaseModel):
+    """How one tenant normalizes state and actions.
+
+    ``mean_std``: ``(x - mean) / std``. ``quantile``: ``2 (x - q01) / (q99 - q01) - 1``
+    (q01..q99 → -1..1, not clipped, so it stays invertible). Denominators are floored
+    at ``eps`` so constant dimensions map to 0 instead of dividing by zero.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: NormMode = "mean_std"
+    state: FeatureNormStats | None = None
+    action: FeatureNormStats
+    eps: float = Field(default=1e-6, gt=0)
+
+    @classmethod
+    def from_dataset_stats(
+        cls,
+        stats: Mapping[str, Mapping[str, np.ndarray]],
+        *,
+        action_key: str,
+        state_key: str | None,
+        mode: NormMode = "mean_std",
+    ) -> NormalizationStats:
+        """Pick the tenant's stats out of a dataset's ``stats.json`` content.
+
+        Raises:
+            DatasetError: a key or one of mean/std/q01/q99 is missing.
+        """
+
+        def pick(key: str) -> FeatureNormStats:
+            if key not in stats:
+                raise DatasetError(
+                    f"dataset statistics have no entry for {key!r} (have {list(stats)})",
+                    feature=key,
+                )
+            feat = stats[key]
+            missing = [n for n in ("mean", "std", "q01", "q99") if n not in feat]
+            if missing:
+                raise DatasetError(
+                    f"dataset statistics of {key!r} lack {missing}; recompute them with "
+                    "quantiles (datasets written by JoyNexus have them)",
+                    feature=key,
+                    missing=missing,
+                )
+            return FeatureNormStats(
+                **{
+                    n: np.asarray(feat[n], dtype=np.float64).reshape(-1).tolist()
+                    for n in ("mean", "std", "q01", "q99")
+                }
+            )
+
+        return cls(
+            mode=mode,
+            state=pick(state_key) if state_key is not None else None,
+            action=pick(action_key),
+        )
+
+    def _params(self, which: Literal["state", "action"]) -> tuple[np.ndarray, np.ndarray]:
+        feat = self.state if which == "state" else self.action
+        if feat is None:
+            raise SchemaMismatchError(f"normalization stats hold no {which} statistics")
+        if self.mode == "mean_std":
+            center = np.asarray(feat.mean, np.float64)
+            scale = np.maximum(np.asarray(feat.std, np.float64), self.eps)
+        else:
+            lo, hi = np.asarray(feat.q01, np.float64), np.asarray(feat.q99, np.float64)
+            center = (lo + hi) / 2.0
+            scale = np.maximum(hi - lo, self.eps) / 2.0
+        return center, scale
+
+    def _check(self, x: np.ndarray, which: str, dim: int) -> None:
+        if x.shape[-1:] != (dim,):
+            raise SchemaMismatchError(
+                f"{which}: last dimension must be {dim} to match the normalization stats, "
+                f"got shape {list(x.shape)}",
+                field=which,
+            )
+
+    def normalize(self, x: np.ndarray, which: Literal["state", "action"]) -> np.ndarray:
+        """Robot units → normalized float32 (any leading shape, last dim = feature dim)."""
+        center, scale = self._params(which)
+        arr = np.asarray(x, dtype=np.float64)
+        self._check(arr, which, center.shape[0])
+        out: np.ndarray = ((arr - center) / scale).astype(np.float32)
+        return out
+
+    def unnormalize(self, x: np.ndarray, which: Literal["state", "action"]) -> np.ndarray:
+        """Normalized values → robot units (inverse of :meth:`normalize`)."""
+        center, scale = self._params(which)
+        arr = np.asarray(x, dtype=np.float64)
+        self._check(arr, which, center.shape[0])
+        out: np.ndarray = (arr * scale + center).astype(np.float32)
+        return out
+
+    def save(self, path: str | Path) -> None:
+        """Write as JSON (atomically)."""
+        atomic_write_bytes(Path(path), self.model_dump_json(indent=2).encode())
+
+    @classmethod
+    def load(cls, path: str | Path) -> NormalizationStats:
+        """Read what :meth:`save` wrote.
+
+        Raises:
+            DatasetError: the file is missing or does not validate.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise DatasetError(f"{p}: normalization stats file missing", file=str(p))
+        try:
+            return cls.model_validate_json(p.read_text())
+        except ValueError as exc:
+            raise DatasetError(f"{p}: invalid normalization stats ({exc})", file=str(p)) from exc

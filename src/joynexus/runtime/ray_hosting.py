@@ -1,0 +1,299 @@
+"""The services of a plane as Ray actors in a layout's placement group.
+
+:class:`RayPlacement` applies ``ray.remote`` at run time to the very classes the
+in-process placements instantiate — no second copy of their logic:
+
+* ``TrainingModelService`` in the layout's actor bundle;
+* ``InferenceModelService`` rollout engines behind an
+  :class:`~joynexus.runtime.scaling.EnginePool` in the driver, sharing the inference
+  bundle, each with ``inference_gpus / max_engines`` GPUs (the pool records every
+  tenant's published weights, so a restarted or added engine actor is synced to them);
+* ``EnvironmentService`` in the environment bundle (its simulator workers are child
+  processes of that actor);
+* the Training Queue (``TrainingQueue`` over
+  :class:`~joynexus.queues.ray_storage.RayObjectStorePartitionStorage`) as a CPU actor
+  outside the placement group: the column chunks live in the object store, the actor
+  keeps refs and the consumption index.
+
+Every actor is reached through :class:`~joynexus.runtime.ray_proxy.ActorProxy`, so
+whatever runs on the plane (the Master Service, a runtime's workflow loops) runs
+unchanged in the driver, with the Training Scheduler (SQLite; its leases are
+heartbeated by the proxies while a remote rollout or training job runs).
+
+Every actor receives the resident base model by reference (``ray.put`` once) and holds
+its own copy in its process, as a resident service would. The actors keep their own
+``SystemClock`` (a fake clock cannot be shared across processes) and report to no
+Metrics Service or usage meter of the driver.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from joynexus.errors import ServiceUnavailableError
+from joynexus.models.backbone import ResidentBaseModel
+from joynexus.queues.ray_storage import RayObjectStorePartitionStorage
+from joynexus.queues.training import TrainingQueue
+from joynexus.runtime.hosting import Hosting, Placement, PlaneSettings, Probe, check_engines
+from joynexus.runtime.placement import Layout, ReservedGroup, build_placement
+from joynexus.runtime.ray_proxy import ActorProxy, await_ref
+from joynexus.runtime.scaling import AutoscalePolicy, EngineHandle, EnginePool
+from joynexus.services.environment import EnvironmentService
+from joynexus.services.inference import InferenceModelService
+from joynexus.services.training import TrainingModelService
+from joynexus.utils.clock import SystemClock
+
+__all__ = ["RayHosting", "RayPlacement", "connect"]
+
+
+def connect(address: str | None = None, **init_kwargs: Any) -> bool:
+    """Attach to a Ray cluster (``address="auto"`` or ``"host:port"``) or start a local
+    one (``address=None``). Returns True if this call started Ray.
+
+    A local cluster started here gets ``RAY_AUTH_MODE=disabled`` unless the caller set
+    it: it accepts connections only from this machine's processes.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address is None:
+        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        init_kwargs.setdefault("include_dashboard", False)
+    ray.init(address=address, **init_kwargs)
+    return True
+
+
+def _running(svc: Any) -> bool:
+    return bool(svc.inference_queue.running)
+
+
+def _alive(svc: Any) -> bool:
+    return True
+
+
+def _is_engine_failure(error: BaseException) -> bool:
+    from ray.exceptions import RayActorError
+
+    return isinstance(error, RayActorError | ServiceUnavailableError)
+
+
+@dataclass
+class _Reserved:
+    """What a Ray placement holds beyond the driver: actors, the group, Ray itself."""
+
+    started_ray: bool = False
+    group: ReservedGroup | None = None
+    actors: list[Any] = field(default_factory=list)
+
+    def release(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        for handle in self.actors:
+            ray.kill(handle)
+        self.actors = []
+        if self.group is not None:
+            self.group.remove()
+            self.group = None
+        if self.started_ray:
+            ray.shutdown()
+            self.started_ray = False
+
+
+class RayHosting(Hosting):
+    """The Ray actors of a plane (see module docstring); built by :class:`RayPlacement`.
+
+    :meth:`stop` stops the engine actors (the pool releases them) and closes the
+    environment actor's sessions; the training, environment and queue actors stay up
+    for inspection until :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        reserved: _Reserved,
+        *,
+        queue: ActorProxy[TrainingQueue],
+        env: ActorProxy[EnvironmentService],
+        training: ActorProxy[TrainingModelService],
+        pool: EnginePool,
+        engines: int,
+        autoscale: AutoscalePolicy | None,
+    ) -> None:
+        super().__init__(
+            queue=queue,
+            env=env,
+            training=training,
+            inference=pool,
+            pool=pool,
+            engines=engines,
+            autoscale=autoscale,
+        )
+        self.reserved = reserved
+        self.training_proxy = training
+        self.queue_proxy = queue
+
+    @property
+    def group(self) -> ReservedGroup | None:
+        """The reserved placement group (None once closed)."""
+        return self.reserved.group
+
+    def probes(self) -> dict[str, Probe]:
+        async def training() -> None:
+            await await_ref(self.training_proxy.actor.__ray_call__.remote(_alive))
+
+        async def training_queue() -> None:
+            await await_ref(self.queue_proxy.actor.__ray_call__.remote(_alive))
+
+        return {"training": training, "training_queue": training_queue}
+
+    def kill_engine(self, engine_id: int) -> None:
+        """Kill one rollout engine's actor (fault injection for tests and drills)."""
+        import ray
+
+        assert self.pool is not None
+        engine = self.pool.engine(engine_id)
+        assert isinstance(engine, ActorProxy)
+        ray.kill(engine.actor, no_restart=True)
+
+    def close(self) -> None:
+        """Kill the remaining actors, release the placement group, and stop Ray if this
+        placement started it."""
+        self.reserved.release()
+
+
+@dataclass(frozen=True)
+class RayPlacement(Placement):
+    """The services as Ray actors in a layout's placement group (see module docstring).
+
+    Attributes:
+        address: ``None`` starts a local Ray (if none is running in this process),
+            ``"auto"`` attaches to the running cluster, or an explicit address.
+        layout: ``"2-2-4"``, ``"1-1-2"``, a name in ``LAYOUTS`` or a :class:`Layout`.
+        engines: Rollout engines at start.
+        max_engines: Upper bound of the pool (default: the layout's, one engine per
+            inference GPU); the inference bundle is shared evenly among that many.
+        ray_init: Extra ``ray.init`` arguments when Ray is started here.
+        placement_timeout_s: How long to wait for the placement group.
+        autoscale: Optional pressure-driven pool sizing (off by default).
+
+    Raises:
+        SpecError: an unknown layout.
+        InvalidRequestError: ``engines`` < 1 or above the pool's bound.
+    """
+
+    address: str | None = None
+    layout: str | Layout = "2-2-4"
+    engines: int = 1
+    max_engines: int | None = None
+    ray_init: Mapping[str, Any] | None = None
+    placement_timeout_s: float = 60.0
+    autoscale: AutoscalePolicy | None = None
+
+    def __post_init__(self) -> None:
+        check_engines(self.engines, self.resolved_layout().engines)
+
+    def resolved_layout(self) -> Layout:
+        """The layout, with ``max_engines`` applied."""
+        layout = self.layout if isinstance(self.layout, Layout) else Layout.parse(self.layout)
+        if self.max_engines is not None:
+            layout = layout.model_copy(update={"max_engines": self.max_engines})
+        return layout
+
+    def place(self, settings: PlaneSettings, base: ResidentBaseModel) -> RayHosting:
+        """Connect to Ray, reserve the layout's group and create the actors.
+
+        Raises:
+            CapacityError: the cluster cannot place the layout in time (nothing stays
+                reserved, and a Ray started here is stopped).
+        """
+        reserved = _Reserved(started_ray=connect(self.address, **dict(self.ray_init or {})))
+        try:
+            return self._place(settings, base, reserved)
+        except BaseException:
+            reserved.release()
+            raise
+
+    def _place(
+        self, settings: PlaneSettings, base: ResidentBaseModel, reserved: _Reserved
+    ) -> RayHosting:
+        import ray
+
+        layout = self.resolved_layout()
+        group = build_placement(
+            layout, timeout_s=self.placement_timeout_s, name=f"joynexus-{id(reserved):x}"
+        )
+        reserved.group = group
+        base_ref = ray.put(base)
+        cfg = settings.config
+
+        queue_handle = (
+            ray.remote(TrainingQueue)
+            .options(num_cpus=0, max_concurrency=64)
+            .remote(RayObjectStorePartitionStorage())
+        )
+        reserved.actors.append(queue_handle)
+        queue = ActorProxy(queue_handle, TrainingQueue)
+        env_handle = (
+            ray.remote(EnvironmentService)
+            .options(max_concurrency=64, **group.actor_options("environment"))
+            .remote(cfg.env, clock=SystemClock())
+        )
+        reserved.actors.append(env_handle)
+        env = ActorProxy(env_handle, EnvironmentService)
+        training_handle = (
+            ray.remote(TrainingModelService)
+            .options(max_concurrency=64, **group.actor_options("actor"))
+            .remote(base_ref, queue, output_dir=settings.run_dir / "outputs", clock=SystemClock())
+        )
+        reserved.actors.append(training_handle)
+        training = ActorProxy(training_handle, TrainingModelService)
+
+        async def make_engine(slot: int) -> EngineHandle:
+            handle: Any = (
+                ray.remote(InferenceModelService)
+                .options(max_concurrency=256, **group.actor_options("inference"))
+                .remote(
+                    base_ref,
+                    env,
+                    queue,
+                    max_batch_size=cfg.max_batch_size,
+                    max_wait_s=cfg.max_wait_s,
+                    clock=SystemClock(),
+                )
+            )
+            engine = ActorProxy(handle, InferenceModelService)
+            try:
+                await engine.start()
+            except BaseException:
+                ray.kill(handle)
+                raise
+
+            async def release() -> None:
+                ray.kill(handle)
+
+            async def probe() -> None:
+                if not await await_ref(handle.__ray_call__.remote(_running)):
+                    raise ServiceUnavailableError("inference engine stopped unexpectedly")
+
+            return EngineHandle(engine=engine, release=release, probe=probe)
+
+        pool = EnginePool(
+            make_engine,
+            clock=SystemClock(),
+            max_engines=layout.engines,
+            is_engine_failure=_is_engine_failure,
+        )
+        return RayHosting(
+            reserved,
+            queue=queue,
+            env=env,
+            training=training,
+            pool=pool,
+            engines=self.engines,
+            autoscale=self.autoscale,
+        )

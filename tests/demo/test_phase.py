@@ -1,0 +1,54 @@
+"""One demo phase on an in-process Master: fresh state, SFT admission closed by the demo."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from joynexus.demo.mixture import build_mixture
+from joynexus.demo.phase import PhaseTrace, run_phase
+from joynexus.spec.workload import WorkloadSpec
+
+
+def _specs(tmp_path: Path) -> tuple[WorkloadSpec, WorkloadSpec]:
+    m = build_mixture(tmp_path / "outputs", minutes=1, profile="test", data_dir=tmp_path / "data")
+    rl, sft = m.specs[0], m.specs[3]
+    rl = rl.model_copy(
+        update={"scheduling": rl.scheduling.model_copy(update={"completion_target": 1})}
+    )
+    return rl, sft  # the SFT tenant keeps its cap of SFT_MAX_JOBS jobs
+
+
+def test_phase_closes_fill_admission_and_reruns_fresh(tmp_path: Path) -> None:
+    rl, sft = _specs(tmp_path)
+    run_dir = tmp_path / "phase"
+    (run_dir / "models").mkdir(parents=True)
+
+    def phase() -> PhaseTrace:
+        return asyncio.run(run_phase("multi-tenant", [rl, sft], run_dir, fill_tenants=[sft.tenant]))
+
+    first = phase()
+    # The SFT tenant would run thousands of jobs; the phase ended because the demo
+    # closed its admission (completion target 0) once the RL tenant was done.
+    sft_jobs = [j for j in first.jobs if j.tenant_id == sft.tenant]
+    assert 0 < len(sft_jobs) < 1000
+    assert first.summary.tenants[sft.tenant].jobs_completed == len(first.completed(sft.tenant))
+    assert first.matched[rl.tenant] == first.summary.tenants[rl.tenant].jobs_completed >= 1
+    assert first.matched[sft.tenant] == first.updates_in_window(sft.tenant)
+    assert first.started_at < first.ended_at
+    assert first.busy and first.busy_seconds("training") > 0
+    assert first.usage.tenants[rl.tenant].env_steps > 0
+    assert any(r["kind"] == "train" for r in first.records[rl.tenant])
+
+    # A rerun in the same directory starts over: no resumed checkpoint, no job and no
+    # usage of the first run.
+    second = phase()
+    assert second.summary.tenants[rl.tenant].resumed_from_version is None
+    last_first = max(j.finished_at or 0.0 for j in first.jobs)
+    assert all(j.finished_at is None or j.finished_at > last_first for j in second.jobs)
+    for t in (rl.tenant, sft.tenant):
+        s = second.summary.tenants[t]
+        assert len([j for j in second.jobs if j.tenant_id == t]) == (
+            s.jobs_completed + s.jobs_dropped + s.jobs_failed
+        )
+    assert second.usage.started_at >= first.usage.generated_at  # usage.json not resumed
