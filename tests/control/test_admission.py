@@ -9,6 +9,7 @@ from joynexus.control.admission import (
     REFUSED_GLOBAL_MAX_ACTIVE,
     REFUSED_GLOBAL_MAX_ACTIVE_PER_TENANT,
     REFUSED_MAX_IN_FLIGHT,
+    REFUSED_TARGET_IN_FLIGHT,
     AdmissionPolicy,
     GlobalLimit,
 )
@@ -71,10 +72,12 @@ def test_completion_target_refuses_once_reached(sched: TrainingScheduler) -> Non
     first = reserve(sched, "t1", "sft")
     assert first.priority == 4
     _finish(sched, first.job_id)
-    second = reserve(sched, "t1", "sft")
     failed = reserve(sched, "t1", "sft")
-    sched.fail(failed.job_id, "oops")  # failures do not count towards the target
-    assert _try(sched, "t1", "sft")
+    # in flight counts toward the target: one more would overshoot it if both completed
+    assert not _try(sched, "t1", "sft")
+    assert sched.last_refusal("t1", "sft") == REFUSED_TARGET_IN_FLIGHT
+    sched.fail(failed.job_id, "oops")  # failures do not count, and free their place
+    second = reserve(sched, "t1", "sft")
     _finish(sched, second.job_id)
     assert not _try(sched, "t1", "sft")
     assert sched.last_refusal("t1", "sft") == REFUSED_COMPLETION_TARGET

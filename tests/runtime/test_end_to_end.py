@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from joynexus.control.job import JobState, TaskType
-from joynexus.runtime import EmbeddedRuntime
+from joynexus.master.run import LocalRun, run_workloads
 from tests.workflows.helpers import rl_spec, spec
 
 
@@ -46,11 +46,14 @@ def test_mixed_workloads_run_to_completion(
             }
         ),
     ]
-    rt = EmbeddedRuntime(tmp_path / "run")
-    summary = asyncio.run(rt.run(specs))
+    opened: list[LocalRun] = []
+    run_dir = tmp_path / "run"
+    summary = asyncio.run(run_workloads(specs, run_dir, on_open=opened.append))
     s = summary.tenants
-    sched = rt.scheduler
-    assert sched is not None
+    (run,) = opened
+    assert run.plane is not None and run.master is not None
+    sched = run.plane.scheduler  # closed with the run; its job index stays queryable
+    assert {t.state for t in s.values()} == {"completed"}, {t: x.errors for t, x in s.items()}
 
     # Every training job ended completed, and passed through every state on the way.
     for tenant, target in (("pusht-rl", 2), ("reach-rl", 3), ("reach-sft", 3)):
@@ -71,8 +74,8 @@ def test_mixed_workloads_run_to_completion(
     assert sum(counters["by_state"].values()) == counters["total"]
 
     # Every partition was cleared.
-    assert rt.queue.partitions() == []
-    assert rt.queue.nbytes == 0
+    assert run.plane.queue.partitions() == []
+    assert run.plane.queue.nbytes == 0
 
     # Versions advanced per tenant, independently: one version per own microbatch
     # (RL: one microbatch per job here; SFT: 32 samples / 16 per microbatch).
@@ -98,9 +101,18 @@ def test_mixed_workloads_run_to_completion(
     assert {"task", "jobs_completed", "jobs_dropped", "jobs_failed", "final_version"} <= set(
         doc["pusht-rl"]
     )
+    # Semantic change: a tenant's outputs live in <run_dir>/outputs/<tenant> (the specs'
+    # output_dir is ignored) and each workload's records in
+    # <tenant dir>/workloads/<workload id>/metrics.jsonl.
+    for tenant in ("pusht-rl", "reach-rl", "reach-sft", "reach-eval"):
+        assert s[tenant].output_dir == str(run_dir / "outputs" / tenant)
+    assert not out.exists()
     for tenant in ("pusht-rl", "reach-rl", "reach-sft"):
-        assert any((out / tenant).glob("step_*/manifest.json"))
-        lines = (out / tenant / "metrics.jsonl").read_text().splitlines()
+        tdir = run_dir / "outputs" / tenant
+        assert any(tdir.glob("step_*/manifest.json"))
+        wid = run.workload_ids[tenant]
+        lines = (tdir / "workloads" / wid / "metrics.jsonl").read_text().splitlines()
         kinds = {json.loads(line)["kind"] for line in lines}
         assert "train" in kinds
-    assert (out / "reach-eval" / "metrics.jsonl").is_file()
+    wid = run.workload_ids["reach-eval"]
+    assert (run_dir / "outputs" / "reach-eval" / "workloads" / wid / "metrics.jsonl").is_file()

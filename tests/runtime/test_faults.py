@@ -1,12 +1,15 @@
-"""Fault tests: an environment worker SIGKILLed during a mixed workload (embedded runtime).
+"""Fault tests: an environment worker SIGKILLed during a mixed workload (in-process Master).
 
-Two reach2d RL tenants and one SFT tenant share the embedded runtime (in-process
-placement; the health wiring is the same for every placement). Once the
-victim RL tenant has completed a job (a known point, observed through ``on_progress``),
-its simulator worker process is SIGKILLed. The Health Manager's ``environment`` role
-must recreate the session, the rollout that hit the dead worker fails and its producer
-reserves a new job, and every tenant still reaches its completion target while the
-other tenants see no failure at all.
+Two reach2d RL tenants and one SFT tenant share one in-process Master
+(:func:`~joynexus.master.run.run_workloads`, in-process placement; the health wiring is
+the same for every placement). Once the victim RL tenant has completed a job (a known
+point, observed through ``on_progress``), its simulator worker process is SIGKILLed. The
+Health Manager's ``environment`` role must recreate the session, the rollout that hit
+the dead worker fails and its producer reserves a new job, and every tenant still
+reaches its completion target while the other tenants see no failure at all.
+
+With no recovery budget left the same kill escalates: the Master ends every live
+workload ``failed`` with the escalation reason (the run itself returns normally).
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from joynexus.runtime.embedded import EmbeddedRuntime
-
+from joynexus.api import WorkloadState
 from joynexus.control.job import JobState
+from joynexus.master.run import LocalRun, run_workloads
+from joynexus.services.environment import EnvironmentService
 from joynexus.workflows.summary import TenantProgress
 from tests.workflows.helpers import rl_spec, spec
 
@@ -27,14 +31,15 @@ BASE = "tiny:qwen2_5_vl"
 TARGET = 4  # > max_in_flight + 1: at least one rollout starts after the kill
 
 
-def _kill_on_next_step(rt: EmbeddedRuntime, tenant_id: str, killed: list[dict[str, Any]]) -> None:
+def _kill_on_next_step(run: LocalRun, tenant_id: str, killed: list[dict[str, Any]]) -> None:
     """SIGKILL ``tenant_id``'s simulator worker right before its next ``step`` reaches it.
 
     The kill happens inside a rollout, so exactly that rollout sees the dead worker
     (no race with a rollout that might finish first or not have started yet).
     """
-    env = rt.env
-    assert env is not None
+    assert run.plane is not None
+    env = run.plane.env
+    assert isinstance(env, EnvironmentService)  # in process: its workers are reachable
     step = env.step
 
     async def killing_step(session_id: str, actions: Any, *, tenant_id: str) -> Any:
@@ -69,7 +74,7 @@ def test_env_worker_killed_during_mixed_workload(tmp_path: Path, reach2d_demos: 
             }
         ),
     ]
-    rt = EmbeddedRuntime(tmp_path / "run", health_check_s=0.05)
+    opened: list[LocalRun] = []
     killed: list[dict[str, Any]] = []
     armed: list[bool] = []
 
@@ -77,24 +82,39 @@ def test_env_worker_killed_during_mixed_workload(tmp_path: Path, reach2d_demos: 
         victim = next(r for r in rows if r.tenant == "victim")
         if not armed and victim.completed >= 1:  # a known point: after the first job
             armed.append(True)
-            _kill_on_next_step(rt, "victim", killed)
+            _kill_on_next_step(opened[0], "victim", killed)
 
-    summary = asyncio.run(rt.run(specs, on_progress=on_progress))
+    summary = asyncio.run(
+        run_workloads(
+            specs,
+            tmp_path / "run",
+            health_check_s=0.05,
+            on_progress=on_progress,
+            on_open=opened.append,
+        )
+    )
+    (run,) = opened
+    assert run.plane is not None and run.master is not None
+    tenants = {t: run.master.tenant_of(wid) for t, wid in run.workload_ids.items()}
 
     assert killed, "the workload finished before the kill"
-    assert rt.env is not None and rt.env.on_crash is not None  # the crash hook is wired
+    env = run.plane.env
+    assert isinstance(env, EnvironmentService) and env.on_crash is not None  # hook wired
     # The environment role was restarted in place, nothing escalated.
-    kinds = [e.kind for e in rt.health.events_of("environment")]
+    kinds = [e.kind for e in run.health.events_of("environment")]
     assert "restart_started" in kinds and "restarted" in kinds, kinds
-    assert "restart_failed" not in kinds and rt.health.escalated is None
-    assert rt.tenants["victim"].session_id != killed[0]["session"]
-    restarts = rt.tenants["victim"].metrics.of_kind("session_restarted")
+    assert "restart_failed" not in kinds and run.health.escalated is None
+    victim = tenants["victim"]
+    assert victim is not None and victim.session_id != killed[0]["session"]
+    restarts = victim.metrics.of_kind("session_restarted")
     assert [r["old"] for r in restarts] == [killed[0]["session"]]
     # The other tenants' sessions were never touched.
-    assert all(not rt.tenants[t].metrics.of_kind("session_restarted") for t in ("bystander", "sft"))
+    for t in ("bystander", "sft"):
+        other = tenants[t]
+        assert other is not None and not other.metrics.of_kind("session_restarted")
+    assert {t.state for t in summary.tenants.values()} == {"completed"}
 
-    sched = rt.scheduler
-    assert sched is not None
+    sched = run.plane.scheduler  # closed with the run; its job index stays queryable
     s = summary.tenants
     for tid, target in (("victim", TARGET), ("bystander", TARGET), ("sft", 3)):
         jobs = sched.list_jobs(tenant_id=tid)
@@ -115,5 +135,59 @@ def test_env_worker_killed_during_mixed_workload(tmp_path: Path, reach2d_demos: 
     for tid in ("bystander", "sft"):
         assert all(j.state is JobState.COMPLETED for j in sched.list_jobs(tenant_id=tid))
     # No partition leaked.
-    assert rt.queue.partitions() == [] and rt.queue.nbytes == 0
+    assert run.plane.queue.partitions() == [] and run.plane.queue.nbytes == 0
     assert s["victim"].final_version == s["victim"].jobs_completed
+
+
+def test_env_worker_killed_past_the_recovery_budget_fails_the_live_workloads(
+    tmp_path: Path,
+) -> None:
+    # Semantic change: an escalation (the environment role's recovery budget of 0 is
+    # spent by the first crash) no longer ends the run with ServiceUnavailableError.
+    # The Master fails every live workload with the escalation reason; the run returns
+    # its summary, the reason in each tenant's ``errors`` and its status's ``error``.
+    out = tmp_path / "out"
+    rl = {"horizon": 8, "num_envs": 2, "episode_steps": 8}
+    specs = [
+        rl_spec("victim", BASE, out, target=TARGET, **rl),
+        # Far from its target at the kill: surely still live when the run escalates.
+        rl_spec("bystander", BASE, out, seed=1, target=40, **rl),
+    ]
+    opened: list[LocalRun] = []
+    killed: list[dict[str, Any]] = []
+    armed: list[bool] = []
+
+    def on_progress(rows: list[TenantProgress]) -> None:
+        victim = next(r for r in rows if r.tenant == "victim")
+        if not armed and victim.completed >= 1:
+            armed.append(True)
+            _kill_on_next_step(opened[0], "victim", killed)
+
+    summary = asyncio.run(
+        run_workloads(
+            specs,
+            tmp_path / "run",
+            health_check_s=0.05,
+            recovery_budget=0,
+            on_progress=on_progress,
+            on_open=opened.append,
+        )
+    )
+    assert killed, "the workload finished before the kill"
+    (run,) = opened
+    assert run.master is not None and run.plane is not None
+    escalated = run.health.escalated
+    assert escalated is not None and escalated.startswith("environment"), escalated
+    kinds = [e.kind for e in run.health.events_of("environment")]
+    assert "budget_exhausted" in kinds and "restart_started" not in kinds, kinds
+    for tid in ("victim", "bystander"):
+        st = run.master.status(tid, run.workload_ids[tid])
+        assert st.state is WorkloadState.FAILED, (tid, st)
+        assert st.error is not None and st.error.startswith("global_restart:"), st.error
+        assert "environment" in st.error
+        t = summary.tenants[tid]
+        assert t.state == "failed" and st.error in t.errors, t
+        # Nothing is left in flight: the failed workloads' jobs all ended.
+        assert all(j.is_terminal for j in run.plane.scheduler.list_jobs(tenant_id=tid))
+    assert summary.tenants["bystander"].jobs_completed < 40
+    assert run.plane.queue.partitions() == [] and run.plane.queue.nbytes == 0

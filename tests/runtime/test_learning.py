@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 
 from joynexus.envs import EnvSpec
-from joynexus.runtime import EmbeddedRuntime
+from joynexus.master.run import LocalRun, run_workloads
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService
 from joynexus.services.training import TrainingModelService
@@ -33,7 +33,7 @@ def test_sft_on_recorded_demos_halves_heldout_action_error(
             "seed": 0,
         }
     )
-    summary = asyncio.run(EmbeddedRuntime(tmp_path / "run").run([s]))
+    summary = asyncio.run(run_workloads([s], tmp_path / "run"))
     t = summary.tenants["sft"]
     assert t.sft_heldout_error_initial is not None and t.sft_heldout_error_final is not None
     print(
@@ -55,7 +55,7 @@ def test_sft_on_recorded_metaworld_demos_halves_heldout_action_error(tmp_path: P
             "output_dir": tmp_path / "out",
         }
     )
-    summary = asyncio.run(EmbeddedRuntime(tmp_path / "run").run([s]))
+    summary = asyncio.run(run_workloads([s], tmp_path / "run"))
     t = summary.tenants[s.tenant]
     assert (tmp_path / "data" / "meta" / "info.json").is_file()  # recorded as LeRobot v3.0
     assert t.sft_heldout_error_initial is not None and t.sft_heldout_error_final is not None
@@ -98,7 +98,7 @@ async def _evaluate_initial_and_final(training: TrainingModelService, tenant: st
 
 
 def test_ppo_raises_reach2d_return(tmp_path: Path, tiny_model: str) -> None:
-    """PPO through the embedded runtime (producer, advantage stage, actor) learns reach2d.
+    """PPO through an in-process Master (producer, advantage stage, actor) learns reach2d.
 
     Margin: the deterministic (policy-mean) return on 16 fixed-seed episodes rises by at
     least 30 % of its initial magnitude within 8 PPO jobs; the rollouts' success rate
@@ -118,13 +118,21 @@ def test_ppo_raises_reach2d_return(tmp_path: Path, tiny_model: str) -> None:
         action_module={"type": "oft", "hidden_dim": 64, "num_blocks": 1, "init_log_std": 0.0},
         seed=0,
     )
-    runtime = EmbeddedRuntime(tmp_path / "run")
-    summary = asyncio.run(runtime.run([s]))
+    opened: list[LocalRun] = []
+    summary = asyncio.run(run_workloads([s], tmp_path / "run", on_open=opened.append))
     t = summary.tenants["ppo"]
+    assert t.state == "completed"
     assert t.jobs_completed == PPO_UPDATES and t.jobs_failed == 0 and t.jobs_dropped == 0
-    rollouts = runtime.tenants["ppo"].metrics.of_kind("rollout")
-    assert runtime.training is not None
-    initial, final = asyncio.run(_evaluate_initial_and_final(runtime.training, "ppo"))
+    (run,) = opened
+    assert run.master is not None and run.plane is not None
+    tenant = run.master.tenant_of(run.workload_ids["ppo"])
+    assert tenant is not None
+    rollouts = tenant.metrics.of_kind("rollout")
+    # The run is closed, but the in-process Training Model Service still holds the
+    # tenant's trained slot (a completed workload keeps it; only a cancel frees it).
+    training = run.plane.training
+    assert isinstance(training, TrainingModelService)
+    initial, final = asyncio.run(_evaluate_initial_and_final(training, "ppo"))
     print(
         f"PPO reach2d: eval return {initial:.2f} -> {final:.2f} after {t.final_version} "
         f"updates ({PPO_UPDATES} jobs); rollout return {t.rl_return_initial:.2f} -> "

@@ -93,6 +93,24 @@ def serve(
         list[Path] | None,
         typer.Option("--dataset-root", help="Directories SFT datasets may be read from."),
     ] = None,
+    recovery_budget: Annotated[
+        int,
+        typer.Option(
+            "--recovery-budget",
+            min=0,
+            help="In-place restarts per role (simulator sessions, engines, training) before "
+            "the live workloads are failed and /readyz reports degraded.",
+        ),
+    ] = 3,
+    watchdog_factor: Annotated[
+        float,
+        typer.Option(
+            "--watchdog-factor",
+            min=1.0,
+            help="Flag a running workload 'stalled' after this many expected job times "
+            "without progress.",
+        ),
+    ] = 20.0,
     metrics_auth: Annotated[
         str,
         typer.Option(
@@ -125,7 +143,7 @@ def serve(
     from joynexus.master.limits import MasterLimits
     from joynexus.master.store import SQLiteWorkloadStore
     from joynexus.runtime.health import HealthManager
-    from joynexus.runtime.hosting import EnginePoolPlacement, Placement
+    from joynexus.runtime.hosting import EnginePoolPlacement, Placement, RuntimeConfig
     from joynexus.runtime.ray_hosting import RayPlacement
     from joynexus.server.auth import TenantStore
     from joynexus.server.serve import build_live_app, build_plane, ensure_admin_key
@@ -145,6 +163,7 @@ def serve(
     except JoyNexusError as exc:
         raise _fail(exc) from None
 
+    knobs = RuntimeConfig(watchdog_factor=watchdog_factor)
     run_dir.mkdir(parents=True, exist_ok=True)
     key_file = admin_key_file or run_dir / "admin.key"
     store = TenantStore.open(run_dir / "tenants.sqlite")
@@ -160,7 +179,11 @@ def serve(
         # Jobs a killed server left in flight are the Master's to reconcile against
         # the checkpoint ledgers (completed if their update is in a checkpoint).
         plane = build_plane(
-            run_dir, BaseModelSpec(id=base_model), placement=placement, keep_in_flight=True
+            run_dir,
+            BaseModelSpec(id=base_model),
+            placement=placement,
+            config=knobs,
+            keep_in_flight=True,
         )
     except JoyNexusError as exc:
         raise _fail(exc) from None
@@ -172,10 +195,13 @@ def serve(
         # Workload records next to the scheduler's jobs: a restarted server resumes them.
         store=SQLiteWorkloadStore(run_dir / "scheduler.sqlite"),
         limits=MasterLimits(dataset_roots=roots),
+        runtime=knobs,
         # Probes and crash reports only (no heartbeats): a crashed simulator session or a
         # failed rollout engine is restarted in place, the training role from the
         # checkpoints; a spent budget fails the live workloads.
-        health=HealthManager(heartbeat_timeout_s=None, check_interval_s=1.0),
+        health=HealthManager(
+            default_budget=recovery_budget, heartbeat_timeout_s=None, check_interval_s=1.0
+        ),
         metrics_auth="admin" if metrics_auth == "admin" else "none",
     )
     base_url = f"http://{host}:{port}"

@@ -25,12 +25,16 @@ from joynexus.control.job import TaskType
 # Refusal reasons, as recorded by the scheduler (stable strings: monitoring keys).
 REFUSED_MAX_IN_FLIGHT = "max_in_flight"
 REFUSED_COMPLETION_TARGET = "completion_target_reached"
+#: The jobs in flight would reach the target if they all complete: wait for them (a
+#: failed one frees its place), so the weights end with exactly the target's updates.
+REFUSED_TARGET_IN_FLIGHT = "completion_target_in_flight"
 REFUSED_GLOBAL_MAX_ACTIVE = "global_max_active"
 REFUSED_GLOBAL_MAX_ACTIVE_PER_TENANT = "global_max_active_per_tenant"
 
 REFUSAL_REASONS: tuple[str, ...] = (
     REFUSED_MAX_IN_FLIGHT,
     REFUSED_COMPLETION_TARGET,
+    REFUSED_TARGET_IN_FLIGHT,
     REFUSED_GLOBAL_MAX_ACTIVE,
     REFUSED_GLOBAL_MAX_ACTIVE_PER_TENANT,
 )
@@ -43,8 +47,9 @@ class AdmissionPolicy(BaseModel):
         priority: Copied onto each admitted job; ``lease_next`` serves higher first.
         max_in_flight: Most non-terminal jobs this pair may have at once (None: no bound).
         completion_target: Once this many of the pair's jobs have completed, further
-            reservations are refused (None: no target). Jobs already in flight when
-            the target is reached still run to the end.
+            reservations are refused (None: no target). Jobs in flight count toward
+            it: while completed + in flight reach it, reservations wait
+            (``completion_target_in_flight``), so exactly this many complete.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -91,11 +96,12 @@ def admission_refusal(
     key = (tenant_id, task_type)
     if policy.max_in_flight is not None and counts.in_flight.get(key, 0) >= policy.max_in_flight:
         return REFUSED_MAX_IN_FLIGHT
-    if (
-        policy.completion_target is not None
-        and counts.completed.get(key, 0) >= policy.completion_target
-    ):
-        return REFUSED_COMPLETION_TARGET
+    if policy.completion_target is not None:
+        completed = counts.completed.get(key, 0)
+        if completed >= policy.completion_target:
+            return REFUSED_COMPLETION_TARGET
+        if completed + counts.in_flight.get(key, 0) >= policy.completion_target:
+            return REFUSED_TARGET_IN_FLIGHT
     if limit is not None:
         if limit.max_active is not None and counts.active.get(task_type, 0) >= limit.max_active:
             return REFUSED_GLOBAL_MAX_ACTIVE

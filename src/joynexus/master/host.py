@@ -48,7 +48,7 @@ class MasterHost:
         output_root: Where each tenant's checkpoints and records go
             (``<output_root>/<tenant>``).
         limits: What the Master accepts.
-        config: Loop knobs (poll period, failure budget, held-out frames).
+        config: Loop knobs (poll period, failure budget, held-out frames, watchdog).
         clock: Time source.
         health: The Health Manager to wire (None: no self-healing, e.g. unit tests).
     """
@@ -83,6 +83,8 @@ class MasterHost:
             max_failures=cfg.max_failures_per_tenant,
             store=store,
             heldout_samples=cfg.heldout_samples,
+            watchdog_factor=cfg.watchdog_factor,
+            watchdog_min_s=cfg.watchdog_min_s,
         )
         if health is not None:
             watch_plane(

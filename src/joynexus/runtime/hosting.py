@@ -79,6 +79,9 @@ class RuntimeConfig:
         max_failures_per_tenant: A tenant with this many failed jobs stops producing.
         heldout_samples: Held-out frames used to measure SFT action error.
         max_batch_size / max_wait_s: Inference Queue group batching.
+        watchdog_factor / watchdog_min_s: The Master flags a running workload
+            ``stalled`` after this many expected job times without progress (never
+            before ``watchdog_min_s`` seconds).
         env: Environment Service limits.
     """
 
@@ -89,6 +92,8 @@ class RuntimeConfig:
     heldout_samples: int = 64
     max_batch_size: int = 128
     max_wait_s: float = 0.005
+    watchdog_factor: float = 20.0
+    watchdog_min_s: float = 120.0
     env: EnvironmentServiceConfig = field(default_factory=EnvironmentServiceConfig)
 
 

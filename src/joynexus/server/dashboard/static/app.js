@@ -137,7 +137,8 @@
           td(w.jobs_in_flight, "num"),
           td(w.jobs_failed, "num"),
           td(w.policy_version, "num"),
-          td(w.error, "error"),
+          td(w.restarts ?? 0, "num"),
+          td(w.error || (w.stalled ? `stalled: ${w.stalled}` : ""), "error"),
         ]));
       }
     }
