@@ -281,7 +281,7 @@ def test_the_tier_map_rejects_known_bad_edges() -> None:
     bad = [
         Edge("joynexus.models.slots", "joynexus.data.sft", 1),
         Edge("joynexus.services.training", "joynexus.master.service", 2),
-        Edge("joynexus.workflows.rl", "joynexus.runtime.embedded", 3),
+        Edge("joynexus.workflows.rl", "joynexus.runtime.plane", 3),
         Edge("joynexus.runtime.plane", "joynexus.master.service", 8),
         Edge("joynexus.client.sync", "joynexus.server.app", 4),
         Edge("joynexus.server.app", "joynexus.cli.main", 5),
@@ -315,7 +315,7 @@ if TYPE_CHECKING:
     from joynexus.master.service import MasterService
 
 def f():
-    from joynexus.runtime.embedded import record_missing_dataset
+    from joynexus.data.record import record_missing_dataset
     importlib.import_module("joynexus.envs.pusht")
 """
     known = {
@@ -325,7 +325,7 @@ def f():
         "joynexus.models.payload",
         "joynexus.models.sibling",
         "joynexus.master.service",
-        "joynexus.runtime.embedded",
+        "joynexus.data.record",
         "joynexus.envs.pusht",
     }
     found = {
@@ -337,7 +337,7 @@ def f():
         "joynexus.errors",
         "joynexus.models.sibling",
         "joynexus.master.service",
-        "joynexus.runtime.embedded",
+        "joynexus.data.record",
         "joynexus.envs.pusht",
     }
 

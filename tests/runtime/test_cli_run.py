@@ -31,7 +31,11 @@ def test_joynexus_run_writes_the_summary(tmp_path: Path, tiny_model: str) -> Non
     entry = doc["cli-rl"]
     assert entry["task"] == "rl" and entry["jobs_completed"] >= 1
     assert entry["final_version"] >= 1 and "rl_return_initial" in entry
-    assert (tmp_path / "out" / "cli-rl" / "metrics.jsonl").is_file()
+    # Outputs live in the run directory, next to the job history (the spec's
+    # output_dir is ignored): one workload's records per workload id.
+    assert entry["output_dir"] == str(tmp_path / "run" / "outputs" / "cli-rl")
+    assert list((tmp_path / "run" / "outputs" / "cli-rl" / "workloads").glob("*/metrics.jsonl"))
+    assert not (tmp_path / "out").exists()
 
 
 def test_joynexus_run_rejects_a_bad_spec_before_starting(tmp_path: Path) -> None:

@@ -50,9 +50,9 @@ def test_mixed_workloads_run_to_completion(
     run_dir = tmp_path / "run"
     summary = asyncio.run(run_workloads(specs, run_dir, on_open=opened.append))
     s = summary.tenants
-    (run,) = opened
-    assert run.plane is not None and run.master is not None
-    sched = run.plane.scheduler  # closed with the run; its job index stays queryable
+    (local,) = opened
+    assert local.plane is not None and local.master is not None
+    sched = local.plane.scheduler  # closed with the run; its job index stays queryable
     assert {t.state for t in s.values()} == {"completed"}, {t: x.errors for t, x in s.items()}
 
     # Every training job ended completed, and passed through every state on the way.
@@ -74,8 +74,8 @@ def test_mixed_workloads_run_to_completion(
     assert sum(counters["by_state"].values()) == counters["total"]
 
     # Every partition was cleared.
-    assert run.plane.queue.partitions() == []
-    assert run.plane.queue.nbytes == 0
+    assert local.plane.queue.partitions() == []
+    assert local.plane.queue.nbytes == 0
 
     # Versions advanced per tenant, independently: one version per own microbatch
     # (RL: one microbatch per job here; SFT: 32 samples / 16 per microbatch).
@@ -110,9 +110,9 @@ def test_mixed_workloads_run_to_completion(
     for tenant in ("pusht-rl", "reach-rl", "reach-sft"):
         tdir = run_dir / "outputs" / tenant
         assert any(tdir.glob("step_*/manifest.json"))
-        wid = run.workload_ids[tenant]
+        wid = local.workload_ids[tenant]
         lines = (tdir / "workloads" / wid / "metrics.jsonl").read_text().splitlines()
         kinds = {json.loads(line)["kind"] for line in lines}
         assert "train" in kinds
-    wid = run.workload_ids["reach-eval"]
+    wid = local.workload_ids["reach-eval"]
     assert (run_dir / "outputs" / "reach-eval" / "workloads" / wid / "metrics.jsonl").is_file()

@@ -1,5 +1,5 @@
 """Health Manager: heartbeats, probes, error reports, partial restart, budget, escalation;
-and an inference role killed during a mixed workload (embedded runtime on an engine
+and an inference role killed during a mixed workload (an in-process Master on an engine
 pool)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from joynexus.runtime.embedded import EmbeddedRuntime
 
 from joynexus.control.job import JobState
 from joynexus.errors import ServiceUnavailableError
+from joynexus.master.run import LocalRun, run_workloads
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.runtime.health import HealthManager
 from joynexus.runtime.hosting import EnginePoolPlacement
@@ -193,26 +193,36 @@ def test_inference_role_killed_during_a_mixed_workload(
             }
         ),
     ]
-    rt = EmbeddedRuntime(
-        tmp_path / "run", placement=EnginePoolPlacement(engines=1), health_check_s=0.05
-    )
+    opened: list[LocalRun] = []
     killed: list[Any] = []
 
     def on_progress(rows: list[TenantProgress]) -> None:
         rl = next(r for r in rows if r.tenant == "rl")
         if not killed and rl.completed >= 1:
-            assert rt.pool is not None
-            engine = rt.pool.engine(0)
+            run = opened[0]
+            assert run.plane is not None and run.plane.pool is not None
+            engine = run.plane.pool.engine(0)
             killed.append(engine)
             asyncio.get_running_loop().create_task(engine.stop())
 
-    summary = asyncio.run(rt.run(specs, on_progress=on_progress))
+    summary = asyncio.run(
+        run_workloads(
+            specs,
+            tmp_path / "run",
+            placement=EnginePoolPlacement(engines=1),
+            health_check_s=0.05,
+            on_progress=on_progress,
+            on_open=opened.append,
+        )
+    )
     assert killed, "the workload finished before the kill"
-    kinds = [e.kind for e in rt.health.events_of("inference/0")]
-    assert "restarted" in kinds and rt.health.escalated is None
-    sched = rt.scheduler
-    assert sched is not None
+    (run,) = opened
+    assert run.plane is not None
+    kinds = [e.kind for e in run.health.events_of("inference/0")]
+    assert "restarted" in kinds and run.health.escalated is None
+    sched = run.plane.scheduler  # closed with the run; its job index stays queryable
     s = summary.tenants
+    assert {t.state for t in s.values()} == {"completed"}, {t: x.errors for t, x in s.items()}
     for tid in ("rl", "sft"):
         jobs = sched.list_jobs(tenant_id=tid)
         assert all(j.is_terminal for j in jobs)
@@ -223,5 +233,71 @@ def test_inference_role_killed_during_a_mixed_workload(
     assert all(
         j.state in (JobState.COMPLETED, JobState.FAILED) for j in sched.list_jobs(tenant_id="rl")
     )
-    assert rt.queue.partitions() == [] and rt.queue.nbytes == 0
+    assert run.plane.queue.partitions() == [] and run.plane.queue.nbytes == 0
     assert s["rl"].final_version == s["rl"].jobs_completed
+
+
+def test_inference_role_past_its_budget_fails_the_live_workloads(
+    tmp_path: Path, tiny_model: str, reach2d_demos: Path
+) -> None:
+    # Semantic change: an escalation (no restart left for the killed engine) no longer
+    # ends the run with ServiceUnavailableError. The Master fails every live workload
+    # with the escalation reason, and the run returns its summary with the reason in
+    # each tenant's ``errors`` (and the workload status's ``error``).
+    out = tmp_path / "out"
+    far = 40  # far from done at the kill: both workloads are surely live then
+    specs = [
+        rl_spec("rl", tiny_model, out, target=far, horizon=6, num_envs=2, episode_steps=6),
+        spec(
+            {
+                "tenant": "sft",
+                "task": "sft",
+                "base_model": {"id": tiny_model},
+                "dataset": {"path": str(reach2d_demos), "heldout_fraction": 0.2},
+                "action_module": {"type": "oft", "hidden_dim": 64, "num_blocks": 1},
+                "algorithm": {"name": "sft", "samples_per_job": 32, "microbatch_size": 16},
+                "scheduling": {"completion_target": far, "prefetch": 2},
+                "output_dir": str(out),
+            }
+        ),
+    ]
+    opened: list[LocalRun] = []
+    killed: list[Any] = []
+
+    def on_progress(rows: list[TenantProgress]) -> None:
+        rl = next(r for r in rows if r.tenant == "rl")
+        if not killed and rl.completed >= 1:
+            run = opened[0]
+            assert run.plane is not None and run.plane.pool is not None
+            engine = run.plane.pool.engine(0)
+            killed.append(engine)
+            asyncio.get_running_loop().create_task(engine.stop())
+
+    summary = asyncio.run(
+        run_workloads(
+            specs,
+            tmp_path / "run",
+            placement=EnginePoolPlacement(engines=1),
+            health_check_s=0.05,
+            recovery_budget=0,
+            on_progress=on_progress,
+            on_open=opened.append,
+        )
+    )
+    assert killed, "the workload finished before the kill"
+    (run,) = opened
+    assert run.plane is not None and run.master is not None
+    escalated = run.health.escalated
+    assert escalated is not None and escalated.startswith("inference/0"), escalated
+    kinds = [e.kind for e in run.health.events_of("inference/0")]
+    assert "budget_exhausted" in kinds and "restarted" not in kinds, kinds
+    for tid in ("rl", "sft"):
+        st = run.master.status(tid, run.workload_ids[tid])
+        assert st.state.value == "failed", (tid, st)
+        assert st.error is not None and st.error.startswith("global_restart:"), st.error
+        assert "inference/0" in st.error
+        t = summary.tenants[tid]
+        assert t.state == "failed" and st.error in t.errors, t
+        assert t.jobs_completed < far
+        assert all(j.is_terminal for j in run.plane.scheduler.list_jobs(tenant_id=tid))
+    assert run.plane.queue.partitions() == [] and run.plane.queue.nbytes == 0

@@ -35,6 +35,7 @@ def test_sft_on_recorded_demos_halves_heldout_action_error(
     )
     summary = asyncio.run(run_workloads([s], tmp_path / "run"))
     t = summary.tenants["sft"]
+    assert t.state == "completed", t.errors
     assert t.sft_heldout_error_initial is not None and t.sft_heldout_error_final is not None
     print(
         f"SFT held-out |a - a*|: {t.sft_heldout_error_initial:.4f} -> "
@@ -57,6 +58,7 @@ def test_sft_on_recorded_metaworld_demos_halves_heldout_action_error(tmp_path: P
     )
     summary = asyncio.run(run_workloads([s], tmp_path / "run"))
     t = summary.tenants[s.tenant]
+    assert t.state == "completed", t.errors
     assert (tmp_path / "data" / "meta" / "info.json").is_file()  # recorded as LeRobot v3.0
     assert t.sft_heldout_error_initial is not None and t.sft_heldout_error_final is not None
     print(
@@ -121,7 +123,7 @@ def test_ppo_raises_reach2d_return(tmp_path: Path, tiny_model: str) -> None:
     opened: list[LocalRun] = []
     summary = asyncio.run(run_workloads([s], tmp_path / "run", on_open=opened.append))
     t = summary.tenants["ppo"]
-    assert t.state == "completed"
+    assert t.state == "completed", t.errors
     assert t.jobs_completed == PPO_UPDATES and t.jobs_failed == 0 and t.jobs_dropped == 0
     (run,) = opened
     assert run.master is not None and run.plane is not None

@@ -1,20 +1,56 @@
-"""The Ray placement: same workloads, same invariants as the embedded end-to-end test."""
+"""The Ray placement: same workloads, same invariants as the in-process end-to-end test.
+
+The workloads run on an in-process Master (:class:`~joynexus.master.run.LocalRun`) whose
+plane is built with a :class:`RayPlacement`. The checks that call into the actors run
+before the run is closed (closing kills the actors and releases the placement group).
+"""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from joynexus.runtime.embedded import EmbeddedRuntime
 
 from joynexus.control.job import JobState
+from joynexus.master.run import LocalRun
 from joynexus.runtime.ray_hosting import RayHosting, RayPlacement
 from joynexus.runtime.ray_proxy import ActorProxy
+from joynexus.spec.workload import WorkloadSpec
+from joynexus.workflows.compile import compile_workloads
+from joynexus.workflows.summary import RunSummary, TenantProgress
 from tests.workflows.helpers import rl_spec, spec
 
 pytestmark = pytest.mark.ray
+
+
+def _run(
+    specs: Sequence[WorkloadSpec],
+    run: LocalRun,
+    check: Callable[[LocalRun, RunSummary], None],
+    on_progress: Callable[[list[TenantProgress]], None] | None = None,
+) -> RunSummary:
+    """Run ``specs`` to their end on ``run`` and ``check`` it while the actors live.
+
+    What :func:`~joynexus.master.run.run_workloads` does, with the check before the run
+    is closed (the demos exist: nothing to record).
+    """
+    compiled = compile_workloads(list(specs))
+
+    async def body() -> RunSummary:
+        try:
+            await run.open(compiled, status=lambda _msg: None)
+            await run.submit_all(compiled)
+            await run.wait(on_progress)
+            summary = run.summary()
+            check(run, summary)
+            return summary
+        finally:
+            await run.close()
+
+    return asyncio.run(body())
 
 
 def _sft(tenant: str, base: str, demos: Path, out: Path, target: int) -> Any:
@@ -32,7 +68,7 @@ def _sft(tenant: str, base: str, demos: Path, out: Path, target: int) -> Any:
     )
 
 
-def test_rl_and_sft_run_on_ray_actors_like_embedded(
+def test_rl_and_sft_run_on_ray_actors_like_in_process(
     ray_cluster: None, tmp_path: Path, tiny_model: str, reach2d_demos: Path
 ) -> None:
     import ray
@@ -42,21 +78,20 @@ def test_rl_and_sft_run_on_ray_actors_like_embedded(
         rl_spec("reach-rl", tiny_model, out, target=2, horizon=6, num_envs=2, episode_steps=6),
         _sft("reach-sft", tiny_model, reach2d_demos, out, target=2),
     ]
-    rt = EmbeddedRuntime(tmp_path / "run", placement=RayPlacement(layout="2-2-4"))
-    try:
-        summary = asyncio.run(rt.run(specs))
+
+    def check(run: LocalRun, summary: RunSummary) -> None:
         s = summary.tenants
-        sched = rt.scheduler
-        assert sched is not None
+        assert run.plane is not None
+        sched = run.plane.scheduler
+        assert {t.state for t in s.values()} == {"completed"}, {t: x.errors for t, x in s.items()}
 
         # The services really were actors in the layout's placement group.
-        assert rt.plane is not None
-        hosting = rt.plane.hosting
+        hosting = run.plane.hosting
         assert isinstance(hosting, RayHosting) and hosting.group is not None
         assert hosting.group.layout.bundles() == [{"GPU": 2.0}, {"GPU": 2.0}, {"GPU": 4.0}]
-        training = rt.plane.training
+        training = run.plane.training
         assert isinstance(training, ActorProxy)
-        for svc in (rt.plane.queue, rt.plane.env):
+        for svc in (run.plane.queue, run.plane.env):
             assert isinstance(svc, ActorProxy), svc
         gpus = ray.get(training.actor.__ray_call__.remote(lambda _svc: ray.get_gpu_ids()))
         assert len(gpus) == 2
@@ -70,17 +105,19 @@ def test_rl_and_sft_run_on_ray_actors_like_embedded(
         assert sched.counters()["by_state"].get("failed", 0) == 0
 
         # Partitions cleared: the queue actor holds nothing, in the index or the store.
-        assert rt.queue.partitions() == []
-        assert rt.queue.nbytes == 0
+        assert run.plane.queue.partitions() == []
+        assert run.plane.queue.nbytes == 0
 
-        # Versions advanced per tenant, independently (same rule as embedded).
+        # Versions advanced per tenant, independently (same rule as in process).
         assert s["reach-rl"].final_version == s["reach-rl"].jobs_completed
         assert s["reach-sft"].final_version == 2 * s["reach-sft"].jobs_completed
         assert s["reach-sft"].sft_heldout_error_final is not None
+        # Semantic change: checkpoints live in <run_dir>/outputs/<tenant> (the specs'
+        # output_dir is ignored).
         for tenant in ("reach-rl", "reach-sft"):
-            assert any((out / tenant).glob("step_*/manifest.json"))
-    finally:
-        rt.close()
+            assert any((run.run_dir / "outputs" / tenant).glob("step_*/manifest.json"))
+
+    _run(specs, LocalRun(tmp_path / "run", placement=RayPlacement(layout="2-2-4")), check)
 
 
 def test_layouts_place_on_fake_gpus_and_an_oversized_one_is_refused(ray_cluster: None) -> None:
@@ -111,8 +148,6 @@ def test_layouts_place_on_fake_gpus_and_an_oversized_one_is_refused(ray_cluster:
 def test_killed_inference_actor_is_restarted_and_the_workload_completes(
     ray_cluster: None, tmp_path: Path, tiny_model: str, reach2d_demos: Path
 ) -> None:
-    from joynexus.workflows.summary import TenantProgress
-
     out = tmp_path / "out"
     specs = [
         # One rollout in flight at a time: exactly one job can be caught by the kill.
@@ -121,30 +156,28 @@ def test_killed_inference_actor_is_restarted_and_the_workload_completes(
         ),
         _sft("sft", tiny_model, reach2d_demos, out, target=2),
     ]
-    rt = EmbeddedRuntime(
-        tmp_path / "run", placement=RayPlacement(layout="2-2-4"), health_check_s=0.2
-    )
+    run = LocalRun(tmp_path / "run", placement=RayPlacement(layout="2-2-4"), health_check_s=0.2)
     killed: list[bool] = []
 
     def on_progress(rows: list[TenantProgress]) -> None:
         rl = next(r for r in rows if r.tenant == "rl")
         if not killed and rl.completed >= 1:
             killed.append(True)
-            assert rt.plane is not None and isinstance(rt.plane.hosting, RayHosting)
-            rt.plane.hosting.kill_engine(0)
+            assert run.plane is not None and isinstance(run.plane.hosting, RayHosting)
+            run.plane.hosting.kill_engine(0)
 
-    try:
-        summary = asyncio.run(rt.run(specs, on_progress=on_progress))
+    def check(run: LocalRun, summary: RunSummary) -> None:
         assert killed
-        kinds = [e.kind for e in rt.health.events_of("inference/0")]
-        assert "restarted" in kinds and rt.health.escalated is None
+        kinds = [e.kind for e in run.health.events_of("inference/0")]
+        assert "restarted" in kinds and run.health.escalated is None
         s = summary.tenants
-        assert rt.scheduler is not None
+        assert {t.state for t in s.values()} == {"completed"}, {t: x.errors for t, x in s.items()}
+        assert run.plane is not None
         for tid in ("rl", "sft"):
-            assert all(j.is_terminal for j in rt.scheduler.list_jobs(tenant_id=tid))
+            assert all(j.is_terminal for j in run.plane.scheduler.list_jobs(tenant_id=tid))
         assert s["rl"].jobs_completed >= 3 and s["sft"].jobs_completed >= 2
         assert s["sft"].jobs_failed == 0 and s["rl"].jobs_failed <= 1
         assert s["rl"].final_version == s["rl"].jobs_completed
-        assert rt.queue.partitions() == [] and rt.queue.nbytes == 0
-    finally:
-        rt.close()
+        assert run.plane.queue.partitions() == [] and run.plane.queue.nbytes == 0
+
+    _run(specs, run, check, on_progress)

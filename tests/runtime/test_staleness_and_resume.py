@@ -72,8 +72,9 @@ def test_resume_from_checkpoint_continues_the_version(tmp_path: Path, tiny_model
     # Same run dir (the scheduler remembers the completed jobs), higher target: a new
     # workload resumed from the latest checkpoint.
     second = asyncio.run(
-        run_workloads([rl_spec("res", tiny_model, out, target=4, horizon=6)], run_dir,
-                      on_open=opened.append)
+        run_workloads(
+            [rl_spec("res", tiny_model, out, target=4, horizon=6)], run_dir, on_open=opened.append
+        )
     )
     run2 = opened.pop()
     assert run2.workload_ids["res"] != wid1

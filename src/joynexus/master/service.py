@@ -52,7 +52,8 @@ import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from joynexus.api import WorkloadMetrics, WorkloadState, WorkloadStatus
 from joynexus.control.admission import AdmissionPolicy, GlobalLimit
@@ -64,6 +65,7 @@ from joynexus.errors import (
     JoyNexusError,
     NotFoundError,
     PermissionDeniedError,
+    ServiceUnavailableError,
     SpecError,
 )
 from joynexus.master.limits import MasterLimits
@@ -99,6 +101,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Terminal reason of the jobs a cancelled workload leaves in flight.
 CANCELLED_REASON = "cancelled"
@@ -186,6 +190,8 @@ class MasterService(ModelPrimitives):
         watchdog_factor: Flag a workload ``stalled`` after this many expected job
             times without progress.
         watchdog_min_s: ... but never before this many seconds without progress.
+        restart_grace_s: How long a finishing workload waits for a service that
+            answers unavailable (a role the Health Manager is restarting).
     """
 
     def __init__(
@@ -207,6 +213,7 @@ class MasterService(ModelPrimitives):
         heldout_samples: int | None = None,
         watchdog_factor: float = 20.0,
         watchdog_min_s: float = 120.0,
+        restart_grace_s: float = 60.0,
     ) -> None:
         self.base = base
         self.base_model_id = base_model_id
@@ -223,6 +230,8 @@ class MasterService(ModelPrimitives):
         self.heldout_samples = heldout_samples
         self.watchdog_factor = watchdog_factor
         self.watchdog_min_s = watchdog_min_s
+        self.restart_grace_s = restart_grace_s
+        self.poll_s = poll_s
         self._tenants: dict[str, WorkflowTenant] = {}  # trainable tenants with a slot
         self._workloads: dict[str, _Workload] = {}
         self._seq = itertools.count(1)
@@ -830,10 +839,14 @@ class MasterService(ModelPrimitives):
                 ledger = {"jobs_applied": tenant.jobs_applied, "workload_id": w.workload_id}
                 await self.training.save(version, [tid], include_optim=True, ledger=ledger)
             tenant.metrics.write("checkpoint", policy_version=version)
-            await publish(self.ctx, tid)  # SFT updates are served from now on
+            # SFT updates are served from now on. An engine the Health Manager is
+            # restarting answers unavailable for a moment: the trained weights are
+            # already checkpointed, so wait for it rather than fail the workload.
+            await self._while_restarting(lambda: publish(self.ctx, tid))
             if w.source is not None and self.heldout_samples is not None:
-                err = await heldout_action_error(
-                    self.inference, tid, w.source, max_samples=self.heldout_samples
+                source, frames = w.source, self.heldout_samples
+                err = await self._while_restarting(
+                    lambda: heldout_action_error(self.inference, tid, source, max_samples=frames)
                 )
                 initial = next(
                     (r.get("error") for r in tenant.metrics.of_kind("heldout_initial")), None
@@ -846,6 +859,18 @@ class MasterService(ModelPrimitives):
         w.finished_at = self.clock.wall()
         self._save(w)
         self._write_event(w, "completed")
+
+    async def _while_restarting(self, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, retried while a service answers unavailable (a role being
+        restarted in place) for at most ``restart_grace_s``."""
+        deadline = self.clock.now() + self.restart_grace_s
+        while True:
+            try:
+                return await call()
+            except ServiceUnavailableError:
+                if self.clock.now() >= deadline:
+                    raise
+                await self.clock.sleep(max(self.poll_s, 0.1))
 
     # ------------------------------------------------------------ health hooks
 

@@ -94,7 +94,9 @@ class AlgorithmSpec(BaseModel):
     actor_forward: bool = Field(
         default=False, description="Recompute log-probs/values under the actor (App. A.5)."
     )
-    samples_per_job: int = Field(default=256, ge=1, description="SFT samples per training job.")
+    samples_per_job: int = Field(
+        default=256, ge=1, le=10_000_000, description="SFT samples per training job."
+    )
 
 
 class SchedulingSpec(BaseModel):
@@ -102,12 +104,15 @@ class SchedulingSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    priority: int = 0
-    max_in_flight: int | None = Field(default=2, ge=1)
-    completion_target: int | None = Field(default=10, ge=1)
-    max_policy_staleness: int | None = Field(default=4, ge=0)
+    # Every integer is bounded: they reach the Training Scheduler's SQLite store.
+    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
+    max_in_flight: int | None = Field(default=2, ge=1, le=1_000_000)
+    completion_target: int | None = Field(default=10, ge=1, le=1_000_000_000)
+    max_policy_staleness: int | None = Field(default=4, ge=0, le=1_000_000_000)
     prefetch: int = Field(default=2, ge=1, le=1024, description="SFT jobs prepared ahead.")
-    checkpoint_every: int = Field(default=0, ge=0, description="Updates between checkpoints.")
+    checkpoint_every: int = Field(
+        default=0, ge=0, le=1_000_000_000, description="Updates between checkpoints."
+    )
 
 
 class EvaluationSpec(BaseModel):
@@ -118,7 +123,9 @@ class EvaluationSpec(BaseModel):
     targets: list[str] = Field(min_length=1)
     episodes: int = Field(default=4, ge=1, le=10_000)
     interval_s: float = Field(default=10.0, gt=0)
-    runs: int = Field(default=1, ge=1, description="Evaluation runs before the workload ends.")
+    runs: int = Field(
+        default=1, ge=1, le=10_000, description="Evaluation runs before the workload ends."
+    )
     deterministic: bool = True
 
 
@@ -144,8 +151,13 @@ class WorkloadSpec(BaseModel):
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     evaluation: EvaluationSpec | None = None
-    output_dir: Path = Path("runs")
-    seed: int = 0
+    output_dir: Path = Field(
+        default=Path("runs"),
+        description="Deprecated, ignored by `joynexus run` and `serve`: a tenant's "
+        "checkpoints and records live in the run directory (`outputs/<tenant>`), next to "
+        "the job history they belong to.",
+    )
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
 
     @model_validator(mode="after")
     def _task_rules(self) -> WorkloadSpec:
