@@ -32,6 +32,7 @@ from joynexus.errors import InvalidRequestError, SchemaMismatchError
 
 __all__ = [
     "ALLOWED_DTYPES",
+    "MAX_DIM",
     "MSGPACK_MEDIA_TYPE",
     "ND_EXT",
     "check_tensor",
@@ -64,6 +65,8 @@ ALLOWED_DTYPES: frozenset[str] = frozenset(
     }
 )
 _MAX_NDIM = 8
+#: Largest size of one dimension of an array on the wire.
+MAX_DIM = 2**31 - 1
 _MAX_UNICODE_CHARS = 4096
 
 
@@ -135,6 +138,10 @@ def _parse_shape(shape: Any, *, name: str) -> tuple[int, ...]:
         if isinstance(d, bool) or not isinstance(d, int) or d < 0:
             raise InvalidRequestError(
                 f"{name}: shape must hold non-negative ints, got {list(shape)!r}", field=name
+            )
+        if d > MAX_DIM:  # numpy refuses such shapes (even with a 0 elsewhere)
+            raise InvalidRequestError(
+                f"{name}: shape {list(shape)!r} has a dimension above {MAX_DIM}", field=name
             )
         dims.append(d)
     return tuple(dims)

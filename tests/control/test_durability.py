@@ -152,3 +152,28 @@ def test_in_memory_store_recovers_like_sqlite() -> None:
     second = TrainingScheduler(store, clock=clock)
     assert second.get(job.job_id) == first.get(job.job_id)
     assert second.lease_next("actor", "vla") is not None
+
+
+def test_out_of_range_ints_and_huge_metadata_never_reach_the_store(tmp_path: Path) -> None:
+    """Issue 12: a 2**80 staleness or version was an OverflowError in SQLite (500 and a
+    full reload); a 200 MB metadata lived in scheduler.sqlite forever."""
+    from joynexus.errors import PayloadTooLargeError
+
+    sched = TrainingScheduler.open(tmp_path / "s.sqlite", clock=FakeClock(), lease_ttl_s=10.0)
+    kept = reserve(sched)
+    for field in ("max_policy_staleness", "behavior_policy_version", "sample_count"):
+        with pytest.raises(InvalidRequestError, match="64-bit") as info:
+            reserve(sched, "t1", "rl", **{field: 2**80})
+        assert info.value.details["field"] == field
+    with pytest.raises(PayloadTooLargeError, match="metadata"):
+        reserve(sched, metadata={"blob": "x" * (2 << 20)})
+    small = TrainingScheduler.in_memory(max_metadata_bytes=64)
+    job = reserve(small, metadata={"a": 1})
+    small.mark(job.job_id, JobState.READY)
+    leased = small.lease_next("actor", ["vla"])
+    assert leased is not None
+    with pytest.raises(PayloadTooLargeError):  # the merged metadata is bounded too
+        small.complete(leased.job_id, leased.lease_epoch, {"b": "y" * 100})
+    # Nothing was half-written: the one good job is all the store holds.
+    assert [j.job_id for j in sched.list_jobs()] == [kept.job_id]
+    sched.close()

@@ -53,11 +53,12 @@ def test_recorded_pusht_loads_into_tenant_batches(tmp_path: Path) -> None:
     item = ds[11]
     assert item["next.done"]  # the episode was cut at max_steps
     assert not ds[10]["next.done"]
-    # Actions are pusher targets inside the 512x512 workspace, near the pusher.
+    # Actions are pusher targets inside the 512x512 workspace, near the pusher (which
+    # lags a moving target by about two steps of its PD controller).
     actions = ds.column("action")
     states = ds.column("observation.state")
     assert actions.min() >= 0.0 and actions.max() <= 512.0
-    assert np.abs(actions - states).max() <= 40.0 + 1e-3
+    assert np.abs(actions - states).max() <= 3 * PushTScriptedPolicy().max_step + 1e-3
 
     from joynexus.envs import env_schema
 
@@ -72,22 +73,29 @@ def test_recorded_pusht_loads_into_tenant_batches(tmp_path: Path) -> None:
 
 
 @needs_pusht
-def test_pusht_expert_pushes_the_block_toward_the_goal() -> None:
+def test_pusht_expert_succeeds_on_most_episodes() -> None:
+    """Regression: the old controller reached gym-pusht's success (coverage > 95 %) in
+    0 of 20 episodes; the planner reaches it in ~98 % (docs: the class docstring)."""
     from joynexus.envs import make_env
 
-    env = make_env(EnvSpec(kind="pusht", image_size=16, max_episode_steps=1000))
+    env = make_env(EnvSpec(kind="pusht", image_size=16, max_episode_steps=300))
+    successes = 0
     try:
         expert = PushTScriptedPolicy()
-        obs = env.reset(seed=4)
-        sim = _gym_envs(env)[0]
-        start = float(sim._get_coverage())
-        best = start
-        for _ in range(200):
-            obs = env.step(expert.act(env, obs)).observation
-            best = max(best, float(sim._get_coverage()))
-        assert best > start + 0.3, f"coverage only went from {start:.2f} to {best:.2f}"
+        for seed in range(3):
+            expert.reset()
+            obs = env.reset(seed=seed)
+            for _ in range(300):
+                step = env.step(expert.act(env, obs))
+                obs = step.observation
+                if step.success[0]:
+                    successes += 1
+                    break
+                if step.truncated[0]:
+                    break
     finally:
         env.close()
+    assert successes >= 2, f"the PushT expert succeeded in {successes} of 3 episodes"
 
 
 @needs_metaworld
@@ -137,15 +145,45 @@ def test_cli_record_and_info(tmp_path: Path) -> None:
             "--image-size",
             "32",
             "--images",
+            "--allow-failures",  # 5 steps are too few to succeed
             "--out",
             str(out),
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "2 episodes, 10 frames" in " ".join(result.output.split())  # rich wraps lines
+    text = " ".join(result.output.split())  # rich wraps lines
+    assert "2 episodes, 10 frames" in text
+    assert "success rate 0% (0/2 episodes)" in text and "never succeeded" in text
     result = runner.invoke(app, ["data", "info", str(out)])
     assert result.exit_code == 0, result.output
     assert "v3.0" in result.output and "observation.images.top" in result.output
     (out / "meta/info.json").unlink()
     result = runner.invoke(app, ["data", "info", str(out)])
     assert result.exit_code == 2 and "invalid dataset" in result.output
+
+
+@needs_pusht
+def test_cli_record_refuses_an_expert_that_never_succeeds(tmp_path: Path) -> None:
+    out = tmp_path / "fails"
+    result = CliRunner().invoke(
+        app,
+        [
+            "data",
+            "record",
+            "--env",
+            "pusht",
+            "--episodes",
+            "1",
+            "--max-steps",
+            "3",
+            "--image-size",
+            "16",
+            "--images",
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert "succeeded in none of the 1 episodes" in text and "--allow-failures" in text
+    assert not out.exists()  # no dataset of failures is left to train on

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from joynexus.api import WorkloadState
-from joynexus.errors import ConflictError, PermissionDeniedError, SpecError
+from joynexus.errors import ConflictError, NotFoundError, PermissionDeniedError, SpecError
 from joynexus.master.limits import MasterLimits
 from joynexus.spec.workload import parse_spec
 from joynexus.workflows.compile import compile_workloads
@@ -104,7 +104,7 @@ def test_lifecycle_sft_then_eval_of_the_same_policy(
             assert final.eval_runs_completed == final.eval_runs_target == 1
             runs = master.metrics("alice", est.workload_id, kind="eval").records
             assert runs[0]["version"] == done.policy_version  # it read the trained policy
-            with pytest.raises(PermissionDeniedError):
+            with pytest.raises(NotFoundError):  # like an unknown id: no oracle
                 master.status("bob", est.workload_id)
 
     asyncio.run(main())

@@ -70,7 +70,15 @@ def test_scheduler_and_training_queue_signals_with_staleness() -> None:
     assert leased_a is not None and leased_a.value == 0  # zero states are reported too
     text = metrics.render_latest().decode()
     assert 'joynexus_control_policy_staleness{tenant="a"} 3.0' in text
-    assert 'joynexus_control_training_queue_bytes{tenant=""} 128.0' in text
+    assert "joynexus_control_training_queue_bytes 128.0" in text
+    # Job counts per tenant only: their sum is the service-wide count, counted once.
+    assert 'tenant=""' not in text and metrics.latest("scheduler.jobs") is None
+    ready = [
+        line
+        for line in text.splitlines()
+        if line.startswith("joynexus_control_scheduler_jobs{") and 'state="ready"' in line
+    ]
+    assert sum(float(line.split()[-1]) for line in ready) == snap.jobs_by_state["ready"] == 4
 
     # The staleness follows the trainer's version.
     sampler.policy_version = versions({"a": 9, "b": 3})

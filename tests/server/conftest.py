@@ -6,6 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -90,12 +91,17 @@ async def server(
     extra_routers: Sequence[APIRouter] = (),
     raise_app_exceptions: bool = True,
     memory_cap_bytes: int | None = None,
+    scheduler_path: Path | None = None,
 ) -> AsyncIterator[Server]:
     clock = FakeClock()
     store = TenantStore.in_memory(clock=clock)
     services = ServiceRegistry(
         tenants=store,
-        scheduler=TrainingScheduler.in_memory(clock=clock),
+        scheduler=(
+            TrainingScheduler.in_memory(clock=clock)
+            if scheduler_path is None
+            else TrainingScheduler.open(scheduler_path, clock=clock)
+        ),
         training_queue=TrainingQueue(memory_cap_bytes=memory_cap_bytes),
         environment=EnvironmentService(clock=clock),
     )
@@ -111,6 +117,8 @@ async def server(
         finally:
             await app.state.joynexus.futures.aclose()
             await services.environment.aclose()
+            if scheduler_path is not None:
+                services.scheduler.close()
 
 
 def run(fn: Callable[[], Coroutine[Any, Any, None]]) -> None:

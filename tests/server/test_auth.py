@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,25 @@ _REQUESTS: dict[tuple[str, str], tuple[str, Any]] = {
         },
     ),
 }
+# Ids of the same shapes as alice's that exist nowhere.
+_UNKNOWN = {
+    "session_id": "env-999-0123456789abcdef",
+    "future_id": "fut-999-0123456789ab",
+    "partition_id": "part-0123456789abcdef01234567",
+    "job_id": "job-999-0123456789ab",
+    "workload_id": "wl-999-01234567",
+}
+
+
+def _masked(body: Any, ids: dict[str, str]) -> Any:
+    """``body`` with every id of ``ids`` replaced by its name (to compare two answers)."""
+    text = json.dumps(body, sort_keys=True)
+    for name, value in ids.items():
+        if name in _UNKNOWN:
+            text = text.replace(value, f"<{name}>")
+    return json.loads(text)
+
+
 # Destructive calls go last so the others still find alice's objects.
 _LAST = ("DELETE", "fail", "drop", "complete")
 
@@ -226,7 +246,7 @@ async def auth_matrix(
     for method, template in sorted(requests, key=_order):
         kind, body = requests[(method, template)]
         url = template.format(**ids)
-        admin_only = template.startswith("/v1/tenants")
+        admin_only = template.startswith(("/v1/tenants", "/v1/admin"))
         scoped = "{" in template and not admin_only
 
         async def call(
@@ -252,9 +272,20 @@ async def auth_matrix(
         own = srv.admin_key if admin_only else srv.keys["alice"]
         other = srv.keys["bob"]
         r = await call(other)
-        if admin_only or scoped:
+        if admin_only or template.startswith("/v1/models/{tenant_id}"):
+            # Not an oracle: any other tenant's slot (or an admin route) answers 403.
             assert r.status_code == 403, (where, r.text)
             assert r.json()["code"] == "permission_denied"
+        elif scoped:
+            # No existence oracle: alice's object answers bob exactly as an unknown one.
+            unknown_ids = {**ids, **_UNKNOWN}
+            unknown_ids["path"] = ids.get("path", "").replace(
+                ids.get("workload_id", "-"), _UNKNOWN["workload_id"]
+            )
+            u = await call(other, url=template.format(**unknown_ids))
+            assert r.status_code == u.status_code and r.status_code != 403, (where, r, u)
+            if r.content or u.content:
+                assert _masked(r.json(), ids) == _masked(u.json(), unknown_ids), where
         else:
             assert r.status_code < 300 or r.status_code in (404, 409, 422), (where, r.text)
             assert ids["job_id"] not in r.text and ids["session_id"] not in r.text

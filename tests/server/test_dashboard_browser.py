@@ -1,7 +1,7 @@
 """The dashboard in a real browser: Debian's chromium driven by playwright (python).
 
 A live server (tiny backbone, real services, uvicorn on 127.0.0.1) runs a small reach2d
-RL workload; headless chromium opens ``/dashboard?key=...`` and must show, rendered by
+RL workload; headless chromium opens ``/dashboard#key=...`` and must show, rendered by
 the page's own script from live data, the workload's row and its learning curves (a
 chart with at least two points) and the utilization timeline. Screenshots go to the
 test's tmp dir and to ``docs/results/dashboard.png`` (the picture in the docs).
@@ -71,7 +71,7 @@ def test_dashboard_shows_a_running_workload_and_its_curves(tmp_path: Path, tiny_
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
                 errors: list[str] = []
                 page.on("pageerror", lambda exc: errors.append(str(exc)))
-                page.goto(f"{url}/dashboard?key={admin_key}&interval=300")
+                page.goto(f"{url}/dashboard?interval=300#key={admin_key}")
                 page.wait_for_selector(f'tr[data-workload-id="{wid}"]', timeout=60_000)
                 assert "key=" not in page.url  # the script moved the key to sessionStorage
                 page.wait_for_function(_CURVE_READY, arg=["alice/train.loss", 2], timeout=180_000)
@@ -94,17 +94,19 @@ def test_dashboard_shows_a_running_workload_and_its_curves(tmp_path: Path, tiny_
                 results.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(results / "dashboard.png"), full_page=True)
 
-                # A tenant key: bob sees only bob, never alice's workload.
+                # A tenant key: bob sees only bob, never alice's workload. An old ?key=
+                # link still works: the server moves the key into the fragment.
                 other = browser.new_page()
                 other.goto(f"{url}/dashboard?key={keys['bob']}&interval=300")
                 other.wait_for_selector('tr[data-tenant="bob"]', timeout=30_000)
+                assert "key=" not in other.url
                 assert other.inner_text("#viewer") == "tenant bob"
                 assert other.query_selector(f'tr[data-workload-id="{wid}"]') is None
                 assert other.query_selector('svg[data-series^="alice/"]') is None
 
                 # A bad key lands on the login form.
                 bad = browser.new_page()
-                bad.goto(f"{url}/dashboard?key=jnx_0123456789abcdef_nope")
+                bad.goto(f"{url}/dashboard#key=jnx_0123456789abcdef_nope")
                 bad.wait_for_selector("#login:not([hidden])", timeout=30_000)
                 assert "invalid" in bad.inner_text("#status")
                 assert errors == []

@@ -52,7 +52,8 @@ def test_prometheus_endpoint_is_public_and_holds_only_aggregate_or_tenant_number
             assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
             text = r.text
             assert 'joynexus_learning_train_loss{tenant="alice"} 0.25' in text
-            assert 'joynexus_control_inference_queue_depth{tenant=""} 4.0' in text
+            assert "joynexus_control_inference_queue_depth 4.0" in text
+            assert 'tenant=""' not in text  # service-wide numbers have no tenant label
             # The usage meter, read at scrape time: 2 s split 3:1 by rows.
             assert (
                 'joynexus_usage_device_seconds_total{service="inference",tenant="alice"} 1.5'

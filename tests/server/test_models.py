@@ -205,3 +205,55 @@ def test_rollout_and_train_job_over_scheduler_primitives(tmp_path: Path, tiny_mo
             assert r.status_code == 404  # bob has no slot
 
     asyncio.run(main())
+
+
+def test_non_finite_and_misshapen_primitives_are_refused(tmp_path: Path, tiny_model: str) -> None:
+    async def main() -> None:
+        async with live(tmp_path, tiny_model) as lv:
+            r = await lv.submit("alice", reach_custom("alice", tiny_model))
+            await lv.wait_state("alice", r.json()["workload_id"], ["running"])
+
+            # NaN weights are refused, naming the tensor; the served version stays.
+            code, params = await _post(lv, "alice", "export_params", {})
+            named = dict(params["named_tensors"])
+            name = sorted(named)[0]
+            named[name] = np.full_like(named[name], np.nan)
+            code, body = await _post(
+                lv, "alice", "load_weights", {"version": 1, "named_tensors": named}
+            )
+            assert code in (400, 422) and f"named_tensors['{name}']" in body["message"], body
+            code, pred = await _post(lv, "alice", "predict", {"observations": _obs(1)})
+            assert code == 200 and pred["policy_version"] == 0
+
+            # Non-finite observations are refused at the boundary ...
+            inf = _obs(1)
+            inf["state"][0, 1] = np.inf
+            code, body = await _post(lv, "alice", "predict", {"observations": inf})
+            assert code == 422 and "observations.state" in body["message"], body
+            # ... and finite but huge ones that overflow answer an error, never NaN actions.
+            huge = _obs(1)
+            huge["state"][:] = 3e38
+            code, body = await _post(lv, "alice", "predict", {"observations": huge})
+            assert code == 400 and "NaN or infinite actions" in body["message"], body
+
+            # PPO advantages of shape [7] for a batch of 1: 422, no optimizer step.
+            step = {
+                "observations": _obs(1, actions=True),
+                "loss": "ppo",
+                "advantages": np.ones(7, np.float32),
+                "old_log_probs": np.zeros(1, np.float32),
+            }
+            code, body = await _post(lv, "alice", "train_batch", step)
+            assert code == 422 and body["details"]["field"] == "advantages", body
+            assert "[1]" in body["message"] and "[7]" in body["message"]
+            pad = {
+                **step,
+                "advantages": np.ones(1, np.float32),
+                "action_is_pad": np.zeros((2, 1), bool),
+            }
+            code, body = await _post(lv, "alice", "train_batch", pad)
+            assert code == 422 and body["details"]["field"] == "action_is_pad", body
+            code, params = await _post(lv, "alice", "export_params", {})
+            assert params["policy_version"] == 0  # never stepped
+
+    asyncio.run(main())

@@ -81,12 +81,12 @@ def test_pause_resume_and_cancel_release_everything(tmp_path: Path, tiny_model: 
             st = await lv.wait_state("alice", wid, ["running"])
             assert st["session_id"] and st["schema_signature"]
 
-            # Another tenant cannot see or steer it.
+            # Another tenant cannot see or steer it: to bob it does not exist.
             for path in ("status", "metrics", "artifacts"):
                 r = await lv.client.get(f"/v1/workloads/{wid}/{path}", headers=lv.auth("bob"))
-                assert r.status_code == 403, r.text
+                assert r.status_code == 404 and r.json()["code"] == "not_found", r.text
             r = await lv.client.post(f"/v1/workloads/{wid}/cancel", headers=lv.auth("bob"))
-            assert r.status_code == 403
+            assert r.status_code == 404
 
             r = await lv.client.post(f"/v1/workloads/{wid}/resume", headers=lv.auth("alice"))
             assert r.status_code == 409  # not paused

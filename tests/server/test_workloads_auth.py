@@ -62,6 +62,8 @@ MORE: dict[tuple[str, str], tuple[str, Any]] = {
     ("GET", "/v1/usage"): ("none", None),
     ("GET", "/v1/dashboard/state"): ("none", None),
     ("POST", _WORKLOAD + "/cancel"): ("none", None),
+    ("GET", "/v1/admin/engines"): ("none", None),
+    ("POST", "/v1/admin/engines"): ("json", {"engines": 1}),
 }
 
 

@@ -13,7 +13,6 @@ from joynexus.envs import EnvSpec, register_env, unregister_env
 from joynexus.errors import (
     CapacityError,
     NotFoundError,
-    PermissionDeniedError,
     SchemaMismatchError,
     SimulatorCrashedError,
     SpecError,
@@ -82,7 +81,8 @@ def test_other_tenants_are_refused_and_limits_hold() -> None:
                 tenant_id="bob",
             ),
         ):
-            with pytest.raises(PermissionDeniedError):
+            # Another tenant's session answers exactly as an unknown one (no oracle).
+            with pytest.raises(NotFoundError, match="no environment session"):
                 await call
         assert {s.session_id for s in await svc.list_sessions("bob")} == {bob.session_id}
         # alice's sessions are untouched by bob's refused calls

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -164,5 +165,52 @@ def test_evaluation_stays_on_its_version_while_training_publishes(
         finally:
             await svc.stop()
             await env.aclose()
+
+    asyncio.run(main())
+
+
+def test_load_weights_refuses_non_finite_tensors(base: ResidentBaseModel) -> None:
+    async def main() -> None:
+        async with make_service(base, max_batch_size=1) as svc:
+            await svc.add_tenant(config("a"))
+            tensors = perturbed(svc, "a")
+            name = next(n for n, t in tensors.items() if t.is_floating_point())
+            for bad_value in (float("nan"), float("inf")):
+                bad = dict(tensors)
+                bad[name] = tensors[name].clone().flatten()
+                bad[name][0] = bad_value
+                bad[name] = bad[name].reshape(tensors[name].shape)
+                with pytest.raises(InvalidRequestError, match=rf"named_tensors\['{name}'\]"):
+                    await svc.load_weights("a", 1, bad)
+            assert svc.current_policy_version("a") == 0  # nothing was published
+            obs = ObservationBatch.synthetic(SCHEMA, 1, seed=0, with_actions=False)
+            assert np.isfinite((await svc.predict(obs, "a")).actions).all()
+
+    asyncio.run(main())
+
+
+def test_a_non_finite_prediction_fails_that_request_alone(base: ResidentBaseModel) -> None:
+    other = SCHEMA.model_copy(update={"action_dim": 3, "state_dim": 4})
+
+    async def main() -> None:
+        huge = ObservationBatch.synthetic(SCHEMA, 1, seed=1, with_actions=False)
+        huge = dataclasses.replace(huge, state=np.full_like(huge.state, 3e38))
+        fine = ObservationBatch.synthetic(other, 2, seed=2, with_actions=False)
+        # One grouped batch: B = 3 samples and a long T (it fires when both are in).
+        async with make_service(base, max_batch_size=3, max_wait_s=60.0) as svc:
+            await svc.add_tenant(config("a"))
+            await svc.add_tenant(config("b", other, seed=1))
+            ra, rb = await asyncio.gather(
+                svc.predict(huge, "a"), svc.predict(fine, "b"), return_exceptions=True
+            )
+            assert svc.metrics.batches >= 1
+        assert isinstance(ra, InvalidRequestError), ra
+        assert "NaN or infinite actions" in ra.message and ra.details["field"] == "actions"
+        assert not isinstance(rb, BaseException)
+        assert rb.actions.shape == (2, 2, 3) and np.isfinite(rb.actions).all()
+        async with make_service(base, max_batch_size=1) as alone:
+            await alone.add_tenant(config("b", other, seed=1))
+            sb = await alone.predict(fine, "b")
+        np.testing.assert_allclose(rb.actions, sb.actions, atol=1e-5)
 
     asyncio.run(main())

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from joynexus.envs.base import EnvSpec
-from joynexus.errors import PermissionDeniedError, SchemaMismatchError
+from joynexus.errors import NotFoundError, SchemaMismatchError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.heads import OFTHeadConfig
 from joynexus.queues.training import TrainingQueue
@@ -94,7 +94,8 @@ def test_rollout_writes_num_envs_times_horizon_samples(tiny_backbone: Any) -> No
             await svc.add_tenant(
                 TenantConfig(tenant_id="thief", schema_=schema, output_dir=Path("."))
             )
-            with pytest.raises(PermissionDeniedError):
+            # Another tenant's session is unknown to the thief (no existence oracle).
+            with pytest.raises(NotFoundError, match="no environment session"):
                 await svc.rollout(
                     cfg.model_copy(update={"tenant_id": "thief"}), "j3", "p3", 2, 1, 0
                 )

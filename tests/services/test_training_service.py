@@ -309,6 +309,67 @@ def test_train_batch_custom_algorithm(base: ResidentBaseModel, tmp_path: Path) -
     asyncio.run(main())
 
 
+def test_train_batch_checks_every_field_against_the_batch(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        await svc.add_tenant(config("a", tmp_path, algo="ppo", value_head=True))
+        obs = ObservationBatch.synthetic(SCHEMA, 1, seed=2)
+        one = np.zeros(1, np.float32)
+        before = {k: v.clone() for k, v in svc.slot("a").state_tensors().items()}
+        cases: list[tuple[TrainBatch, type[Exception], str]] = [
+            # The reproducer: advantages [7] for a batch of 1 stepped the optimizer.
+            (
+                TrainBatch(obs, "ppo", advantages=np.ones(7, np.float32), old_log_probs=one),
+                SchemaMismatchError,
+                r"advantages: expected shape float32 \[B\] = \[1\].*got \[7\]",
+            ),
+            (
+                TrainBatch(obs, "ppo", advantages=one, old_log_probs=np.zeros((1, 4), np.float32)),
+                SchemaMismatchError,
+                r"old_log_probs: expected shape float32 \[B\] = \[1\]",
+            ),
+            (
+                TrainBatch(obs, "ppo", advantages=one, old_log_probs=one, returns=np.ones(2)),
+                SchemaMismatchError,
+                r"returns: expected shape float32 \[B\] = \[1\]",
+            ),
+            (
+                TrainBatch(obs, "ppo", advantages=one),
+                InvalidRequestError,
+                "loss 'ppo' needs old_log_probs",
+            ),
+            (
+                TrainBatch(
+                    obs, "ppo", advantages=np.full(1, np.nan, np.float32), old_log_probs=one
+                ),
+                InvalidRequestError,
+                "advantages: contains NaN",
+            ),
+            (
+                TrainBatch(obs, "sft", action_is_pad=np.zeros((1, 3), bool)),
+                SchemaMismatchError,
+                r"action_is_pad: expected shape bool \[B, chunk\] = \[1, 4\]",
+            ),
+            (
+                TrainBatch(obs, "sft", advantages=np.ones(7, np.float32)),  # unused, still checked
+                SchemaMismatchError,
+                "advantages",
+            ),
+        ]
+        for batch, error, message in cases:
+            with pytest.raises(error, match=message):
+                await svc.train_batch("a", batch)
+        assert svc.policy_version("a") == 0  # the optimizer never stepped
+        after = svc.slot("a").state_tensors()
+        assert all(torch.equal(before[k], after[k]) for k in before)
+        res = await svc.train_batch("a", TrainBatch(obs, "ppo", advantages=one, old_log_probs=one))
+        assert res.policy_version == 1
+
+    asyncio.run(main())
+
+
 def test_actor_forward_log_probs_replace_behaviour_log_probs(
     base: ResidentBaseModel, tmp_path: Path
 ) -> None:

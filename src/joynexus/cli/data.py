@@ -43,8 +43,21 @@ def record(
     repo_id: Annotated[
         str | None, typer.Option("--repo-id", help="Dataset id written to info.json.")
     ] = None,
+    allow_failures: Annotated[
+        bool,
+        typer.Option(
+            "--allow-failures",
+            help="Keep the recording even when the expert succeeded in no episode.",
+        ),
+    ] = False,
 ) -> None:
-    """Record scripted expert demonstrations into a LeRobot v3.0 dataset."""
+    """Record scripted expert demonstrations into a LeRobot v3.0 dataset.
+
+    Exits 1 and deletes the recording when the expert succeeded in none of the episodes
+    (demonstrations that never succeed teach nothing), unless ``--allow-failures``.
+    """
+    import shutil
+
     from joynexus.data.record import record_episodes
     from joynexus.envs.base import EnvSpec
 
@@ -68,10 +81,26 @@ def record(
     except JoyNexusError as exc:
         console.print(f"[red]error:[/red] {exc.message}")
         raise typer.Exit(code=2) from exc
-    console.print(
-        f"wrote {summary.root}: {summary.episodes} episodes, {summary.frames} frames, "
-        f"success rate {summary.success_rate:.0%}"
+    rate = (
+        f"success rate {summary.success_rate:.0%} ({summary.successes}/{summary.episodes} episodes)"
     )
+    if summary.successes == 0 and not allow_failures:
+        shutil.rmtree(summary.root, ignore_errors=True)
+        console.print(
+            f"[red]error:[/red] the {policy} expert succeeded in none of the {summary.episodes} "
+            f"episodes ({rate}): these are not expert demonstrations, so the recording was "
+            "deleted; give the episodes more steps (--max-steps), or pass --allow-failures "
+            "to keep failed episodes"
+        )
+        raise typer.Exit(code=1)
+    console.print(
+        f"wrote {summary.root}: {summary.episodes} episodes, {summary.frames} frames, {rate}"
+    )
+    if summary.successes == 0:
+        console.print(
+            "[yellow]warning:[/yellow] the expert never succeeded: these episodes are "
+            "failures, not expert demonstrations"
+        )
 
 
 @data_app.command("info")

@@ -65,13 +65,11 @@ def run(
 ) -> None:
     """Run workloads (rl, sft, eval) concurrently to completion on an in-process Master."""
     from joynexus.master.run import run_workloads
-    from joynexus.spec.workload import load_specs
-    from joynexus.workflows.compile import compile_workloads
+    from joynexus.workflows.compile import check_spec_files
     from joynexus.workflows.summary import TenantProgress
 
     try:
-        loaded = [s for path in specs for s in load_specs(path)]
-        compiled = compile_workloads(loaded)
+        compiled = check_spec_files(specs)  # the checks `joynexus spec check` runs
     except JoyNexusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

@@ -93,6 +93,29 @@ def serve(
         list[Path] | None,
         typer.Option("--dataset-root", help="Directories SFT datasets may be read from."),
     ] = None,
+    gym_allow_id: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--gym-allow-id",
+            help="A gymnasium id tenants may open with kind: gym (repeatable; default: any "
+            "id gymnasium has registered, never a 'module:' id).",
+        ),
+    ] = None,
+    gym_allow_import: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--gym-allow-import",
+            help="A module tenants may have the server import for kind: gym (repeatable; "
+            "default: none).",
+        ),
+    ] = None,
+    gym_allow_make_kwarg: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--gym-allow-make-kwarg",
+            help="A gymnasium.make keyword tenants may pass (repeatable; default: none).",
+        ),
+    ] = None,
     recovery_budget: Annotated[
         int,
         typer.Option(
@@ -146,6 +169,7 @@ def serve(
     from joynexus.runtime.hosting import EnginePoolPlacement, Placement, RuntimeConfig
     from joynexus.runtime.ray_hosting import RayPlacement
     from joynexus.server.auth import TenantStore
+    from joynexus.server.config import ServerConfig
     from joynexus.server.serve import build_live_app, build_plane, ensure_admin_key
     from joynexus.spec.workload import BaseModelSpec
 
@@ -163,7 +187,17 @@ def serve(
     except JoyNexusError as exc:
         raise _fail(exc) from None
 
-    knobs = RuntimeConfig(watchdog_factor=watchdog_factor)
+    server_config = ServerConfig(
+        gym_allowed_ids=gym_allow_id or None,
+        gym_allowed_imports=gym_allow_import or [],
+        gym_allowed_make_kwargs=gym_allow_make_kwarg or [],
+    )
+    # The Training Queue itself is capped too (the Master's own writes), not only the
+    # tenants' writes over HTTP.
+    knobs = RuntimeConfig(
+        watchdog_factor=watchdog_factor,
+        queue_memory_cap_bytes=server_config.queue_memory_cap_bytes,
+    )
     run_dir.mkdir(parents=True, exist_ok=True)
     key_file = admin_key_file or run_dir / "admin.key"
     store = TenantStore.open(run_dir / "tenants.sqlite")
@@ -195,6 +229,7 @@ def serve(
         # Workload records next to the scheduler's jobs: a restarted server resumes them.
         store=SQLiteWorkloadStore(run_dir / "scheduler.sqlite"),
         limits=MasterLimits(dataset_roots=roots),
+        config=server_config,
         runtime=knobs,
         # Probes and crash reports only (no heartbeats): a crashed simulator session or a
         # failed rollout engine is restarted in place, the training role from the
@@ -208,7 +243,7 @@ def serve(
     console.print(f"serving on {base_url} (OpenAPI at /openapi.json)")
     console.print(
         f"dashboard: [bold]{base_url}/dashboard[/bold] (sign in with an API key, or open "
-        f"{base_url}/dashboard?key=<api key>); Prometheus metrics: {base_url}/metrics"
+        f"{base_url}/dashboard#key=<api key>); Prometheus metrics: {base_url}/metrics"
     )
     try:
         uvicorn.run(live.app, host=host, port=port, log_level="info")

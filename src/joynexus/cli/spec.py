@@ -1,4 +1,8 @@
-"""``joynexus spec schema`` and ``joynexus spec check FILE``: workload specs from the shell."""
+"""``joynexus spec schema`` and ``joynexus spec check FILE``: workload specs from the shell.
+
+``spec check`` runs :func:`joynexus.workflows.compile.check_spec_files`, the same checks
+``joynexus run`` runs before it starts.
+"""
 
 from __future__ import annotations
 
@@ -25,17 +29,24 @@ def schema() -> None:
 
 @spec_app.command("check")
 def check(
-    file: Annotated[Path, typer.Argument(help="A YAML file with one spec or a list of them.")],
+    files: Annotated[
+        list[Path], typer.Argument(help="YAML file(s), each with one spec or a list of them.")
+    ],
 ) -> None:
-    """Validate a spec file; exit 1 and list every problem when it does not validate."""
-    from joynexus.errors import SpecError
-    from joynexus.spec.workload import load_specs
+    """Validate spec files as ``joynexus run`` does before it starts (shape, then env
+    kinds, simulator assets, datasets, evaluation targets); exit 1 and say what is wrong
+    when they do not validate."""
+    from rich.markup import escape
+
+    from joynexus.errors import JoyNexusError
+    from joynexus.workflows.compile import check_spec_files
 
     console = Console()
     try:
-        specs = load_specs(file)
-    except SpecError as error:
-        Console(stderr=True).print(f"[red]{error.message}[/red]", highlight=False)
+        compiled = check_spec_files(files)  # the checks `joynexus run` runs
+    except JoyNexusError as error:
+        Console(stderr=True).print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
         raise typer.Exit(1) from None
-    for spec in specs:
-        console.print(f"[green]ok[/green] {spec.tenant}: {spec.task.value}", highlight=False)
+    for w in compiled.workloads:
+        note = " (its dataset will be recorded first)" if w.needs_recording else ""
+        console.print(f"[green]ok[/green] {w.tenant_id}: {w.task.value}{note}", highlight=False)

@@ -54,7 +54,8 @@ class AdmissionPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    priority: int = 0
+    # Bounded: the priority is stored with every job (SQLite INTEGER is 64-bit).
+    priority: int = Field(default=0, ge=-(2**53 - 1), le=2**53 - 1)
     max_in_flight: int | None = Field(default=None, ge=0)
     completion_target: int | None = Field(default=None, ge=0)
 

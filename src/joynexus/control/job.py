@@ -38,7 +38,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from joynexus.errors import IllegalTransitionError, InvalidRequestError
+from joynexus.errors import IllegalTransitionError, InvalidRequestError, PayloadTooLargeError
 
 
 class JobState(StrEnum):
@@ -158,16 +158,44 @@ def parse_state(state: JobState | str) -> JobState:
         ) from None
 
 
-def metadata_json(metadata: dict[str, Any]) -> str:
-    """Canonical JSON of job metadata; InvalidRequestError if it is not JSON data."""
+#: Integers stored with a job must fit SQLite's signed 64-bit INTEGER.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def check_int64(name: str, value: int | None) -> None:
+    """InvalidRequestError unless ``value`` (if any) fits a signed 64-bit integer."""
+    if value is not None and not INT64_MIN <= value <= INT64_MAX:
+        raise InvalidRequestError(
+            f"{name} = {value} does not fit a 64-bit integer (allowed: {INT64_MIN} .. {INT64_MAX})",
+            field=name,
+        )
+
+
+def metadata_json(metadata: dict[str, Any], max_bytes: int | None = None) -> str:
+    """Canonical JSON of job metadata.
+
+    Raises:
+        InvalidRequestError: it is not JSON data.
+        PayloadTooLargeError: its JSON is longer than ``max_bytes`` (UTF-8 bytes).
+    """
     # Checked up front: metadata that cannot round-trip through the store would come
     # back different after a restart.
     try:
-        return json.dumps(metadata, sort_keys=True)
+        text = json.dumps(metadata, sort_keys=True)
     except (TypeError, ValueError) as exc:
         raise InvalidRequestError(
             f"job metadata must be JSON-serialisable: {exc}", field="metadata"
         ) from None
+    if max_bytes is not None and len(text) > max_bytes:  # ensure_ascii: chars == bytes
+        raise PayloadTooLargeError(
+            f"job metadata of {len(text)} bytes (serialized JSON) exceeds the Training "
+            f"Scheduler's limit of {max_bytes} bytes; keep large data elsewhere and put a "
+            "reference in the metadata",
+            field="metadata",
+            limit_bytes=max_bytes,
+            size_bytes=len(text),
+        )
+    return text
 
 
 class JobTimestamps(BaseModel):

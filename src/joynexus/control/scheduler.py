@@ -69,6 +69,7 @@ from joynexus.control.job import (
     JobState,
     TaskType,
     TrainingJob,
+    check_int64,
     check_transition,
     derive_partition_id,
     metadata_json,
@@ -92,6 +93,10 @@ REASON_PRODUCER_LOST = "producer_lost"
 REASON_ATTEMPTS_EXHAUSTED = "attempts_exhausted"
 REASON_COMPLETED = "completed"
 
+#: Backstop on a job's stored metadata (serialized JSON); the HTTP API's own limit
+#: (``ServerConfig.max_job_metadata_bytes``, 64 KiB) is tighter.
+DEFAULT_MAX_METADATA_BYTES = 1 << 20
+
 _DEFAULT_POLICY = AdmissionPolicy()
 _R = JobState.RESERVED
 
@@ -106,6 +111,8 @@ class TrainingScheduler:
         max_attempts: Tries a job gets before an expired lease fails it.
         producer_lease_ttl_s: Lifetime of a producer's lease on a ``reserved`` job
             between heartbeats (defaults to ``lease_ttl_s``).
+        max_metadata_bytes: Longest metadata a job stores (serialized JSON, after a
+            ``complete`` merges into it); None: unbounded.
     """
 
     def __init__(
@@ -116,6 +123,7 @@ class TrainingScheduler:
         lease_ttl_s: float = 60.0,
         max_attempts: int = 3,
         producer_lease_ttl_s: float | None = None,
+        max_metadata_bytes: int | None = DEFAULT_MAX_METADATA_BYTES,
     ) -> None:
         if lease_ttl_s <= 0:
             raise InvalidRequestError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
@@ -130,6 +138,7 @@ class TrainingScheduler:
         self.lease_ttl_s = float(lease_ttl_s)
         self.producer_lease_ttl_s = float(producer_lease_ttl_s or lease_ttl_s)
         self.max_attempts = int(max_attempts)
+        self.max_metadata_bytes = max_metadata_bytes
         self._lock = threading.Lock()
         self._waiters = ReadyWaiters(self._lock)
         self._policies: dict[tuple[str, TaskType], AdmissionPolicy] = {}
@@ -214,10 +223,16 @@ class TrainingScheduler:
             refused it; :meth:`refusals` and :meth:`last_refusal` then say why.
 
         Raises:
-            InvalidRequestError: a bad task type, negative count, or metadata that is
-                not JSON-serialisable.
+            InvalidRequestError: a bad task type, a negative count, an integer beyond 64
+                bits, or metadata that is not JSON-serialisable.
+            PayloadTooLargeError: metadata longer than ``max_metadata_bytes`` as JSON.
         """
         task = parse_task_type(task_type)
+        # Before anything is indexed: SQLite stores 64-bit integers only, and a failed
+        # write would make the scheduler reload its whole state.
+        check_int64("sample_count", sample_count)
+        check_int64("behavior_policy_version", behavior_policy_version)
+        check_int64("max_policy_staleness", max_policy_staleness)
         if sample_count < 0:
             raise InvalidRequestError(
                 f"sample_count must be >= 0, got {sample_count}", field="sample_count"
@@ -227,7 +242,7 @@ class TrainingScheduler:
                 f"max_policy_staleness must be >= 0 or None, got {max_policy_staleness}",
                 field="max_policy_staleness",
             )
-        meta_json = metadata_json(dict(metadata or {}))
+        meta_json = metadata_json(dict(metadata or {}), self.max_metadata_bytes)
         meta = json.loads(meta_json)  # a deep copy: later changes by the caller do not leak in
         with self._lock:
             self._check_open()
@@ -436,7 +451,9 @@ class TrainingScheduler:
             self._fence(rec, lease_epoch)
             check_transition(rec.job_id, rec.task_type, rec.state, JobState.COMPLETED)
             if metadata:
-                rec.metadata_json = metadata_json({**rec.metadata, **metadata})
+                rec.metadata_json = metadata_json(
+                    {**rec.metadata, **metadata}, self.max_metadata_bytes
+                )
                 rec.metadata = json.loads(rec.metadata_json)
             self._ix.finish(rec, JobState.COMPLETED, REASON_COMPLETED)
             self._persist((rec,))

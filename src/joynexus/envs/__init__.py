@@ -20,6 +20,7 @@ from joynexus.envs.registry import (
     list_envs,
     make_env,
     register_env,
+    unavailable_reason,
     unregister_env,
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "list_envs",
     "make_env",
     "register_env",
+    "unavailable_reason",
     "unregister_env",
 ]
 

@@ -69,7 +69,7 @@ class EnvSpec(BaseModel):
     num_envs: int = Field(default=1, ge=1, le=1024)
     image_size: int | None = Field(default=None, gt=0, le=4096)
     fast_render: bool = True
-    max_episode_steps: int | None = Field(default=None, gt=0)
+    max_episode_steps: int | None = Field(default=None, gt=0, le=10_000_000)
     options: dict[str, Any] = Field(default_factory=dict)
 
 

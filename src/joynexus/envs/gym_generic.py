@@ -11,7 +11,10 @@ The schema is inferred from the env's spaces:
 
 ``success`` is ``info["is_success"]`` or ``info["success"]`` when present, else false.
 Options: ``make_kwargs`` (dict passed to ``gymnasium.make``) and ``imports`` (modules to
-import first so they register their ids, e.g. ``["gym_pusht"]``).
+import first so they register their ids, e.g. ``["gym_pusht"]``). Both run code in the
+process that builds the env, so a server lets tenants use only what its admin listed
+(``ServerConfig.gym_allowed_*``, checked by :func:`joynexus.envs.limits.gym_problems`
+before anything is built).
 """
 
 from __future__ import annotations
@@ -45,9 +48,15 @@ def _make_raw(spec: EnvSpec) -> Any:
     os.environ.setdefault("PYGAME_HIDE_SUPPORT_PROMPT", "1")
     import gymnasium as gym
 
-    for module in spec.options.get("imports", []):
-        importlib.import_module(str(module))
-    kwargs: dict[str, Any] = {"render_mode": "rgb_array", **spec.options.get("make_kwargs", {})}
+    imports = spec.options.get("imports", [])
+    if not isinstance(imports, list) or not all(isinstance(m, str) for m in imports):
+        raise SpecError("gym option 'imports' must be a list of module names")
+    make_kwargs = spec.options.get("make_kwargs", {})
+    if not isinstance(make_kwargs, dict):
+        raise SpecError("gym option 'make_kwargs' must be an object of keyword arguments")
+    for module in imports:
+        importlib.import_module(module)
+    kwargs: dict[str, Any] = {"render_mode": "rgb_array", **make_kwargs}
     if spec.max_episode_steps is not None:
         kwargs["max_episode_steps"] = spec.max_episode_steps
     try:

@@ -298,4 +298,6 @@ register_env(
     schema="joynexus.envs.libero:libero_schema",
     description="LIBERO tasks ('libero_spatial/0'): 2 cameras, state 8, action 7 (hf-libero)",
     requires=["libero", "robosuite", "mujoco"],
+    # Scene assets come from no package registry: an asset pack or hf-libero's download.
+    ready="joynexus.envs.libero_setup:assets_unavailable_reason",
 )

@@ -12,7 +12,12 @@ adapter calls this inside the simulator's own worker process).
 An *asset pack* is a directory with ``assets/``, ``bddl_files/`` and ``init_files/`` laid
 out as upstream LIBERO has them. It is found, in order, at ``$JOYNEXUS_LIBERO_ASSETS``, or
 at ``<repo root>/../shared/libero`` for source checkouts that have one next to them. With
-no pack, LIBERO uses its packaged BDDL files and fetches assets its usual way.
+no pack, LIBERO uses its packaged BDDL files and the scene assets ``hf-libero`` finds by
+itself: next to the package, or where its one-time download put them
+(:func:`installed_assets`). With neither, the env kind is unavailable
+(:func:`assets_unavailable_reason`, the registry's ``ready`` check): a spec naming LIBERO
+fails validation with what to set or download, instead of a ``FileNotFoundError`` in the
+simulator's worker process once the run is under way.
 """
 
 from __future__ import annotations
@@ -31,8 +36,12 @@ from joynexus.errors import SpecError
 
 __all__ = [
     "ASSETS_ENV_VAR",
+    "DOWNLOAD_COMMAND",
     "LiberoPaths",
+    "assets_unavailable_reason",
+    "download_assets",
     "find_asset_pack",
+    "installed_assets",
     "prepare_libero",
 ]
 
@@ -80,6 +89,63 @@ def find_asset_pack() -> Path | None:
         return path
     candidate = (_repo_root().parent / "shared" / "libero").resolve()
     return candidate if _is_pack(candidate) else None
+
+
+# A scene every LIBERO task loads; hf-libero's own "assets are there" test is a few
+# sub-directories, this is the file a run dies on when they are missing.
+_BASE_SCENE = Path("scenes") / "libero_tabletop_base_style.xml"
+_ASSET_SUBDIRS = ("articulated_objects", "stable_scanned_objects", "turbosquid_objects", "scenes")
+#: What to run once, online, so that hf-libero has its assets (it keeps them in its cache).
+DOWNLOAD_COMMAND = "python -c 'from joynexus.envs.libero_setup import download_assets as d; d()'"
+
+
+def _assets_complete(path: Path) -> bool:
+    return all((path / d).is_dir() for d in _ASSET_SUBDIRS) and (path / _BASE_SCENE).is_file()
+
+
+def installed_assets() -> Path | None:
+    """Scene assets ``hf-libero`` finds without a pack and without the network, or None.
+
+    It looks next to its package first, then in the folder its one-time download
+    fills (``~/.cache/libero/assets``).
+    """
+    package_dir = _package_dir()
+    candidates = [package_dir / "assets"] if package_dir is not None else []
+    candidates.append(Path.home() / ".cache" / "libero" / "assets")
+    return next((c for c in candidates if _assets_complete(c)), None)
+
+
+def assets_unavailable_reason() -> str | None:
+    """Why LIBERO cannot build a task here (no scene assets anywhere), or None.
+
+    The env registry's ``ready`` check of kind ``libero``: cheap (it stats files and
+    imports nothing), so spec validation can run it before anything starts.
+    """
+    try:
+        pack = find_asset_pack()
+    except SpecError as exc:
+        return exc.message
+    if pack is not None or installed_assets() is not None:
+        return None
+    return (
+        f"LIBERO has no scene assets on this machine: set ${ASSETS_ENV_VAR} to a LIBERO "
+        "asset pack (a folder with assets/, bddl_files/ and init_files/), or download "
+        f"hf-libero's assets once while online: {DOWNLOAD_COMMAND}"
+    )
+
+
+def download_assets() -> Path:
+    """Download hf-libero's scene assets into its cache (needs the network); their folder.
+
+    Configures hf-libero first (:func:`prepare_libero`), so its import asks nothing.
+
+    Raises:
+        SpecError: ``hf-libero`` is not installed.
+    """
+    prepare_libero()
+    from libero.libero.utils.download_utils import download_assets_from_huggingface
+
+    return Path(download_assets_from_huggingface())
 
 
 def _package_dir() -> Path | None:

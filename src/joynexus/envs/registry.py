@@ -35,11 +35,15 @@ __all__ = [
     "make_env",
     "register_env",
     "resolve_callable",
+    "unavailable_reason",
     "unregister_env",
 ]
 
 EnvFactory = Callable[["EnvSpec"], "EnvAdapter"]
 SchemaFn = Callable[["EnvSpec"], "DataSchema"]
+#: Says why an env kind cannot run on this machine (``None``: it can). Cheap: it looks
+#: for files (assets, drivers) and starts nothing.
+ReadyFn = Callable[[], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +65,7 @@ class EnvRegistration:
     schema: SchemaFn | str
     description: str
     requires: tuple[str, ...]
+    ready: ReadyFn | str | None = None
 
 
 _REGISTRY: dict[str, EnvRegistration] = {}
@@ -95,6 +100,7 @@ def register_env(
     schema: SchemaFn | str,
     description: str,
     requires: list[str] | tuple[str, ...] = (),
+    ready: ReadyFn | str | None = None,
     replace: bool = False,
 ) -> None:
     """Declare an env kind.
@@ -107,6 +113,10 @@ def register_env(
         description: One line for ``list_envs`` / the CLI.
         requires: Python modules the factory needs; only their presence is checked
             (nothing is imported) to report availability.
+        ready: What else the kind needs on this machine (assets, drivers): a function
+            (or ``"module:function"``) returning why it cannot run, or ``None``. It is
+            called by :func:`list_envs`, :func:`unavailable_reason` (spec validation)
+            and :func:`make_env`, so it must be cheap and import no simulator.
         replace: Allow re-registering an existing kind.
 
     Raises:
@@ -122,6 +132,7 @@ def register_env(
         schema=schema,
         description=description,
         requires=tuple(requires),
+        ready=ready,
     )
 
 
@@ -159,6 +170,31 @@ def _missing_modules(requires: tuple[str, ...]) -> list[str]:
     return missing
 
 
+def _unavailable(reg: EnvRegistration) -> tuple[list[str], str | None]:
+    missing = _missing_modules(reg.requires)
+    if missing:
+        return missing, f"missing Python module(s): {', '.join(missing)}"
+    if reg.ready is None:
+        return [], None
+    try:
+        reason: str | None = resolve_callable(reg.ready)()
+    except SpecError as exc:  # e.g. a configured asset path that is not usable
+        reason = exc.message
+    return [], reason
+
+
+def unavailable_reason(kind: str) -> str | None:
+    """Why env kind ``kind`` cannot run on this machine, or ``None`` when it can.
+
+    Checks the Python modules it needs and its ``ready`` check (assets, drivers)
+    without starting anything.
+
+    Raises:
+        SpecError: Unknown kind.
+    """
+    return _unavailable(get_registration(kind))[1]
+
+
 def env_schema(spec: EnvSpec) -> DataSchema:
     """The DataSchema an env built from ``spec`` produces (starts no simulator).
 
@@ -178,7 +214,7 @@ def make_env(spec: EnvSpec) -> EnvAdapter:
         SpecError: Unknown kind, invalid spec, or the simulator package is not installed.
     """
     reg = get_registration(spec.kind)
-    missing = _missing_modules(reg.requires)
+    missing, reason = _unavailable(reg)
     if missing:
         raise SpecError(
             f"env kind {spec.kind!r} needs the Python module(s) {', '.join(missing)}; "
@@ -186,6 +222,8 @@ def make_env(spec: EnvSpec) -> EnvAdapter:
             kind=spec.kind,
             missing=missing,
         )
+    if reason is not None:
+        raise SpecError(f"env kind {spec.kind!r} cannot run here: {reason}", kind=spec.kind)
     factory = resolve_callable(reg.factory)
     adapter: EnvAdapter = factory(spec)
     return adapter
@@ -196,7 +234,6 @@ def list_envs() -> list[EnvKindInfo]:
     rows = []
     for kind in sorted(_REGISTRY):
         reg = _REGISTRY[kind]
-        missing = _missing_modules(reg.requires)
-        reason = f"missing Python module(s): {', '.join(missing)}" if missing else None
-        rows.append(EnvKindInfo(kind, reg.description, available=not missing, reason=reason))
+        _, reason = _unavailable(reg)
+        rows.append(EnvKindInfo(kind, reg.description, available=reason is None, reason=reason))
     return rows

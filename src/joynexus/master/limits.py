@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
+
+from joynexus.envs.limits import EnvLimits
 
 __all__ = ["MasterLimits"]
 
 
-class MasterLimits(BaseModel):
-    """What the tenant creator accepts on this server (errors quote these).
+class MasterLimits(EnvLimits):
+    """What the tenant creator accepts on this server (errors quote these). The
+    environment limits (``max_num_envs``, ``max_image_size``, ``denied_env_kinds``) are
+    :class:`~joynexus.envs.limits.EnvLimits`', shared with HTTP environment sessions.
 
     Args:
         max_num_envs: Sub-envs of one workload's session.
@@ -30,14 +34,11 @@ class MasterLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_num_envs: int = Field(default=16, ge=1)
     max_horizon: int = Field(default=1024, ge=1)
     max_completion_target: int = Field(default=100_000, ge=1)
     max_samples_per_job: int = Field(default=65_536, ge=1)
     max_microbatch_size: int = Field(default=4096, ge=1)
-    max_image_size: int = Field(default=512, ge=1)
     max_eval_episodes: int = Field(default=1000, ge=1)
     max_active_workloads_per_tenant: int = Field(default=2, ge=1)
     dataset_roots: list[Path] = Field(default_factory=list)
-    denied_env_kinds: list[str] = Field(default_factory=lambda: ["remote"])
     cross_tenant_eval: bool = False

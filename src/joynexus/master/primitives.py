@@ -18,7 +18,7 @@ import torch
 
 from joynexus.control.job import JobState, TrainingJob
 from joynexus.control.scheduler import TrainingScheduler
-from joynexus.errors import ConflictError, NotFoundError, PermissionDeniedError
+from joynexus.errors import ConflictError, NotFoundError
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.slots import StepResult
 from joynexus.services.protocols import InferenceModelServiceAPI, TrainingModelServiceAPI
@@ -134,9 +134,9 @@ class ModelPrimitives:
         return [str(Path(p).resolve().relative_to(root)) for p in paths]
 
     def _own_job(self, tenant_id: str, job_id: str) -> TrainingJob:
-        job = self.scheduler.get(job_id)
-        if job.tenant_id != tenant_id:
-            raise PermissionDeniedError(f"job {job_id!r} belongs to another tenant", job_id=job_id)
+        job = self.scheduler.get(job_id)  # NotFoundError for an unknown id
+        if job.tenant_id != tenant_id:  # ... and the same for another tenant's
+            raise NotFoundError(f"no job {job_id!r}", job_id=job_id)
         return job
 
     async def rollout(

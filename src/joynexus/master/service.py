@@ -50,9 +50,9 @@ import itertools
 import json
 import logging
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from joynexus.api import WorkloadMetrics, WorkloadState, WorkloadStatus
@@ -60,6 +60,7 @@ from joynexus.control.admission import AdmissionPolicy, GlobalLimit
 from joynexus.control.job import JobState, TaskType, TrainingJob
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.data.record import record_missing_dataset
+from joynexus.envs.limits import env_limit_problems
 from joynexus.errors import (
     ConflictError,
     JoyNexusError,
@@ -476,16 +477,9 @@ class MasterService(ModelPrimitives):
             ),
         ]
         if spec.env is not None:
-            checks.append(("env.num_envs", spec.env.num_envs, lim.max_num_envs))
-            checks.append(("env.image_size", spec.env.image_size, lim.max_image_size))
-            if spec.env.kind in lim.denied_env_kinds:
-                problems.append(
-                    (
-                        "env.kind",
-                        f"{spec.env.kind!r} is not available on this server (denied kinds: "
-                        f"{lim.denied_env_kinds})",
-                    )
-                )
+            problems.extend(
+                (p.field, p.message) for p in env_limit_problems(spec.env, lim, prefix="env.")
+            )
         if spec.evaluation is not None:
             checks.append(("evaluation.episodes", spec.evaluation.episodes, lim.max_eval_episodes))
         for name, value, limit in checks:
@@ -562,12 +556,9 @@ class MasterService(ModelPrimitives):
 
     def _owned(self, tenant_id: str, workload_id: str) -> _Workload:
         w = self._workloads.get(workload_id)
-        if w is None:
+        # Another tenant's workload answers like an unknown one: ids are no oracle.
+        if w is None or w.tenant_id != tenant_id:
             raise NotFoundError(f"no workload {workload_id!r}", workload_id=workload_id)
-        if w.tenant_id != tenant_id:
-            raise PermissionDeniedError(
-                f"workload {workload_id!r} belongs to another tenant", workload_id=workload_id
-            )
         return w
 
     async def pause(self, tenant_id: str, workload_id: str) -> WorkloadStatus:

@@ -5,12 +5,17 @@ The paper's Master reads these for admission and resource management (§4.1.3). 
 Scheduler's counters, the Training Queue's partitions and bytes, the Inference Queue's
 depth and the in-flight predicts — and emits them as ``control`` events:
 
-* ``scheduler.jobs`` {state} per tenant, and service-wide (tenant ``""``),
-* ``scheduler.refusals`` {reason} (admission refusals so far),
-* ``training_queue.bytes``, ``training_queue.partitions``,
-* ``inference_queue.depth``, ``inference_queue.in_flight``,
+* ``scheduler.jobs`` {state} per tenant (every job has a tenant: the service-wide
+  count is their sum, ``sum by (state) (joynexus_control_scheduler_jobs)``, and is not
+  emitted again next to them, which would count every job twice in such a sum),
+* ``scheduler.refusals`` {reason} (admission refusals so far), service-wide,
+* ``training_queue.bytes``, ``training_queue.partitions``, service-wide,
+* ``inference_queue.depth``, ``inference_queue.in_flight``, service-wide,
 * ``policy_staleness`` per tenant: the tenant's latest policy version minus the
   behaviour version of its oldest ready RL job (0 when it has none).
+
+Service-wide events carry no tenant, and the Prometheus sink exposes them without a
+``tenant`` label (:mod:`joynexus.metrics.prometheus`).
 
 It imports no torch: the sampler can run next to the scheduler in a control process.
 """
@@ -119,8 +124,6 @@ class ControlSampler:
         snap.jobs_by_state = dict(counters["by_state"])
         snap.jobs_by_tenant = {t: dict(c) for t, c in counters["by_tenant"].items()}
         snap.refusals = dict(scheduler.refusals())
-        for state, n in snap.jobs_by_state.items():
-            self._emit("scheduler.jobs", n, labels={"state": state})
         for tenant, counts in snap.jobs_by_tenant.items():
             for state in JobState:
                 self._emit(

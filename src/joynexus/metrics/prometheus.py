@@ -1,9 +1,19 @@
 """Prometheus exposition of metric events (one ``CollectorRegistry`` per Metrics Service).
 
 Each event name becomes one metric family ``joynexus_<category>_<name>`` (dots, dashes
-and slashes become underscores) with the labels ``tenant`` (empty for service-wide
-signals) plus the event's own label names, fixed by the first event of that name. The
-family's type follows from the name:
+and slashes become underscores) with the event's own label names, fixed by the first
+event of that name. A family is either **per tenant** or **service-wide**, also fixed
+by its first event:
+
+* per tenant (the first event has a tenant): a ``tenant`` label on every series;
+* service-wide (no tenant): no ``tenant`` label at all.
+
+An event of the other kind is refused (counted in :attr:`PrometheusSink.rejected`):
+one family never holds per-tenant series next to a service-wide total, so summing a
+family over its ``tenant`` label never counts anything twice. A service-wide total of
+a per-tenant signal is a Prometheus query (``sum by (state)
+(joynexus_control_scheduler_jobs)``), or, where it must be exposed, an event of its own
+name. The family's type follows from the name:
 
 * ``..._total``: a counter; each event's value is an increment.
 * system ``..._s`` (durations) and the names in :data:`HISTOGRAM_BUCKETS`: a histogram
@@ -21,6 +31,7 @@ through the structural types :class:`EventLike` and :class:`EventCounters`.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -57,6 +68,7 @@ HISTOGRAM_BUCKETS: dict[str, tuple[float, ...]] = {
 }
 _DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
+_log = logging.getLogger(__name__)
 
 
 class EventLike(Protocol):
@@ -109,6 +121,8 @@ def prometheus_name(event: EventLike, namespace: str = "joynexus") -> str:
 
 
 _Family = Counter | Gauge | Histogram
+#: A family, whether it is per tenant (a ``tenant`` label first), its own label names.
+_Entry = tuple[_Family, bool, tuple[str, ...]]
 
 
 class PrometheusSink:
@@ -131,8 +145,9 @@ class PrometheusSink:
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self.namespace = namespace
-        self._families: dict[str, tuple[_Family, tuple[str, ...]]] = {}
+        self._families: dict[str, _Entry] = {}
         self._lock = threading.Lock()
+        self._warned: set[str] = set()
         self.rejected = 0
         if stats is not None:
             self.registry.register(_StatsCollector(stats, namespace))
@@ -156,14 +171,24 @@ class PrometheusSink:
             entry = self._create(name, e)
             if entry is None:
                 return
-        family, label_names = entry
-        extra = set(e.labels) - set(label_names)
-        if extra:
-            # Label names of a family are fixed by its first event.
+        family, per_tenant, own = entry
+        extra = set(e.labels) - set(own)
+        if extra or per_tenant != bool(e.tenant_id):
+            # Label names, and per tenant or not, are fixed by the family's first event.
             self.rejected += 1
+            if name not in self._warned:
+                self._warned.add(name)
+                _log.warning(
+                    "metric %s: event refused (labels %s, tenant %r do not fit the family's "
+                    "labels %s)",
+                    name,
+                    sorted(e.labels),
+                    e.tenant_id,
+                    [*(["tenant"] if per_tenant else []), *own],
+                )
             return
-        values = [e.tenant_id or "", *(e.labels.get(k, "") for k in label_names[1:])]
-        child = family.labels(*values)
+        values = [*([e.tenant_id or ""] if per_tenant else []), *(e.labels.get(k, "") for k in own)]
+        child = family.labels(*values) if values else family
         if isinstance(child, Counter):
             if e.value >= 0:
                 child.inc(e.value)
@@ -174,8 +199,10 @@ class PrometheusSink:
         else:
             child.set(e.value)
 
-    def _create(self, name: str, e: EventLike) -> tuple[_Family, tuple[str, ...]] | None:
-        label_names = ("tenant", *sorted(e.labels))
+    def _create(self, name: str, e: EventLike) -> _Entry | None:
+        per_tenant = bool(e.tenant_id)
+        own = tuple(sorted(e.labels))
+        label_names = (*(("tenant",) if per_tenant else ()), *own)
         doc = f"{e.category} signal {e.name}"
         kind = metric_kind(e)
         family: _Family
@@ -191,7 +218,7 @@ class PrometheusSink:
             # Name collision with another family (e.g. "a.b" vs "a_b").
             self.rejected += 1
             return None
-        entry = (family, label_names)
+        entry = (family, per_tenant, own)
         self._families[name] = entry
         return entry
 

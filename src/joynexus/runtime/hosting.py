@@ -82,6 +82,7 @@ class RuntimeConfig:
         watchdog_factor / watchdog_min_s: The Master flags a running workload
             ``stalled`` after this many expected job times without progress (never
             before ``watchdog_min_s`` seconds).
+        queue_memory_cap_bytes: Bound of the Training Queue's memory (None: none).
         env: Environment Service limits.
     """
 
@@ -94,6 +95,7 @@ class RuntimeConfig:
     max_wait_s: float = 0.005
     watchdog_factor: float = 20.0
     watchdog_min_s: float = 120.0
+    queue_memory_cap_bytes: int | None = None
     env: EnvironmentServiceConfig = field(default_factory=EnvironmentServiceConfig)
 
 
@@ -279,7 +281,7 @@ class InProcess(Placement):
     """Every service an object in this process, inference by one engine."""
 
     def place(self, settings: PlaneSettings, base: ResidentBaseModel) -> Hosting:
-        queue = TrainingQueue()
+        queue = TrainingQueue(memory_cap_bytes=settings.config.queue_memory_cap_bytes)
         env = new_environment(settings)
         return Hosting(
             queue=queue,
@@ -313,7 +315,7 @@ class EnginePoolPlacement(Placement):
         check_engines(self.engines, self.max_engines)
 
     def place(self, settings: PlaneSettings, base: ResidentBaseModel) -> Hosting:
-        queue = TrainingQueue()
+        queue = TrainingQueue(memory_cap_bytes=settings.config.queue_memory_cap_bytes)
         env = new_environment(settings)
 
         async def make_engine(slot: int) -> EngineHandle:

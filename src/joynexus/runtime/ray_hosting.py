@@ -234,7 +234,7 @@ class RayPlacement(Placement):
         queue_handle = (
             ray.remote(TrainingQueue)
             .options(num_cpus=0, max_concurrency=64)
-            .remote(RayObjectStorePartitionStorage())
+            .remote(RayObjectStorePartitionStorage(), memory_cap_bytes=cfg.queue_memory_cap_bytes)
         )
         reserved.actors.append(queue_handle)
         queue = ActorProxy(queue_handle, TrainingQueue)

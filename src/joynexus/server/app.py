@@ -1,10 +1,10 @@
 """The FastAPI application factory of the JoyNexus server.
 
 ``create_app`` wires injected services to routers, one per concern (health, tenants,
-futures, environment, training queue, scheduler), installs the error handlers and a
-request-id middleware, and publishes the OpenAPI document at ``/openapi.json``. Later
-routers (model services, the Master's workloads) are passed as ``extra_routers`` and
-find their services in ``ServiceRegistry.extras``.
+futures, environment, training queue, scheduler), installs the error handlers, a
+request-id middleware and every route's request-body limit, and publishes the OpenAPI
+document at ``/openapi.json``. Later routers (model services, the Master's workloads)
+are passed as ``extra_routers`` and find their services in ``ServiceRegistry.extras``.
 
 This module never imports torch (the Training Queue instance it receives may).
 """
@@ -19,6 +19,8 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.openapi.utils import get_openapi
 
+from joynexus.server.accesslog import install_access_log_redaction
+from joynexus.server.bodylimit import BodyLimitMiddleware, BodyLimits
 from joynexus.server.config import ServerConfig
 from joynexus.server.errors import (
     REQUEST_ID_HEADER,
@@ -73,6 +75,7 @@ def create_app(
             clk,
             quota_manager,
             retention_s=cfg.future_retention_s,
+            read_retention_s=cfg.future_read_retention_s,
             max_per_tenant=cfg.max_futures_per_tenant,
         ),
         partitions=PartitionOwnership(services.scheduler, services.training_queue),
@@ -93,6 +96,10 @@ def create_app(
     )
     app.state.joynexus = state
     install_error_handlers(app)
+    install_access_log_redaction()  # a key in a URL's query never reaches the access log
+    # Added before the request-id middleware, so it runs inside it (413s carry the id).
+    body_limits = BodyLimits(bulk_bytes=cfg.max_body_bytes, control_bytes=cfg.max_json_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, limits=body_limits)
 
     @app.middleware("http")
     async def request_ids(
@@ -105,7 +112,7 @@ def create_app(
         response.headers.setdefault(REQUEST_ID_HEADER, rid)
         return response
 
-    for router in (
+    routers = (
         health.router,
         tenants.router,
         futures.router,
@@ -113,8 +120,10 @@ def create_app(
         queue.router,
         scheduler.router,
         *extra_routers,
-    ):
+    )
+    for router in routers:
         app.include_router(router)
+    body_limits.add_routers(routers)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

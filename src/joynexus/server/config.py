@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["ServerConfig", "TenantQuotas"]
+__all__ = ["MAX_API_INT", "ServerConfig", "TenantQuotas"]
+
+#: Largest integer any API field accepts (2^53 - 1: exact in every JSON implementation,
+#: and far inside SQLite's signed 64-bit INTEGER).
+MAX_API_INT = 2**53 - 1
 
 
 class TenantQuotas(BaseModel):
@@ -14,6 +18,8 @@ class TenantQuotas(BaseModel):
         max_sessions: Open (or starting) environment sessions.
         max_inflight_jobs: Nonterminal training jobs in the Training Scheduler.
         max_queue_bytes: Bytes held in the Training Queue partitions the tenant owns.
+        max_partitions: Training Queue partitions the tenant owns at once (a
+            ``queue_put`` that would create one more answers 429, reason ``partitions``).
         requests_per_s: Sustained request rate (token-bucket refill rate).
         burst: Requests allowed at once on top of the sustained rate (bucket size).
         max_pending_futures: Long operations submitted and not finished yet.
@@ -23,9 +29,10 @@ class TenantQuotas(BaseModel):
 
     max_sessions: int = Field(default=4, ge=0, le=1024)
     max_inflight_jobs: int = Field(default=64, ge=0, le=1_000_000)
-    max_queue_bytes: int = Field(default=2 << 30, ge=0)
-    requests_per_s: float = Field(default=200.0, gt=0)
-    burst: int = Field(default=400, ge=1)
+    max_queue_bytes: int = Field(default=2 << 30, ge=0, le=MAX_API_INT)
+    max_partitions: int = Field(default=256, ge=0, le=1_000_000)
+    requests_per_s: float = Field(default=200.0, gt=0, le=1e9)
+    burst: int = Field(default=400, ge=1, le=1_000_000_000)
     max_pending_futures: int = Field(default=16, ge=0, le=10_000)
 
 
@@ -34,14 +41,38 @@ class ServerConfig(BaseModel):
 
     Args:
         default_quotas: Quotas of tenants created without their own.
-        max_body_bytes: Largest request body read (413 above it).
+        max_body_bytes: Largest request body of a route that carries tensors (msgpack
+            or JSON tensors: queue puts, env steps, model primitives); 413 above it.
+        max_json_body_bytes: Largest request body of every other route (JSON control
+            messages: jobs, leases, sessions, tenants); 413 above it. Both limits hold
+            with or without a ``Content-Length`` (chunked bodies are counted as read).
         max_tensor_bytes: Largest single tensor in a body.
+        max_job_metadata_bytes: Largest ``metadata`` of a training job (its serialized
+            JSON, after a ``complete`` merges into it); 413 above it. The scheduler
+            stores it with the job for good.
+        queue_memory_cap_bytes: Bytes the Training Queue may hold in total (all
+            tenants) before a tenant's write over HTTP answers 429
+            ``memory_cap_exceeded``; None: no server-wide bound.
         max_long_poll_s: Upper bound on ``?wait=`` of future polls and lease waits.
-        future_retention_s: How long a finished future's result stays readable.
-        max_futures_per_tenant: Futures (pending + finished, retained) per tenant.
+        future_retention_s: How long a finished future nobody has read stays readable.
+        future_read_retention_s: How long a finished future stays readable after its
+            result was first read (or after it was cancelled); ``DELETE`` forgets it
+            at once.
+        max_futures_per_tenant: Futures one tenant holds (pending + finished). Only
+            pending ones count against the tenant's ``max_pending_futures`` quota: when
+            a new future would pass this bound, the oldest finished ones are forgotten.
         denied_env_kinds: Environment kinds tenants may not open over HTTP. ``remote``
             is denied by default because it makes the server connect to a URL the
             tenant chooses.
+        gym_allowed_ids: Gymnasium ids tenants may open with ``kind: gym`` (sessions and
+            workloads). None (default): any id gymnasium has registered in the server,
+            but never a ``module:Env-v0`` id, which would make gymnasium import
+            ``module``.
+        gym_allowed_imports: Modules tenants may have the server import first
+            (``options.imports`` of a ``kind: gym`` spec); default none. Importing a
+            module runs its code in the server.
+        gym_allowed_make_kwargs: Keyword arguments tenants may pass to
+            ``gymnasium.make`` (keys of ``options.make_kwargs``); default none.
         expose_docs: Serve the interactive docs at ``/docs`` (the schema is always at
             ``/openapi.json``).
     """
@@ -50,9 +81,16 @@ class ServerConfig(BaseModel):
 
     default_quotas: TenantQuotas = Field(default_factory=TenantQuotas)
     max_body_bytes: int = Field(default=256 << 20, gt=0)
+    max_json_body_bytes: int = Field(default=4 << 20, gt=0)
     max_tensor_bytes: int = Field(default=128 << 20, gt=0)
+    max_job_metadata_bytes: int = Field(default=64 << 10, gt=0)
+    queue_memory_cap_bytes: int | None = Field(default=8 << 30, gt=0)
     max_long_poll_s: float = Field(default=30.0, ge=0)
     future_retention_s: float = Field(default=3600.0, gt=0)
+    future_read_retention_s: float = Field(default=60.0, ge=0)
     max_futures_per_tenant: int = Field(default=256, ge=1)
     denied_env_kinds: list[str] = Field(default_factory=lambda: ["remote"])
+    gym_allowed_ids: list[str] | None = None
+    gym_allowed_imports: list[str] = Field(default_factory=list)
+    gym_allowed_make_kwargs: list[str] = Field(default_factory=list)
     expose_docs: bool = True

@@ -5,11 +5,15 @@ calls :meth:`FutureRegistry.submit` with a coroutine and answers ``202 {"future_
 at once; ``GET /v1/futures/{id}`` reports its state and, once finished, its result or
 its error body; ``?wait=<s>`` holds the poll open until the future finishes or ``wait``
 seconds of the registry's clock pass. Futures are tenant-scoped: another tenant's id
-answers 403 exactly as a foreign session does.
+answers 404 exactly as an unknown one does (ids carry a random part: nobody can probe
+for them).
 
-Finished futures are kept ``retention_s`` (clock time) for late pollers, then
-forgotten; a tenant holds at most ``max_per_tenant`` futures and at most its
-``max_pending_futures`` quota unfinished.
+A finished future is kept ``retention_s`` (clock time) for a late poller, but only
+``read_retention_s`` after its result was first read (or after a pending one was
+cancelled), then forgotten; ``DELETE`` forgets a finished one at once. Only *pending*
+futures are bounded by the tenant's ``max_pending_futures`` quota: finished ones are
+history, and when a tenant's futures would pass ``max_per_tenant`` the oldest finished
+ones are forgotten first, so history never locks a tenant out.
 """
 
 from __future__ import annotations
@@ -25,12 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from joynexus.errors import (
-    CapacityError,
-    JoyNexusError,
-    NotFoundError,
-    PermissionDeniedError,
-)
+from joynexus.errors import CapacityError, JoyNexusError, NotFoundError
 from joynexus.server.quotas import QuotaManager
 from joynexus.utils.clock import Clock
 
@@ -79,6 +78,9 @@ class _Future:
     task: asyncio.Task[dict[str, Any]]
     finished_at: float | None = None
     finished_mono: float | None = None
+    #: Clock time after which a finished future is forgotten early (read or cancelled).
+    forget_at: float | None = None
+    forget_after_s: float | None = None  # set by a cancel: applied once it has finished
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def status(self) -> FutureStatus:
@@ -118,16 +120,25 @@ class FutureRegistry:
     Args:
         clock: Source of timestamps, retention and long-poll waits.
         quotas: Checks the tenant's ``max_pending_futures``.
-        retention_s: How long finished futures stay readable.
-        max_per_tenant: Futures (pending and retained) one tenant may hold.
+        retention_s: How long finished futures nobody has read stay readable.
+        read_retention_s: How long a finished future stays readable after it was read.
+        max_per_tenant: Futures (pending and retained) one tenant may hold; the oldest
+            finished ones are forgotten to make room for a new one.
     """
 
     def __init__(
-        self, clock: Clock, quotas: QuotaManager, *, retention_s: float, max_per_tenant: int
+        self,
+        clock: Clock,
+        quotas: QuotaManager,
+        *,
+        retention_s: float,
+        read_retention_s: float = 60.0,
+        max_per_tenant: int,
     ) -> None:
         self._clock = clock
         self._quotas = quotas
         self._retention_s = retention_s
+        self._read_retention_s = min(read_retention_s, retention_s)
         self._max_per_tenant = max_per_tenant
         self._futures: dict[str, _Future] = {}
         self._seq = itertools.count(1)
@@ -142,9 +153,12 @@ class FutureRegistry:
     ) -> FutureRef:
         """Start ``work()`` as a task owned by ``tenant_id``.
 
+        Finished futures never count against a quota: when the tenant holds
+        ``max_per_tenant`` futures, its oldest finished ones are forgotten first.
+
         Raises:
             QuotaExceededError: the tenant already has ``max_pending`` unfinished futures.
-            CapacityError: the tenant holds ``max_per_tenant`` futures (pending + retained).
+            CapacityError: the tenant has ``max_per_tenant`` futures all still pending.
         """
         self._expire()
         mine = [f for f in self._futures.values() if f.tenant_id == tenant_id]
@@ -152,24 +166,36 @@ class FutureRegistry:
         self._quotas.check_count(
             tenant_id, "pending_futures", pending, 1, max_pending, "unfinished operations"
         )
+        finished = sorted(
+            (f for f in mine if f.task.done()), key=lambda f: (f.forget_at is None, f.created_at)
+        )
+        while len(mine) >= self._max_per_tenant and finished:
+            oldest = finished.pop(0)
+            del self._futures[oldest.future_id]
+            mine.remove(oldest)
         if len(mine) >= self._max_per_tenant:
             raise CapacityError(
-                f"tenant {tenant_id!r} holds {len(mine)} futures, the server's limit; poll "
-                "finished ones less often or wait for them to expire",
+                f"tenant {tenant_id!r} has {len(mine)} operations still pending, the "
+                "server's limit of futures per tenant; wait for some to finish or cancel them",
                 limit=self._max_per_tenant,
             )
         future_id = f"fut-{next(self._seq)}-{secrets.token_hex(6)}"
 
         async def run() -> dict[str, Any]:
-            try:
-                return await work()
-            finally:
-                fut.finished_at = self._clock.wall()
-                fut.finished_mono = self._clock.now()
-                fut.done.set()
+            return await work()
+
+        def on_done(_: asyncio.Task[dict[str, Any]]) -> None:
+            # A callback, not a ``finally``: it also runs for a task cancelled before it
+            # ever started, which would otherwise never expire.
+            fut.finished_at = self._clock.wall()
+            fut.finished_mono = self._clock.now()
+            if fut.forget_after_s is not None:
+                fut.forget_at = fut.finished_mono + fut.forget_after_s
+            fut.done.set()
 
         task = asyncio.get_running_loop().create_task(run(), name=future_id)
         fut = _Future(future_id, tenant_id, kind, self._clock.wall(), task)
+        task.add_done_callback(on_done)
         task.add_done_callback(self._log_unexpected)
         self._futures[future_id] = fut
         return FutureRef(future_id=future_id, kind=kind, state=FutureState.PENDING)
@@ -185,15 +211,21 @@ class FutureRegistry:
     def _owned(self, tenant_id: str, future_id: str) -> _Future:
         self._expire()
         fut = self._futures.get(future_id)
-        if fut is None:
+        if fut is None or fut.tenant_id != tenant_id:
+            # Another tenant's future answers exactly as an unknown one: no existence oracle.
             raise NotFoundError(
-                f"no future {future_id!r} (never created, or expired)", future_id=future_id
-            )
-        if fut.tenant_id != tenant_id:
-            raise PermissionDeniedError(
-                f"future {future_id!r} belongs to another tenant", future_id=future_id
+                f"no future {future_id!r} (never created, expired, or deleted)",
+                future_id=future_id,
             )
         return fut
+
+    def _read(self, fut: _Future) -> FutureStatus:
+        """``fut``'s status; a finished one delivered to its tenant expires soon after."""
+        status = fut.status()
+        if fut.finished_mono is not None and status.state is not FutureState.PENDING:
+            soon = self._clock.now() + self._read_retention_s
+            fut.forget_at = soon if fut.forget_at is None else min(fut.forget_at, soon)
+        return status
 
     async def get(self, tenant_id: str, future_id: str, wait_s: float = 0.0) -> FutureStatus:
         """The future's status, after waiting up to ``wait_s`` clock seconds for it to finish."""
@@ -206,25 +238,41 @@ class FutureRegistry:
             finally:
                 sleeper.cancel()
                 waiter.cancel()
-        return fut.status()
+        return self._read(fut)
 
     def cancel(self, tenant_id: str, future_id: str) -> FutureStatus:
-        """Cancel a pending future (a finished one is left as it is)."""
+        """Cancel a pending future; it is kept ``read_retention_s`` once it has stopped."""
         fut = self._owned(tenant_id, future_id)
         if not fut.task.done():
+            fut.forget_after_s = self._read_retention_s
             fut.task.cancel()
+            return fut.status()
+        return self._read(fut)
+
+    def delete(self, tenant_id: str, future_id: str) -> FutureStatus:
+        """Forget a finished future now, or cancel a pending one (see :meth:`cancel`).
+
+        Returns:
+            The future's last status (a pending one's as the cancel found it).
+        """
+        fut = self._owned(tenant_id, future_id)
+        if not fut.task.done() or fut.finished_mono is None:
+            return self.cancel(tenant_id, future_id)
+        del self._futures[future_id]
         return fut.status()
 
     def list(self, tenant_id: str) -> list[FutureStatus]:
         self._expire()
-        return [f.status() for f in self._futures.values() if f.tenant_id == tenant_id]
+        return [self._read(f) for f in self._futures.values() if f.tenant_id == tenant_id]
 
     def _expire(self) -> None:
-        cutoff = self._clock.now() - self._retention_s
+        now = self._clock.now()
+        cutoff = now - self._retention_s
         for fid in [
             fid
             for fid, f in self._futures.items()
-            if f.finished_mono is not None and f.finished_mono <= cutoff
+            if f.finished_mono is not None
+            and (f.finished_mono <= cutoff or (f.forget_at is not None and f.forget_at <= now))
         ]:
             del self._futures[fid]
 

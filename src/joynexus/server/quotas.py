@@ -18,7 +18,14 @@ from joynexus.utils.clock import Clock
 __all__ = ["QUOTA_REASONS", "QuotaManager"]
 
 #: Machine-readable reasons of a 429 from a tenant quota.
-QUOTA_REASONS = ("rate_limit", "sessions", "inflight_jobs", "queue_bytes", "pending_futures")
+QUOTA_REASONS = (
+    "rate_limit",
+    "sessions",
+    "inflight_jobs",
+    "queue_bytes",
+    "partitions",
+    "pending_futures",
+)
 
 
 @dataclass(slots=True)

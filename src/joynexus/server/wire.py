@@ -28,7 +28,14 @@ from pydantic import BaseModel, PlainSerializer, PlainValidator, ValidationError
 from pydantic_core import core_schema
 
 from joynexus.errors import InvalidRequestError, PayloadTooLargeError, UnsupportedMediaTypeError
-from joynexus.wire import MSGPACK_MEDIA_TYPE, packb, tensor_from_json, tensor_to_json, unpackb
+from joynexus.wire import (
+    MAX_DIM,
+    MSGPACK_MEDIA_TYPE,
+    packb,
+    tensor_from_json,
+    tensor_to_json,
+    unpackb,
+)
 
 __all__ = [
     "Tensor",
@@ -54,7 +61,11 @@ TENSOR_JSON_SCHEMA: dict[str, Any] = {
     ),
     "properties": {
         "dtype": {"type": "string", "examples": ["float32", "uint8", "<U256"]},
-        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": 8},
+        "shape": {
+            "type": "array",
+            "items": {"type": "integer", "minimum": 0, "maximum": MAX_DIM},
+            "maxItems": 8,
+        },
         "data": {"type": "string", "contentEncoding": "base64"},
     },
     "required": ["dtype", "shape", "data"],

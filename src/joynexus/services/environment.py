@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +32,6 @@ from joynexus.errors import (
     EnvironmentServiceError,
     JoyNexusError,
     NotFoundError,
-    PermissionDeniedError,
     SimulatorCrashedError,
 )
 from joynexus.metrics.events import MetricsService
@@ -185,7 +185,8 @@ class EnvironmentService:
         finally:
             self._reserved[tenant_id] -= 1
         session = _Session(
-            session_id=f"env-{next(self._ids)}",
+            # A random part: nobody can guess another tenant's session id.
+            session_id=f"env-{next(self._ids)}-{secrets.token_hex(8)}",
             tenant_id=tenant_id,
             spec=spec,
             schema=DataSchema.model_validate_json(schema_json),
@@ -197,14 +198,10 @@ class EnvironmentService:
 
     def _owned(self, session_id: str, tenant_id: str) -> _Session:
         session = self._sessions.get(session_id)
-        if session is None:
+        if session is None or session.tenant_id != tenant_id:
+            # Another tenant's session answers exactly as an unknown one: no oracle.
             raise NotFoundError(
                 f"no environment session {session_id!r} (closed, reaped, or never created)",
-                session_id=session_id,
-            )
-        if session.tenant_id != tenant_id:
-            raise PermissionDeniedError(
-                f"environment session {session_id!r} belongs to another tenant",
                 session_id=session_id,
             )
         return session
@@ -221,7 +218,7 @@ class EnvironmentService:
         """Start rollout ``rollout_id``: new episodes in every sub-env of the session.
 
         Raises:
-            NotFoundError / PermissionDeniedError: Unknown session, or another tenant's.
+            NotFoundError: Unknown session, or another tenant's (answered alike).
             SimulatorCrashedError: The simulator died or exceeded ``step_timeout_s``.
         """
         session = self._owned(session_id, tenant_id)
@@ -238,7 +235,7 @@ class EnvironmentService:
         """Apply float32 ``[num_envs, action_dim]`` actions; finished episodes auto-reset.
 
         Raises:
-            NotFoundError / PermissionDeniedError: Unknown session, or another tenant's.
+            NotFoundError: Unknown session, or another tenant's (answered alike).
             SchemaMismatchError: ``actions`` does not have the session's shape.
             SimulatorCrashedError: The simulator died or exceeded ``step_timeout_s``.
         """
@@ -278,7 +275,7 @@ class EnvironmentService:
         others' steps).
 
         Raises:
-            NotFoundError / PermissionDeniedError: Any session is unknown or not the tenant's.
+            NotFoundError: Any session is unknown or not the tenant's.
         """
         for session_id in actions:
             self._owned(session_id, tenant_id)
@@ -299,7 +296,7 @@ class EnvironmentService:
         """Close the session and stop its worker (also after a crash).
 
         Raises:
-            NotFoundError / PermissionDeniedError: Unknown session, or another tenant's.
+            NotFoundError: Unknown session, or another tenant's (answered alike).
         """
         session = self._owned(session_id, tenant_id)
         del self._sessions[session_id]

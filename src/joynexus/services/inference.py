@@ -15,6 +15,12 @@ Units: callers and envs speak env units. A tenant with normalization stats (SFT 
 dataset) computes in normalized units, so ``predict`` normalizes the state before the
 backbone and head and un-normalizes the actions after them; rollouts store the
 normalized state and actions the tenant trains on.
+
+Non-finite numbers never leave the service: ``load_weights`` refuses a tensor holding
+NaN or inf (naming it), and a prediction that comes out non-finite (finite but huge
+inputs can overflow) fails that request alone with an
+:class:`~joynexus.errors.InvalidRequestError`; the other requests of its grouped batch
+get their answers.
 """
 
 from __future__ import annotations
@@ -27,9 +33,10 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
+import numpy as np
 import torch
 
-from joynexus.errors import SchemaMismatchError, ServiceUnavailableError
+from joynexus.errors import InvalidRequestError, SchemaMismatchError, ServiceUnavailableError
 from joynexus.metrics.events import MetricsService
 from joynexus.metrics.hooks import Instruments
 from joynexus.metrics.usage import UsageMeter
@@ -77,6 +84,45 @@ class _ServeRequest:
     policy_version: int | None
     observation: ObservationBatch
     mode: Literal["mean", "sample"]
+
+
+def check_finite_tensors(named_tensors: Mapping[str, torch.Tensor]) -> None:
+    """Refuse weights holding NaN or inf: served, they would answer NaN actions.
+
+    Raises:
+        InvalidRequestError: naming the first non-finite tensor.
+    """
+    for name, tensor in named_tensors.items():
+        if (
+            isinstance(tensor, torch.Tensor)
+            and tensor.is_floating_point()
+            and not bool(torch.isfinite(tensor).all())
+        ):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise InvalidRequestError(
+                f"named_tensors[{name!r}]: {bad} of {tensor.numel()} values are NaN or "
+                "infinite; load_weights publishes finite tensors only",
+                field="named_tensors",
+                tensor=name,
+            )
+
+
+def _check_finite_prediction(tenant_id: str, result: PredictResult) -> None:
+    for name, value in (
+        ("actions", result.actions),
+        ("log_probs", result.log_probs),
+        ("values", result.values),
+    ):
+        if value is not None and not bool(np.isfinite(value).all()):
+            raise InvalidRequestError(
+                f"the policy of tenant {tenant_id!r} (version {result.policy_version}) "
+                f"predicted NaN or infinite {name} for these observations: inputs far "
+                "outside the range it was trained on (e.g. state values near the float32 "
+                "limit) overflow, or its weights diverged; nothing was returned",
+                field=name,
+                reason="non_finite_prediction",
+                policy_version=result.policy_version,
+            )
 
 
 class InferenceModelService:
@@ -182,8 +228,10 @@ class InferenceModelService:
         Raises:
             NotFoundError: unknown tenant.
             ConflictError: a version older than the one served.
-            InvalidRequestError: tensors that do not fit the tenant's action module.
+            InvalidRequestError: tensors that do not fit the tenant's action module, or
+                that hold NaN or inf (the message names the tensor).
         """
+        check_finite_tensors(named_tensors)
         start = time.perf_counter()
         await asyncio.to_thread(
             self._locked, self.states.publish, tenant_id, version, named_tensors
@@ -230,6 +278,8 @@ class InferenceModelService:
             NotFoundError: unknown tenant.
             ConflictError: ``policy_version`` is not served.
             SchemaMismatchError: observations that do not fit the tenant's schema.
+            InvalidRequestError: the prediction came out NaN or inf (only this request
+                fails; the others of its batch are answered).
             ServiceUnavailableError: the service is not started.
         """
         slot = self.states.slot(tenant_id, policy_version)
@@ -254,12 +304,14 @@ class InferenceModelService:
             result: InferenceResult = await future
         finally:
             self._in_flight -= 1
-        return PredictResult(
+        out = PredictResult(
             actions=env_actions(result.actions, slot.normalization),
             log_probs=result.log_probs,
             values=result.values,
             policy_version=result.policy_version,
         )
+        _check_finite_prediction(tenant_id, out)
+        return out
 
     async def _run_batch(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult]:
         serve: list[_ServeRequest] = []

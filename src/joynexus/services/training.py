@@ -41,6 +41,7 @@ from joynexus.errors import (
     ConflictError,
     InvalidRequestError,
     NotFoundError,
+    SchemaMismatchError,
 )
 from joynexus.metrics.events import MetricsService
 from joynexus.metrics.hooks import Instruments
@@ -116,6 +117,94 @@ class TrainBatch:
     old_log_probs: np.ndarray | None = None
     returns: np.ndarray | None = None
     action_is_pad: np.ndarray | None = None
+
+    def check(self) -> None:
+        """Check every field against the batch before anything runs (no schema needed).
+
+        ``B`` is the number of instructions: each camera, the state and the actions
+        lead with ``B``; ``advantages``, ``old_log_probs`` and ``returns`` are
+        ``float [B]`` and finite; ``action_is_pad`` is ``bool [B, chunk]`` with the
+        actions' chunk. Fields the loss does not need are still checked when given.
+
+        Raises:
+            InvalidRequestError: a field the loss needs is missing (``actions``;
+                ``advantages`` for RL losses; ``old_log_probs`` for ppo / grpo), or a
+                value is NaN or inf.
+            SchemaMismatchError: a field's shape or dtype does not fit the batch (the
+                message names the field and the expected shape).
+        """
+        obs = self.observations
+        b = obs.batch_size
+        if obs.actions is None:
+            raise InvalidRequestError("train_batch needs observations.actions", field="actions")
+        for name, arr in (
+            *((f"observations.cameras.{k}", v) for k, v in obs.cameras.items()),
+            ("observations.state", obs.state),
+            ("observations.actions", obs.actions),
+        ):
+            if not isinstance(arr, np.ndarray) or arr.ndim < 1 or arr.shape[0] != b:
+                got = list(arr.shape) if isinstance(arr, np.ndarray) else type(arr).__name__
+                raise SchemaMismatchError(
+                    f"{name}: expected {b} rows (one per instruction, shape [B, ...] with "
+                    f"B = {b}), got {got}",
+                    field=name,
+                    batch_size=b,
+                )
+        needed = _NEEDS.get(self.loss, ("advantages", "old_log_probs"))
+        for name in needed:
+            if getattr(self, name) is None:
+                raise InvalidRequestError(
+                    f"loss {self.loss!r} needs {name} float32 [B] (B = {b})", field=name
+                )
+        for name in ("advantages", "old_log_probs", "returns"):
+            arr = getattr(self, name)
+            if arr is not None:
+                _check_field(name, arr, (b,), "float32 [B]", float_kind=True)
+        if self.action_is_pad is not None:
+            chunk = int(obs.actions.shape[1]) if obs.actions.ndim > 1 else 1
+            _check_field("action_is_pad", self.action_is_pad, (b, chunk), "bool [B, chunk]")
+
+
+#: The fields each loss cannot do without (ppo and grpo: advantages and old_log_probs).
+_NEEDS: dict[str, tuple[str, ...]] = {"sft": (), "reinforce": ("advantages",)}
+
+
+def _check_field(
+    name: str, arr: Any, expected: tuple[int, ...], form: str, *, float_kind: bool = False
+) -> None:
+    if not isinstance(arr, np.ndarray):
+        raise SchemaMismatchError(
+            f"{name}: expected a numpy array {form} = {list(expected)}, got {type(arr).__name__}",
+            field=name,
+        )
+    if tuple(arr.shape) != expected:
+        raise SchemaMismatchError(
+            f"{name}: expected shape {form} = {list(expected)} for this batch, got "
+            f"{list(arr.shape)}",
+            field=name,
+            expected_shape=list(expected),
+            shape=list(arr.shape),
+        )
+    if float_kind:
+        if arr.dtype.kind != "f":
+            raise SchemaMismatchError(
+                f"{name}: expected a float dtype ({form}), got {arr.dtype}",
+                field=name,
+                dtype=str(arr.dtype),
+            )
+        if not bool(np.isfinite(arr).all()):
+            raise InvalidRequestError(
+                f"{name}: contains NaN or infinite values; expected finite numbers",
+                field=name,
+            )
+    elif arr.dtype.kind != "b" and not (
+        arr.dtype.kind in "iu" and bool(np.isin(arr, (0, 1)).all())
+    ):
+        raise SchemaMismatchError(
+            f"{name}: expected {form} (true marks a padded step), got {arr.dtype}",
+            field=name,
+            dtype=str(arr.dtype),
+        )
 
 
 class TrainingModelService:
@@ -457,26 +546,26 @@ class TrainingModelService:
     async def train_batch(self, tenant_id: str, batch: TrainBatch) -> StepResult:
         """One update of ``tenant_id`` on a caller-built batch (custom algorithms).
 
+        Every field is checked (:meth:`TrainBatch.check`) before the backbone runs, so
+        a refused batch never steps the optimizer.
+
         Raises:
             NotFoundError: unknown tenant.
-            SchemaMismatchError: observations that do not fit the tenant's schema.
-            InvalidRequestError: missing actions / advantages / old log-probs for the loss.
+            SchemaMismatchError: observations that do not fit the tenant's schema, or a
+                field whose shape does not fit the batch.
+            InvalidRequestError: missing actions / advantages / old log-probs for the
+                loss, or NaN / inf values.
         """
         config = self.config(tenant_id)
         slot = self._executor.slot(tenant_id)
         obs = batch.observations
         obs.validate(slot.schema)
-        if obs.actions is None:
-            raise InvalidRequestError("train_batch needs observations.actions", field="actions")
+        batch.check()
         data: dict[str, Any] = {}
         if batch.loss == "sft":
             if batch.action_is_pad is not None:
                 data["action_is_pad"] = np.asarray(batch.action_is_pad, dtype=bool)
         else:
-            if batch.advantages is None:
-                raise InvalidRequestError(
-                    f"loss {batch.loss!r} needs advantages float32 [B]", field="advantages"
-                )
             data["advantages"] = batch.advantages
             if batch.old_log_probs is not None:
                 data["log_probs"] = batch.old_log_probs

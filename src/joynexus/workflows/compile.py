@@ -10,7 +10,8 @@ anything starts (no model is loaded, no simulator is spawned):
 * the tenant's :class:`~joynexus.services.tenancy.TenantConfig` (trainable tenants);
 * the scheduler's :class:`AdmissionPolicy` per tenant–task pair and the global limits
   of §5.1 (active rollouts ≤ 3 globally and ≤ 1 per tenant by default);
-* capability checks: the env kind is registered and runnable here, the SFT dataset
+* capability checks: the env kind is registered and runnable here (its Python modules
+  and what its ``ready`` check needs, e.g. LIBERO's scene assets), the SFT dataset
   exists (or can be recorded from the spec's env) and matches the schema, evaluation
   targets name trainable tenants of the same run whose interface the evaluation env
   produces, and every workload shares one base model.
@@ -27,7 +28,7 @@ from joynexus.control.job import TaskType
 from joynexus.data.lerobot_format import FeatureSpec
 from joynexus.data.reader import LeRobotDataset
 from joynexus.data.sft import SFTBatchBuilder, SFTFeatureMap
-from joynexus.envs.registry import env_schema, get_registration, list_envs
+from joynexus.envs.registry import env_schema, unavailable_reason
 from joynexus.errors import DatasetError, JoyNexusError, SpecError
 from joynexus.models.normalization import NormMode
 from joynexus.models.schema import CameraSpec, DataSchema
@@ -38,6 +39,7 @@ __all__ = [
     "DOMAIN",
     "CompiledRun",
     "CompiledWorkload",
+    "check_spec_files",
     "compile_workloads",
     "dataset_schema",
     "feature_map_of",
@@ -151,11 +153,11 @@ def dataset_schema(
 def _check_env(spec: WorkloadSpec) -> DataSchema | None:
     if spec.env is None:
         return None
-    get_registration(spec.env.kind)  # SpecError listing the known kinds
-    info = {row.kind: row for row in list_envs()}[spec.env.kind]
-    if not info.available:
+    # SpecError listing the known kinds; then what the kind needs here (modules, assets).
+    reason = unavailable_reason(spec.env.kind)
+    if reason is not None:
         raise SpecError(
-            f"tenant {spec.tenant!r}: env kind {spec.env.kind!r} cannot run here ({info.reason})",
+            f"tenant {spec.tenant!r}: env kind {spec.env.kind!r} cannot run here: {reason}",
             field="env.kind",
         )
     return env_schema(spec.env)
@@ -341,6 +343,23 @@ def compile_workloads(
         )
     ]
     return CompiledRun(workloads=compiled, base_model=specs[0].base_model, global_limits=limits)
+
+
+def check_spec_files(paths: Sequence[str | Path]) -> CompiledRun:
+    """Load spec files and run every check ``joynexus run`` runs before it starts.
+
+    The one validation path of ``joynexus run`` and ``joynexus spec check``: the specs'
+    shape (:func:`~joynexus.spec.workload.load_specs`), then their capabilities on this
+    machine (:func:`compile_workloads`: env kinds registered and runnable, simulator
+    assets present, datasets, evaluation targets, one base model).
+
+    Raises:
+        SpecError / DatasetError: the first problem found, with what is allowed.
+    """
+    from joynexus.spec.workload import load_specs
+
+    specs = [s for path in paths for s in load_specs(path)]
+    return compile_workloads(specs)
 
 
 def dataset_root(spec: WorkloadSpec) -> Path:

@@ -7,9 +7,13 @@ key sees only its own tenant: its workloads, job counts, Training Queue partitio
 usage, utilization and curves. The Inference Queue's depth and in-flight count are
 service-wide aggregates (no tenant identity) and are shown to every viewer.
 
-The page reads the key from ``?key=`` (then drops it from the address bar) or a small
-login form, and keeps it in ``sessionStorage``; it sends it as a bearer header. Its
-Content-Security-Policy allows only same-origin scripts, styles and requests.
+The page reads the key from the address's fragment (``/dashboard#key=jnx_...``, which
+browsers never send to a server; the script drops it from the address bar at once) or
+a small login form, and keeps it in ``sessionStorage``; it sends it as a bearer header.
+A key in the query (``/dashboard?key=``, old links) is never used by the server: the
+page answers 303 to the same address with the key moved into the fragment, and the
+access log redacts it (:mod:`joynexus.server.accesslog`). Its Content-Security-Policy
+allows only same-origin scripts, styles and requests.
 
 Every source is optional: without a Master there are no workloads, without a usage
 meter no usage, without a Health Manager no health section.
@@ -18,9 +22,10 @@ meter no usage, without a Health Manager no health section.
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
+from urllib.parse import urlencode
 
-from fastapi import APIRouter, Query
-from fastapi.responses import FileResponse
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import FileResponse, RedirectResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from joynexus.api import TenantUsage, WorkloadStatus
@@ -57,7 +62,7 @@ _PAGE_HEADERS = {
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
         "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
     ),
-    # The key may sit in the page's address (?key=) until the script removes it.
+    # The key may sit in the page's address (#key=) until the script removes it.
     "Referrer-Policy": "no-referrer",
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-store",
@@ -242,8 +247,18 @@ async def dashboard_state(
 
 
 @router.get("/dashboard", include_in_schema=False, response_class=FileResponse)
-async def dashboard_page() -> FileResponse:
-    """The dashboard page (no data in it; its script fetches the state with a key)."""
+async def dashboard_page(request: Request) -> Response:
+    """The dashboard page (no data in it; its script fetches the state with a key).
+
+    ``?key=`` (an old link) answers 303 to the page with the key in the fragment, which
+    the browser keeps to itself: the key leaves the query (and every later request
+    line) at once."""
+    query = request.query_params
+    if "key" in query:
+        rest = urlencode([(k, v) for k, v in query.multi_items() if k != "key"])
+        fragment = urlencode({"key": query["key"]})
+        location = "/dashboard" + (f"?{rest}" if rest else "") + f"#{fragment}"
+        return RedirectResponse(location, status_code=303, headers=_PAGE_HEADERS)
     return FileResponse(
         STATIC_DIR / "index.html",
         media_type="text/html; charset=utf-8",

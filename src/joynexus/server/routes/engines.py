@@ -37,7 +37,7 @@ class EngineScale(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    engines: int = Field(ge=1, description="rollout engines after the operation")
+    engines: int = Field(ge=1, le=4096, description="rollout engines after the operation")
 
 
 class EnginePoolState(BaseModel):

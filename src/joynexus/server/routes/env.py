@@ -14,11 +14,11 @@ from fastapi import APIRouter, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from joynexus.envs.base import EnvObservation, EnvSpec, EnvStep
-from joynexus.errors import PermissionDeniedError
 from joynexus.models.schema import DataSchema
+from joynexus.server.envpolicy import check_session_spec
 from joynexus.server.futures import FutureRef
 from joynexus.server.names import Name, PathName
-from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
+from joynexus.server.state import State, TenantPrincipal, tenant_id_of
 from joynexus.server.wire import Tensor, decode_body, respond, tensor_body, tensor_response
 from joynexus.services.environment import SessionInfo
 from joynexus.wire import check_tensor
@@ -107,22 +107,19 @@ def _step(step: EnvStep) -> StepOut:
     )
 
 
-def _check_kind(state: ServerState, spec: EnvSpec) -> None:
-    if spec.kind in state.config.denied_env_kinds:
-        raise PermissionDeniedError(
-            f"environment kind {spec.kind!r} is not available over this server's API "
-            f"(denied kinds: {state.config.denied_env_kinds})",
-            kind=spec.kind,
-        )
-
-
 @router.post("", status_code=status.HTTP_202_ACCEPTED, response_model=FutureRef)
 async def create_session(
     body: SessionCreate, principal: TenantPrincipal, state: State
 ) -> FutureRef:
-    """Start a simulator session; the future's result is the session (``SessionOut``)."""
+    """Start a simulator session; the future's result is the session (``SessionOut``).
+
+    The spec obeys the server's environment limits, the same as a workload's ``env``
+    (``num_envs``, ``image_size``: 422; a denied kind: 403), and a ``kind: gym`` spec
+    may name only the ids, ``imports`` and ``make_kwargs`` keys the admin allowed
+    (``ServerConfig.gym_allowed_*``; 403 otherwise).
+    """
     tenant = tenant_id_of(principal)
-    _check_kind(state, body.spec)
+    check_session_spec(state, body.spec)
     quotas = state.quotas_of(tenant)
     env = state.services.environment
     held = len(await env.list_sessions(tenant)) + state.pending_sessions.get(tenant, 0)

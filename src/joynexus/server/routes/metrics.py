@@ -4,8 +4,9 @@
 format: control signals (job states, queue depth, in-flight requests, staleness),
 learning signals (loss, return, evaluation scores), system signals (latencies,
 utilization) and the usage meter's ``joynexus_usage_*`` counters. Every family is
-either service-wide or labelled with a ``tenant`` id; none carries a key, a job or
-session id, a path or any request content.
+either service-wide (no ``tenant`` label) or labelled with a ``tenant`` id, never both,
+so a sum over tenants counts each number once; none carries a key, a job or session id,
+a path or any request content.
 
 Authentication of ``/metrics``: Prometheus scrapers usually call it without
 credentials, so by default it is **unauthenticated** and unversioned, like the probes

@@ -15,19 +15,22 @@ once the tenant submitted a workload (task ``custom`` gives a slot and nothing e
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from joynexus.errors import PermissionDeniedError
+from joynexus.errors import JobNotFoundError, PermissionDeniedError, SchemaMismatchError
 from joynexus.models.batch import ObservationBatch
 from joynexus.server.futures import FutureRef
 from joynexus.server.names import Name, PathName
+from joynexus.server.ownership import unknown_if_foreign
 from joynexus.server.routes.workloads import master_of
 from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
 from joynexus.server.wire import Tensor, decode_body, respond, tensor_body, tensor_response
+from joynexus.wire import check_tensor
 
 router = APIRouter(prefix="/v1/models/{tenant_id}", tags=["models"])
 
@@ -47,6 +50,14 @@ class ObservationsIn(BaseModel):
     actions: Tensor | None = Field(default=None, description="float32 [B, chunk, action_dim]")
 
     def batch(self) -> ObservationBatch:
+        """The batch, refused here when its state or actions hold NaN or inf (422)."""
+        for name, arr in (("state", self.state), ("actions", self.actions)):
+            if arr is not None and arr.dtype.kind == "f" and not bool(np.isfinite(arr).all()):
+                raise SchemaMismatchError(
+                    f"observations.{name}: contains NaN or infinite values; expected "
+                    "finite float32",
+                    field=f"observations.{name}",
+                )
         return ObservationBatch(
             cameras=dict(self.cameras),
             state=np.asarray(self.state),
@@ -77,10 +88,18 @@ class TrainBatchIn(BaseModel):
 
     observations: ObservationsIn = Field(description="with actions")
     loss: Literal["sft", "ppo", "grpo", "reinforce"] = "sft"
-    advantages: Tensor | None = None
-    old_log_probs: Tensor | None = None
-    returns: Tensor | None = None
-    action_is_pad: Tensor | None = None
+    advantages: Tensor | None = Field(
+        default=None, description="float32 [B], finite (ppo, grpo, reinforce)"
+    )
+    old_log_probs: Tensor | None = Field(
+        default=None, description="float32 [B] behaviour log-probs, finite (ppo, grpo)"
+    )
+    returns: Tensor | None = Field(
+        default=None, description="float32 [B] value targets, finite (ppo with a critic)"
+    )
+    action_is_pad: Tensor | None = Field(
+        default=None, description="bool [B, chunk]: padded action-chunk steps (sft)"
+    )
 
 
 class StepOut(BaseModel):
@@ -194,7 +213,12 @@ async def predict(tenant: OwnSlot, request: Request, state: State) -> Any:
 
 @router.post("/train_batch", response_model=StepOut, openapi_extra=tensor_body(TrainBatchIn))
 async def train_batch(tenant: OwnSlot, request: Request, state: State) -> StepOut:
-    """``train_batch``: one optimizer step of the tenant's slot on a caller-built batch."""
+    """``train_batch``: one optimizer step of the tenant's slot on a caller-built batch.
+
+    Every field is checked against the batch first (B = number of instructions: leading
+    dimension B everywhere, ``[B]`` for advantages / log-probs / returns, ``[B, chunk]``
+    for ``action_is_pad``); a mismatch answers 422 naming the field and the expected
+    shape, and the optimizer is not stepped."""
     from joynexus.services.training import TrainBatch
 
     body: TrainBatchIn = await _body(request, state, TrainBatchIn)
@@ -206,6 +230,7 @@ async def train_batch(tenant: OwnSlot, request: Request, state: State) -> StepOu
         returns=_f32(body.returns),
         action_is_pad=None if body.action_is_pad is None else np.asarray(body.action_is_pad),
     )
+    batch.check()  # every field against the batch: a bad one never reaches the optimizer
     step = await master_of(state).train_batch(tenant, batch)
     return StepOut(
         loss=float(step.loss), policy_version=int(step.policy_version), grad_norm=step.grad_norm
@@ -226,10 +251,22 @@ async def export_params(tenant: OwnSlot, request: Request, state: State) -> Any:
     "/load_weights", response_model=LoadWeightsOut, openapi_extra=tensor_body(LoadWeightsIn)
 )
 async def load_weights(tenant: OwnSlot, request: Request, state: State) -> LoadWeightsOut:
-    """``load_weights``: publish named tensors as the tenant's serving ``version``."""
+    """``load_weights``: publish named tensors as the tenant's serving ``version``.
+
+    A tensor holding NaN or inf is refused (400, naming it): served, it would answer
+    NaN actions."""
     body: LoadWeightsIn = await _body(request, state, LoadWeightsIn)
+    for name, arr in body.named_tensors.items():
+        check_tensor(arr, name=f"named_tensors[{name!r}]", finite=True)
     served = await master_of(state).load_weights(tenant, body.version, body.named_tensors)
     return LoadWeightsOut(policy_version=served)
+
+
+def _unknown_job_if_foreign(job_id: str) -> AbstractContextManager[None]:
+    """Another tenant's job fails the future exactly as an unknown one (no oracle)."""
+    return unknown_if_foreign(
+        "job_id", job_id, lambda: JobNotFoundError(f"no training job {job_id!r}", job_id=job_id)
+    )
 
 
 def _submit(state: ServerState, tenant: str, kind: str, work: Any) -> FutureRef:
@@ -256,15 +293,16 @@ async def rollout(tenant: OwnSlot, body: RolloutIn, state: State) -> FutureRef:
     master.require_slot(tenant)
 
     async def work() -> dict[str, Any]:
-        return await master.rollout(
-            tenant,
-            body.job_id,
-            body.session_id,
-            num_envs=body.num_envs,
-            horizon=body.horizon,
-            version=body.version,
-            seed=body.seed,
-        )
+        with _unknown_job_if_foreign(body.job_id):
+            return await master.rollout(
+                tenant,
+                body.job_id,
+                body.session_id,
+                num_envs=body.num_envs,
+                horizon=body.horizon,
+                version=body.version,
+                seed=body.seed,
+            )
 
     return _submit(state, tenant, "models.rollout", work)
 
@@ -276,7 +314,8 @@ async def train_job(tenant: OwnSlot, body: TrainJobIn, state: State) -> FutureRe
     master.require_slot(tenant)
 
     async def work() -> dict[str, Any]:
-        return await master.train_job(tenant, body.job_id)
+        with _unknown_job_if_foreign(body.job_id):
+            return await master.train_job(tenant, body.job_id)
 
     return _submit(state, tenant, "models.train_job", work)
 

@@ -5,6 +5,10 @@ two-step read is ``get_meta`` (JSON: which samples) then ``get_data`` (their ten
 ``put_fields`` writes derived fields (advantages, returns) against a ``BatchMeta``,
 and ``DELETE`` clears a partition. Every sample's ``SampleMeta.tenant_id`` is the
 caller: a tenant cannot write samples in another tenant's name.
+
+Bounds: a tenant owns at most ``max_partitions`` partitions and ``max_queue_bytes``
+bytes (its quotas, 429 ``quota_exceeded``), and no write takes the whole queue above
+``ServerConfig.queue_memory_cap_bytes`` (429 ``memory_cap_exceeded``).
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
+from joynexus.errors import MemoryCapExceededError
 from joynexus.queues.meta import BatchMeta, PartitionInfo, SampleMeta
+from joynexus.server.config import MAX_API_INT
 from joynexus.server.names import Name, PathName
 from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
 from joynexus.server.wire import Tensor, decode_body, respond, tensor_body, tensor_response
@@ -23,6 +29,10 @@ router = APIRouter(prefix="/v1/queue/partitions", tags=["training-queue"])
 
 _MAX_FIELDS = 64
 
+#: A policy version or sample index: bounded, so no int beyond 64 bits reaches a service.
+Version = Annotated[int, Field(ge=0, le=MAX_API_INT)]
+Index = Annotated[int, Field(ge=0, le=MAX_API_INT)]
+
 
 class SampleMetaIn(BaseModel):
     """A sample's identity; the server fills ``tenant_id`` with the caller."""
@@ -30,7 +40,7 @@ class SampleMetaIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     schema_signature: Annotated[str, Field(min_length=1, max_length=256)]
-    behavior_policy_version: Annotated[int, Field(ge=0)] | None = None
+    behavior_policy_version: Version | None = None
 
 
 class PutIn(BaseModel):
@@ -64,7 +74,7 @@ class BatchRef(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    indexes: list[Annotated[int, Field(ge=0)]] = Field(max_length=1_000_000)
+    indexes: list[Index] = Field(max_length=1_000_000)
     fields: list[Name] = Field(max_length=_MAX_FIELDS)
     task_name: Name = "client"
 
@@ -78,7 +88,7 @@ class DataOut(BaseModel):
 class PutFieldsIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    indexes: list[Annotated[int, Field(ge=0)]] = Field(
+    indexes: list[Index] = Field(
         max_length=1_000_000, description="sample i of every field is written to indexes[i]"
     )
     data: dict[Name, Tensor] = Field(min_length=1, max_length=_MAX_FIELDS)
@@ -114,6 +124,29 @@ def _check_quota_bytes(state: ServerState, tenant: str, data: dict[str, Any]) ->
         incoming,
         quotas.max_queue_bytes,
         "bytes in the Training Queue",
+    )
+    cap = state.config.queue_memory_cap_bytes
+    held = state.services.training_queue.nbytes
+    if cap is not None and held + incoming > cap:
+        raise MemoryCapExceededError(
+            f"the Training Queue holds {held} bytes of all tenants; {incoming} more would "
+            f"exceed the server's memory cap of {cap} bytes (queue_memory_cap_bytes); "
+            "consume and clear partitions, or retry later",
+            cap_bytes=cap,
+            used_bytes=held,
+            requested_bytes=incoming,
+        )
+
+
+def _check_partition_count(state: ServerState, tenant: str) -> None:
+    """A ``queue_put`` that creates a partition: refuse one beyond ``max_partitions``."""
+    state.quotas.check_count(
+        tenant,
+        "partitions",
+        len(state.partitions.partitions_of(tenant)),
+        1,
+        state.quotas_of(tenant).max_partitions,
+        "Training Queue partitions",
     )
 
 
@@ -154,7 +187,7 @@ async def queue_put(
 ) -> PutOut:
     """``queue_put``: append samples; the first put creates the partition and fixes its fields."""
     tenant = tenant_id_of(principal)
-    state.partitions.require(partition_id, tenant)
+    state.partitions.check_put(partition_id, tenant)
     body: PutIn = await _body(request, state, PutIn)
     metas = body.metadata if isinstance(body.metadata, list) else [body.metadata]
     sample_meta = [
@@ -166,6 +199,8 @@ async def queue_put(
         for m in metas
     ]
     _check_quota_bytes(state, tenant, body.data)
+    if not state.services.training_queue.has_partition(partition_id):
+        _check_partition_count(state, tenant)
     state.partitions.claim(partition_id, tenant)
     indexes = await state.services.training_queue.async_queue_put(
         partition_id,
@@ -215,15 +250,18 @@ async def put_fields(
 ) -> None:
     """``put``: write derived fields (advantages, returns, ...) for the samples of ``batch``."""
     tenant = tenant_id_of(principal)
-    state.partitions.require(partition_id, tenant)
     body: PutFieldsIn = await _body(request, state, PutFieldsIn)
     _check_quota_bytes(state, tenant, body.data)
+    # Where the queue would refuse an unknown partition: a foreign one answers alike.
+    state.partitions.require(partition_id, tenant)
     ref = BatchRef(indexes=body.indexes, fields=list(body.data))
     await state.services.training_queue.async_put(body.data, _batch_meta(partition_id, ref))
 
 
 @router.delete("/{partition_id}", status_code=status.HTTP_204_NO_CONTENT)
 async def clear(partition_id: PathName, principal: TenantPrincipal, state: State) -> None:
-    """``queue_clear``: release a consumed partition (a no-op for an unknown one)."""
-    state.partitions.require(partition_id, tenant_id_of(principal))
-    await state.services.training_queue.async_clear(partition_id)
+    """``queue_clear``: release a consumed partition (a no-op for an unknown one, and so
+    for another tenant's, which the caller cannot tell from an unknown one)."""
+    owner = state.partitions.owner(partition_id)
+    if owner is None or owner == tenant_id_of(principal):
+        await state.services.training_queue.async_clear(partition_id)

@@ -5,23 +5,32 @@ API key, so nobody reserves in another tenant's name. Producer and consumer role
 namespaced per tenant inside the scheduler (``<tenant>/<role>``), which is what keeps
 ``lease`` and ``lease_stage`` — which pick *any* waiting job of a role — from handing
 one tenant another tenant's job. Responses show the roles as the tenant wrote them.
+Another tenant's job id answers 404 exactly as an unknown one does.
+
+A job's ``metadata`` is stored with it for good: its serialized JSON is bounded by
+``ServerConfig.max_job_metadata_bytes`` (413), and every integer field is bounded (422)
+so nothing beyond SQLite's 64-bit INTEGER reaches the scheduler.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from joynexus.control.job import JobState, TaskType, TrainingJob
-from joynexus.errors import PermissionDeniedError, QuotaExceededError
+from joynexus.errors import PayloadTooLargeError, QuotaExceededError
+from joynexus.server.config import MAX_API_INT
 from joynexus.server.names import Name, PathName
+from joynexus.server.ownership import own_job
 from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
 
 router = APIRouter(prefix="/v1/scheduler", tags=["training-scheduler"])
 
 Epoch = Annotated[int, Field(ge=0, le=2**62)]
+Version = Annotated[int, Field(ge=0, le=MAX_API_INT)]
 Reason = Annotated[str, Field(min_length=1, max_length=256)]
 
 
@@ -34,9 +43,13 @@ class ReserveIn(BaseModel):
     sample_count: int = Field(ge=0, le=10**9)
     producer_role: Name
     consumer_role: Name
-    behavior_policy_version: Annotated[int, Field(ge=0)] | None = None
-    max_policy_staleness: Annotated[int, Field(ge=0)] | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict, max_length=64)
+    behavior_policy_version: Version | None = None
+    max_policy_staleness: Version | None = None
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="stored with the job; serialized JSON of at most max_job_metadata_bytes",
+    )
 
 
 class MarkIn(BaseModel):
@@ -115,18 +128,32 @@ def _out(job: TrainingJob) -> TrainingJob:
 
 
 def _own_job(state: ServerState, job_id: str, tenant: str) -> TrainingJob:
-    job = state.services.scheduler.get(job_id)
-    if job.tenant_id != tenant:
-        raise PermissionDeniedError(
-            f"training job {job_id!r} belongs to another tenant", job_id=job_id
+    return own_job(state.services.scheduler, job_id, tenant)
+
+
+def _check_metadata(state: ServerState, metadata: dict[str, Any]) -> None:
+    """Refuse job metadata whose serialized JSON exceeds ``max_job_metadata_bytes``."""
+    limit = state.config.max_job_metadata_bytes
+    try:
+        size = len(json.dumps(metadata, sort_keys=True).encode())
+    except (TypeError, ValueError):
+        return  # not JSON data: the scheduler refuses it with the reason
+    if size > limit:
+        raise PayloadTooLargeError(
+            f"job metadata of {size} bytes (serialized JSON) exceeds the limit of {limit} "
+            "bytes (max_job_metadata_bytes); keep large data in the Training Queue or in "
+            "artifacts and put a reference in the metadata",
+            field="metadata",
+            limit_bytes=limit,
+            size_bytes=size,
         )
-    return job
 
 
 @router.post("/jobs", status_code=status.HTTP_201_CREATED, response_model=TrainingJob)
 async def reserve(body: ReserveIn, principal: TenantPrincipal, state: State) -> TrainingJob:
     """``reserve``: admit a job in ``reserved`` with a producer lease (epoch 1), or 429."""
     tenant = tenant_id_of(principal)
+    _check_metadata(state, body.metadata)
     scheduler = state.services.scheduler
     by_tenant = scheduler.counters().get("by_tenant", {}).get(tenant, {})
     inflight = sum(
@@ -216,7 +243,9 @@ async def complete(
     job_id: PathName, body: CompleteIn, principal: TenantPrincipal, state: State
 ) -> TrainingJob:
     """Finish a leased job; ``metadata`` is merged into the job's."""
-    _own_job(state, job_id, tenant_id_of(principal))
+    job = _own_job(state, job_id, tenant_id_of(principal))
+    if body.metadata:
+        _check_metadata(state, {**job.metadata, **body.metadata})
     job = state.services.scheduler.complete(job_id, body.lease_epoch, body.metadata or None)
     return _out(job)
 

@@ -20,14 +20,19 @@
   let timer = null;
 
   // --- key handling -------------------------------------------------------------------
+  // A key comes from the login box, or from the address's fragment (#key=...): browsers
+  // never send a fragment to the server, so it stays out of request lines and logs.
+  // Never put it in the query (?key=): the server would see it in every request line.
   function takeKeyFromUrl() {
-    const key = params.get("key");
+    const fragment = new URLSearchParams(window.location.hash.replace(/^#/, ""));
+    const key = fragment.get("key");
     if (key) {
       window.sessionStorage.setItem(KEY_STORAGE, key);
-      params.delete("key");
-      const rest = params.toString();
+      fragment.delete("key");
+      const rest = fragment.toString();
       // Keep the key out of the address bar and the history.
-      window.history.replaceState(null, "", window.location.pathname + (rest ? "?" + rest : ""));
+      window.history.replaceState(
+        null, "", window.location.pathname + window.location.search + (rest ? "#" + rest : ""));
     }
   }
 

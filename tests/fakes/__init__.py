@@ -1,0 +1,41 @@
+"""Fakes of the heavy services, for fast tests of what runs on top of them."""
+
+from tests.fakes.plane import (
+    FakeBase,
+    FakeEnvironmentService,
+    FakeInferenceService,
+    FakePlane,
+    FakeProcess,
+    FakeServer,
+    FakeTrainingService,
+    ProcessKilled,
+    checkpointed_state,
+    custom_spec,
+    eval_spec,
+    fakes_of,
+    make_fake_master,
+    master_on,
+    open_fake_plane,
+    rl_spec,
+    start_master,
+)
+
+__all__ = [
+    "FakeBase",
+    "FakeEnvironmentService",
+    "FakeInferenceService",
+    "FakePlane",
+    "FakeProcess",
+    "FakeServer",
+    "FakeTrainingService",
+    "ProcessKilled",
+    "checkpointed_state",
+    "custom_spec",
+    "eval_spec",
+    "fakes_of",
+    "make_fake_master",
+    "master_on",
+    "open_fake_plane",
+    "rl_spec",
+    "start_master",
+]
