@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from joynexus.cli.main import app
 from joynexus.data import LeRobotDataset
-from joynexus.data.record import PushTScriptedPolicy, _gym_envs, record_episodes
+from joynexus.data.record import PushTScriptedPolicy, record_episodes
 from joynexus.data.sft import SFTBatchBuilder
 from joynexus.envs.base import EnvSpec
 from joynexus.errors import SpecError

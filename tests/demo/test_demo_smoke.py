@@ -30,8 +30,15 @@ def test_demo_cli_writes_report_plots_and_matches_work(tmp_path: Path) -> None:
         ],
     )
     assert result.exit_code == 0, result.output
-    assert "environments: test" in result.output
+    assert "environments: test — chosen with --envs test: " in result.output
+    # Not a terminal: plain progress lines per phase, and the verdict says which way is good.
+    assert "phase multi-tenant: started" in result.output
+    assert "phase isolated:rl-reach0: started" in result.output
+    assert "(above 1 is better)" in result.output or "(ratio " in result.output
     report = json.loads((out / "report.json").read_text())
+    assert report["how_to_read"]["device_time_ratio"].startswith("isolated / multi-tenant")
+    assert report["env_choice_reason"].startswith("chosen with --envs test: ")
+    assert report["env_unavailable"] == {}
     for phase in ("multi_tenant", "isolated"):
         for key in ("training_utilization", "inference_utilization"):
             value = report[phase][key]

@@ -1178,7 +1178,7 @@ class FakeProcess:
             me = asyncio.current_task()
             lines = []
             for other in asyncio.all_tasks():
-                if other is me:
+                if other is me or other is task:
                     continue
                 frames = [
                     f"{f.f_code.co_filename.rsplit('/', 3)[-1]}:{f.f_lineno} {f.f_code.co_name}"
@@ -1187,7 +1187,8 @@ class FakeProcess:
                 lines.append(f"  {other.get_name()}: " + " <- ".join(reversed(frames)))
             task.cancel()
             raise AssertionError(
-                f"not done within {timeout_s} s; pending tasks:\n" + "\n".join(lines)
+                f"{getattr(coro, '__qualname__', coro)} not done within {timeout_s} s; "
+                "other pending tasks:\n" + "\n".join(lines)
             )
 
         return self.loop.run_until_complete(watched())
@@ -1279,6 +1280,11 @@ class FakeServer:
         self.clock = clock
         self.master_kwargs = master_kwargs
         self.generation = 0
+        #: A clean restart whose ``aclose`` hangs because only the actor survived its
+        #: cancel (a known bug on Python 3.11) goes on instead of failing; counted.
+        self.tolerate_actor_surviving_aclose = False
+        self.aclose_timeout_s = 10.0
+        self.hung_acloses = 0
         self._open()
 
     def _open(self) -> None:
@@ -1299,21 +1305,48 @@ class FakeServer:
     def sleep(self, seconds: float) -> None:
         self.process.sleep(seconds)
 
-    def restart(self, *, kill: bool) -> None:
+    def restart(
+        self,
+        *,
+        kill: bool,
+        shutdown: Callable[[MasterService], Coroutine[Any, Any, None]] | None = None,
+    ) -> None:
+        """End this process and open the next one on the run directory.
+
+        Args:
+            kill: ``kill -9`` (else a clean close).
+            shutdown: The clean close to run instead of ``master.aclose()`` (a test that
+                interleaves it with other work); it must close the Master.
+        """
         if kill:
             self.process.kill(self.plane, self.master)
         else:
-            self.process.run_or_report(self.master.aclose())
+            if shutdown is None:
+                self._aclose()
+            else:
+                self.process.run_or_report(shutdown(self.master), timeout_s=self.aclose_timeout_s)
             self.process.shutdown()
             self.plane.close()
         self._open()
+
+    def _aclose(self) -> None:
+        try:
+            self.process.run_or_report(self.master.aclose(), timeout_s=self.aclose_timeout_s)
+        except AssertionError as hang:
+            survivors = [line.split(": ")[0].strip() for line in str(hang).splitlines()[1:] if line]
+            if not (self.tolerate_actor_surviving_aclose and survivors == ["master:actor"]):
+                raise
+            # The known Python 3.11 wait_for race (test_fake_plane.py::
+            # test_aclose_stops_the_actor_even_when_a_job_turns_ready_at_that_moment):
+            # shutdown() cancels the actor again.
+            self.hung_acloses += 1
 
     def close(self) -> None:
         """Shut the current process down cleanly (idempotent)."""
         if self.process.dead:
             return
-        with contextlib.suppress(Exception):
-            self.run(self.master.aclose())
+        with contextlib.suppress(AssertionError):
+            self.process.run_or_report(self.master.aclose(), timeout_s=self.aclose_timeout_s)
         self.process.shutdown()
         self.plane.close()
 

@@ -21,6 +21,7 @@ documented error. Invariants, after every step:
 
 from __future__ import annotations
 
+import functools
 import tempfile
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -32,9 +33,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
     RuleBasedStateMachine,
+    initialize,
     invariant,
-    multiple,
-    precondition,
     rule,
 )
 
@@ -51,6 +51,8 @@ S = WorkloadState
 #: test_paused_stays_paused_across_a_restart_during_recovery, strict xfail); set this
 #: to False once that is fixed, so the machine explores restarts during recovery too.
 SETTLE_AFTER_RESTART = True
+#: Bundle entries of refused submits start with this.
+REFUSED = "refused-"
 
 
 @dataclass
@@ -72,6 +74,21 @@ class Tracked:
     restarted: bool = False
 
 
+def _explained(check: Callable[[LifecycleMachine], None]) -> Callable[[LifecycleMachine], None]:
+    """An invariant whose failure lists the steps that ran (a timing-dependent failure
+    may not replay, and then Hypothesis cannot print them)."""
+
+    @functools.wraps(check)
+    def checked(machine: LifecycleMachine) -> None:
+        try:
+            check(machine)
+        except AssertionError as error:
+            steps = "\n  ".join(machine.history)
+            raise AssertionError(f"{error}\nsteps:\n  {steps}") from error
+
+    return checked
+
+
 class LifecycleMachine(RuleBasedStateMachine):
     workloads = Bundle("workloads")
 
@@ -79,6 +96,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         super().__init__()
         self._tmp = tempfile.TemporaryDirectory(prefix="joynexus-machine-")
         self.srv = FakeServer(Path(self._tmp.name) / "run", poll_s=0.002)
+        # A clean restart can hang on a known Python 3.11 race (the actor swallows its
+        # cancel: test_fake_plane.py::
+        # test_aclose_stops_the_actor_even_when_a_job_turns_ready_at_that_moment,
+        # strict xfail); the restart then goes on, so the lifecycle is still checked.
+        self.srv.tolerate_actor_surviving_aclose = True
+        self.srv.aclose_timeout_s = 2.0
         self.srv.plane.inference.rollout_delay_s = 0.001
         self.tracked: dict[str, Tracked] = {}
         self.max_served: dict[str, int] = {}
@@ -87,6 +110,9 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.max_checkpoint: dict[str, int] = {}
         #: Job ids each process trained to the end, per process.
         self.trained: list[list[str]] = []
+        self.submits = 0
+        #: The steps so far (a timing-dependent failure may not replay: it says what ran).
+        self.history: list[str] = []
 
     def teardown(self) -> None:
         try:
@@ -121,8 +147,13 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------- rules
 
+    @initialize(target=workloads, target_jobs=st.integers(1, 3))
+    def first_submit(self, target_jobs: int) -> Any:
+        return self.submit(TENANTS[0], target_jobs)
+
     @rule(target=workloads, tenant=st.sampled_from(TENANTS), target_jobs=st.integers(1, 3))
     def submit(self, tenant: str, target_jobs: int) -> Any:
+        self.history.append(f"submit(tenant={tenant!r}, target_jobs={target_jobs!r})")
         master = self.srv.master
         mine = [w for w, t in self.tracked.items() if t.tenant == tenant]
 
@@ -137,9 +168,12 @@ class LifecycleMachine(RuleBasedStateMachine):
             return st_, error, live
 
         status, error, live = self._run(call())
+        self.submits += 1
         if live:  # one trainable workload per tenant
             assert isinstance(error, ConflictError), (live, status, error)
-            return multiple()
+            # Every submit adds one entry, so what Hypothesis draws never depends on
+            # timing; rules given a refused submit do nothing.
+            return f"{REFUSED}{self.submits}"
         assert error is None, error
         assert status is not None and status.state is S.STARTING
         assert status.jobs_target == target_jobs and status.jobs_completed == 0
@@ -148,6 +182,9 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule(wid=workloads)
     def pause(self, wid: str) -> None:
+        self.history.append(f"pause(wid={wid!r})")
+        if wid.startswith(REFUSED):
+            return
         before, status, error = self._call(wid, self.srv.master.pause)
         if before is S.RUNNING:
             assert error is None, error
@@ -158,6 +195,9 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule(wid=workloads)
     def resume(self, wid: str) -> None:
+        self.history.append(f"resume(wid={wid!r})")
+        if wid.startswith(REFUSED):
+            return
         before, status, error = self._call(wid, self.srv.master.resume)
         if before is S.PAUSED:
             assert error is None, error
@@ -168,6 +208,9 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule(wid=workloads)
     def cancel(self, wid: str) -> None:
+        self.history.append(f"cancel(wid={wid!r})")
+        if wid.startswith(REFUSED):
+            return
         before, status, error = self._call(wid, self.srv.master.cancel)
         assert error is None, error
         assert status is not None
@@ -178,32 +221,38 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.tracked[wid].cancel_asked = True
 
     @rule(wid=workloads, other=st.sampled_from(TENANTS))
-    def another_tenant_is_refused(self, wid: str, other: str) -> None:
+    def other_tenants_are_refused(self, wid: str, other: str) -> None:
+        self.history.append(f"other_tenants_are_refused(wid={wid!r}, other={other!r})")
+        if wid.startswith(REFUSED):
+            return
         if other == self.tracked[wid].tenant:
             other = "mallory"
         master = self.srv.master
-        for op in (master.pause, master.resume, master.cancel):
-            try:
-                self._run(op(other, wid))
-            except PermissionDeniedError:
-                continue
-            raise AssertionError(f"{op.__name__} by {other} was not refused")
+        # Another tenant's workload answers like an unknown one (ids are no oracle).
+        for tenant, workload in ((other, wid), (self.tracked[wid].tenant, "wl-0-unknown")):
+            for op in (master.pause, master.resume, master.cancel):
+                try:
+                    self._run(op(tenant, workload))
+                except NotFoundError:
+                    continue
+                raise AssertionError(f"{op.__name__}({tenant!r}, {workload!r}) was not refused")
         try:
-            self._run(master.cancel(self.tracked[wid].tenant, "wl-0-unknown"))
-        except NotFoundError:
+            self._run(master.submit(rl_spec(self.tracked[wid].tenant), other))
+        except PermissionDeniedError:
             pass
         else:
-            raise AssertionError("an unknown workload was found")
+            raise AssertionError(f"{other} submitted a workload for another tenant")
 
     @rule(ms=st.sampled_from([0, 3, 15]))
     def advance(self, ms: int) -> None:
+        self.history.append(f"advance(ms={ms!r})")
         self.srv.sleep(ms / 1000)
 
-    @precondition(lambda self: any(not t.paused for t in self.tracked.values()))
     @rule(wid=workloads)
     def run_to_end(self, wid: str) -> None:
-        t = self.tracked[wid]
-        if t.paused:
+        self.history.append(f"run_to_end(wid={wid!r})")
+        t = self.tracked.get(wid)
+        if t is None or t.paused:
             return
         self.srv.run_until(
             lambda: self._status(wid).state.is_terminal, timeout_s=15, what=f"{wid} ends"
@@ -215,6 +264,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule()
     def fail_live(self) -> None:
+        self.history.append("fail_live()")
         reason = "role 'training': recovery budget spent"
         master = self.srv.master
 
@@ -231,9 +281,11 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule(kill=st.booleans())
     def restart(self, kill: bool) -> None:
-        self.trained.append([j for _, j, _ in self.srv.plane.training.trained])
+        self.history.append(f"restart(kill={kill!r})")
+        old = self.srv.plane.training
         self.served_before = dict(self.max_served)
         self.srv.restart(kill=kill)
+        self.trained.append([j for _, j, _ in old.trained])  # all the old process did
         for t in self.tracked.values():
             t.restarted = True
         if SETTLE_AFTER_RESTART:
@@ -246,6 +298,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     # -------------------------------------------------------------- invariants
 
     @invariant()
+    @_explained
     def nothing_is_lost(self) -> None:
         ids = set(self.srv.master.workload_ids())
         assert set(self.tracked) <= ids, set(self.tracked) - ids
@@ -253,6 +306,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         assert set(self.tracked) <= stored
 
     @invariant()
+    @_explained
     def states_follow_the_allowed_transitions(self) -> None:
         for wid, t in self.tracked.items():
             now = self._status(wid)
@@ -280,6 +334,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             t.finished_at, t.error = now.finished_at, now.error
 
     @invariant()
+    @_explained
     def policy_versions_never_go_back(self) -> None:
         plane = self.srv.plane
         for tenant in TENANTS:
@@ -296,6 +351,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                 assert self.max_served.get(tenant, 0) <= ck["version"], tenant
 
     @invariant()
+    @_explained
     def each_job_completes_at_most_once(self) -> None:
         plane = self.srv.plane
         trained = [*self.trained, [j for _, j, _ in plane.training.trained]]

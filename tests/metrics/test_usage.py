@@ -143,3 +143,23 @@ def test_reported_usage_is_durable_so_a_restart_never_reports_less(tmp_path: Pat
     # A kill -9 right after the report: nothing else was saved (interval not reached).
     again = UsageMeter(path, clock=clock, resume=True)
     assert again.snapshot().tenants["alice"].device_seconds["training"] >= shown == 2.5
+
+
+def test_usage_shown_is_usage_persisted(tmp_path: Path) -> None:
+    """What ``report()`` shows is exactly what is on disk, even when work is recorded
+    while it runs: a server killed right after answering never resumes with less."""
+    meter = UsageMeter(tmp_path / "usage.json", persist_interval_s=3600)
+    meter.record_env("alice", 1, 0.5)
+    snapshot = meter.snapshot
+
+    def snapshot_then_more_work() -> UsageReport:
+        out = snapshot()
+        meter.record_env("alice", 1, 0.5)  # a simulator step finishing right then
+        return out
+
+    meter.snapshot = snapshot_then_more_work  # type: ignore[method-assign]
+    shown = meter.report().tenants["alice"]
+    # SIGKILL now; the restarted server resumes from the file.
+    resumed = UsageMeter(tmp_path / "usage.json", resume=True).tenant("alice")
+    assert resumed.env_steps >= shown.env_steps, (shown, resumed)
+    assert resumed.device_seconds == shown.device_seconds

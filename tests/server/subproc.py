@@ -23,7 +23,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
-import psutil
+
+try:  # psutil is not a declared dependency: without it nothing is reaped or listed
+    import psutil  # type: ignore[import-untyped,unused-ignore]
+except ImportError:  # pragma: no cover - depends on the environment
+    psutil = None
 
 from joynexus.control.job import TrainingJob
 from joynexus.control.scheduler import TrainingScheduler
@@ -93,13 +97,17 @@ class Served:
         assert r.status_code == 201, r.text
         return {"Authorization": f"Bearer {r.json()['api_key']}"}
 
-    def descendants(self) -> list[psutil.Process]:
+    def descendants(self) -> list[Any]:
+        """The server's child processes, recursively (psutil ``Process`` objects)."""
+        if psutil is None:
+            return []
         try:
-            return psutil.Process(self.proc.pid).children(recursive=True)
+            kids: list[Any] = psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
+        return kids
 
-    def env_workers(self) -> list[psutil.Process]:
+    def env_workers(self) -> list[Any]:
         """The simulator worker processes (one per open session), oldest first.
 
         Workers are started with the ``forkserver`` context (``spawn`` where there is
@@ -158,8 +166,10 @@ class Served:
         return self.own_log()[-chars:]
 
 
-def _reap(procs: Sequence[psutil.Process]) -> None:
+def _reap(procs: Sequence[Any]) -> None:
     """Give the processes a dead server left a moment to exit, then kill the rest."""
+    if psutil is None or not procs:
+        return
     _, alive = psutil.wait_procs(list(procs), timeout=5)
     for p in alive:
         with suppress(psutil.NoSuchProcess):

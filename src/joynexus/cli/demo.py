@@ -1,4 +1,9 @@
-"""``joynexus demo``: the §5.1 mixture on an in-process Master vs the isolated baseline."""
+"""``joynexus demo``: the §5.1 mixture on an in-process Master vs the isolated baseline.
+
+Off a terminal (output to a file or a pipe) the console is wide
+(:data:`PLAIN_WIDTH` columns), so the report's tables are not cut at 80 columns, and
+progress comes as plain lines (:class:`joynexus.demo.runner.PlainProgress`).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,21 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from joynexus.cli.app import app
 from joynexus.errors import JoyNexusError
 
-console = Console()
+#: Console width when stdout is not a terminal (rich would use 80).
+PLAIN_WIDTH = 200
+
+
+def demo_console() -> Console:
+    """A console for the demo: the terminal's width, or :data:`PLAIN_WIDTH` off one."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=max(PLAIN_WIDTH, console.width))
+    return console
 
 
 @app.command()
@@ -23,7 +38,8 @@ def demo(
             "--minutes",
             min=0.1,
             help="Budget of the whole demo; completion targets scale with it. Under 8 "
-            "minutes the faster simulators replace LIBERO and ManiSkill3.",
+            "minutes (or when LIBERO or ManiSkill3 cannot run here) the faster "
+            "simulators replace LIBERO and ManiSkill3.",
         ),
     ] = 10.0,
     out: Annotated[
@@ -31,7 +47,11 @@ def demo(
     ] = Path("runs/demo"),
     profile: Annotated[
         str | None,
-        typer.Option("--envs", help="Force the simulators: paper | fast | test."),
+        typer.Option(
+            "--envs",
+            help="Force the simulators: paper | fast | test (stops at once, saying what to "
+            "install or set, when they cannot run here).",
+        ),
     ] = None,
     rl_updates: Annotated[
         int | None, typer.Option("--rl-updates", min=1, help="Override RL updates per tenant.")
@@ -45,6 +65,7 @@ def demo(
     from joynexus.demo.mixture import PROFILES
     from joynexus.demo.runner import run_demo
 
+    console = demo_console()
     if profile is not None and profile not in PROFILES:
         console.print(f"[red]error:[/red] --envs must be one of {list(PROFILES)}, got {profile!r}")
         raise typer.Exit(2)
@@ -64,5 +85,8 @@ def demo(
             )
         )
     except JoyNexusError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+        # One line, never wrapped: what to install or set.
+        console.print(
+            f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True, emoji=False
+        )
         raise typer.Exit(1) from None

@@ -45,7 +45,9 @@ def check(
     try:
         compiled = check_spec_files(files)  # the checks `joynexus run` runs
     except JoyNexusError as error:
-        Console(stderr=True).print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
+        Console(stderr=True).print(
+            f"[red]error:[/red] {escape(str(error))}", highlight=False, emoji=False
+        )
         raise typer.Exit(1) from None
     for w in compiled.workloads:
         note = " (its dataset will be recorded first)" if w.needs_recording else ""

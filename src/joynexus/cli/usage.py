@@ -17,6 +17,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from joynexus.api import SERVICES, UsageReport
@@ -68,18 +69,15 @@ def _from_run_dir(run_dir: Path) -> UsageReport:
 
 
 def _from_server(url: str | None, api_key: str | None, tenant: str | None) -> UsageReport:
-    import httpx
-
     from joynexus.client import APIError, Client
 
     try:
         with Client(url, api_key) as client:
             return client.usage(tenant)
-    except APIError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(code=1) from None
-    except httpx.TransportError as exc:
-        console.print(f"[red]error:[/red] cannot reach the server at {url}: {exc}")
+    except APIError as exc:  # no server at the URL included (ServerUnreachableError)
+        console.print(
+            f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True, emoji=False
+        )
         raise typer.Exit(code=1) from None
 
 

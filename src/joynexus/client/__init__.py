@@ -8,7 +8,14 @@ progress callbacks, and retries with exponential backoff on 429 / 503.
 from __future__ import annotations
 
 from joynexus.api import WorkloadMetrics, WorkloadState, WorkloadStatus
-from joynexus.client._core import APIError, FutureInfo, Prediction, RetryPolicy, StepInfo
+from joynexus.client._core import (
+    APIError,
+    FutureInfo,
+    Prediction,
+    RetryPolicy,
+    ServerUnreachableError,
+    StepInfo,
+)
 from joynexus.client.aio import AsyncClient
 from joynexus.client.sync import Client
 
@@ -19,6 +26,7 @@ __all__ = [
     "FutureInfo",
     "Prediction",
     "RetryPolicy",
+    "ServerUnreachableError",
     "StepInfo",
     "WorkloadMetrics",
     "WorkloadState",

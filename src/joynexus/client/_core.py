@@ -25,6 +25,7 @@ __all__ = [
     "FutureInfo",
     "Prediction",
     "RetryPolicy",
+    "ServerUnreachableError",
     "StepInfo",
 ]
 
@@ -42,6 +43,31 @@ class APIError(Exception):
         self.code = code
         self.message = message
         self.details: dict[str, Any] = dict(details or {})
+
+
+class ServerUnreachableError(APIError, httpx.TransportError):
+    """No answer from the server: nothing listens at the URL, or the connection failed.
+
+    An :class:`APIError` (status 0, code ``unreachable``), so every command that prints
+    API errors prints this one as its one line, and an ``httpx.TransportError``, so code
+    that waits for a server to come up keeps working. ``str()`` is the message alone:
+    where, why, and how to point the client elsewhere.
+    """
+
+    def __init__(self, url: str, cause: httpx.TransportError) -> None:
+        why = str(cause).strip() or type(cause).__name__
+        if isinstance(cause, httpx.ConnectError | httpx.ConnectTimeout):
+            what = f"no server answers at {url} ({why})"
+        else:
+            what = f"the server at {url} did not answer ({type(cause).__name__}: {why})"
+        message = (
+            f"{what}; start one with `joynexus serve`, or point --url or JOYNEXUS_URL "
+            "at a running server"
+        )
+        super().__init__(0, "unreachable", message, {"url": url})
+
+    def __str__(self) -> str:
+        return self.message
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from joynexus.client._core import (
     FutureInfo,
     Prediction,
     RetryPolicy,
+    ServerUnreachableError,
     StepInfo,
     observations,
 )
@@ -90,9 +91,10 @@ class Client:
             response: httpx.Response | None = None
             try:
                 response = self._http.request(call.method, call.path, **call.request_kwargs())
-            except httpx.TransportError:
+            except httpx.TransportError as exc:
                 if attempt >= self.retry.max_retries:
-                    raise
+                    # One line for the caller (and every CLI command): no answer at URL.
+                    raise ServerUnreachableError(str(self._http.base_url).rstrip("/"), exc) from exc
             else:
                 if response.status_code not in RETRY_STATUSES or attempt >= self.retry.max_retries:
                     return call.result(response)

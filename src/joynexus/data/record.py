@@ -202,12 +202,16 @@ class PushTScriptedPolicy:
     the goal (cost = centre-of-mass distance in px + ``angle_weight`` x angle error in
     rad), simulates the best few again with the pusher's real path to the push's start
     (detouring around the block when the straight way would touch it), and executes the
-    best: approach, push, back off. It replans when a plan is used up or the block is
-    not where the plan said it would be (an auto-reset, or the replica drifting).
+    best: approach, push, back off. Once the block is close (cost below ``fine_below``)
+    pushes are shorter and ranked by gym-pusht's own measure, the coverage of the goal
+    region. It replans when a plan is used up or the block is not where the plan said
+    it would be (an auto-reset, or the replica drifting).
 
-    Measured (300-step episodes, seeds 0-49 and 100-149): 98 of 100 episodes reach
-    gym-pusht's success (coverage > 95 %), in ~140 steps on average; planning costs
-    ~1 s of CPU per episode.
+    Measured through the adapter (300-step episodes, seeds 0-49 and 100-149): 100 of 100
+    episodes reach gym-pusht's success (coverage > 95 %), in ~148 steps on average, and
+    ``joynexus data record --env pusht --episodes 20`` records 20 of 20 successes; the
+    planning costs ~1-2 s of CPU per episode. (The controller it replaced succeeded in
+    0 of 20.)
 
     Args:
         angle_weight: px of centre-of-mass distance one radian of angle error costs.
@@ -217,6 +221,8 @@ class PushTScriptedPolicy:
         push_lengths: How far (px) a push goes past first contact.
         candidates: Pushes simulated again with the real approach path.
         push_step / max_step: Pusher displacement per action while pushing / moving.
+        fine_below: Cost under which the plan aims at the coverage directly.
+        fine_lengths: Push lengths (px) of that last stage.
     """
 
     def __init__(

@@ -7,6 +7,12 @@ Three environment profiles:
 * ``fast`` — faster simulators for a small budget: PushT, MetaWorld reach and reach2d.
 * ``test`` — three reach2d tenants and a tiny PushT recording (the test suite's scale).
 
+Before anything starts, :func:`choose_envs` checks what each simulator of the wanted
+profile needs here (:mod:`joynexus.demo.envcheck`: assets, renderers): the paper
+profile falls back to the fast one, saying why, when one of its simulators cannot run
+(a fresh clone has no LIBERO asset pack); a profile forced with ``--envs`` that cannot
+run stops the demo at once with one line that says what to install or set.
+
 Every profile keeps the paper's knobs: at most 2 outstanding training jobs per RL tenant,
 at most 1 active rollout per tenant and 3 globally (the compiler's global limit), RL
 priority above SFT at the actor, a bounded SFT prefetch, and a staleness bound.
@@ -18,19 +24,25 @@ declaration reads the SFT tenant's published policy.
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from joynexus.envs.base import EnvSpec
 from joynexus.errors import SpecError
 from joynexus.spec.workload import WorkloadSpec
 
 __all__ = [
     "PROFILES",
     "DemoMixture",
+    "EnvCheck",
+    "EnvChoice",
     "Profile",
     "build_mixture",
+    "choose_envs",
     "choose_profile",
+    "profile_env_specs",
 ]
 
 Profile = Literal["paper", "fast", "test"]
@@ -73,7 +85,7 @@ class _ProfileDef:
     # RL updates per tenant per budget minute (measured to fit the budget).
     rl_updates_per_minute: float
     eval_interval_s: float
-    reason: str
+    description: str
 
 
 _IMAGE = 64
@@ -122,9 +134,10 @@ _PROFILES: dict[Profile, _ProfileDef] = {
         sft_samples_per_job=64,
         rl_updates_per_minute=1.0,
         eval_interval_s=20.0,
-        reason=(
-            "the paper's simulators (LIBERO + two ManiSkill3 configurations) fit the "
-            f"budget (≥ {PAPER_MIN_MINUTES:g} min) at 64 px with fast rendering"
+        description=(
+            "the paper's simulators: LIBERO libero_spatial/0 and ManiSkill3 PickCube-v1 and "
+            "PushCube-v1 for RL, MetaWorld reach-v3 demonstrations for SFT, 64 px, fast "
+            "rendering"
         ),
     ),
     "fast": _ProfileDef(
@@ -157,9 +170,10 @@ _PROFILES: dict[Profile, _ProfileDef] = {
         sft_samples_per_job=64,
         rl_updates_per_minute=3.0,
         eval_interval_s=20.0,
-        reason=(
-            f"the budget is under {PAPER_MIN_MINUTES:g} min, too short for LIBERO and "
-            "ManiSkill3 on this CPU; PushT, MetaWorld and reach2d step 3-100x faster"
+        description=(
+            "the fast simulators: PushT, MetaWorld reach-v3 and reach2d for RL (3-100x the "
+            "steps/s of LIBERO and ManiSkill3 on a CPU), MetaWorld reach-v3 demonstrations "
+            "for SFT"
         ),
     ),
     "test": _ProfileDef(
@@ -173,7 +187,7 @@ _PROFILES: dict[Profile, _ProfileDef] = {
         sft_samples_per_job=16,
         rl_updates_per_minute=2.0,
         eval_interval_s=1.0,
-        reason="test scale: reach2d tenants and a tiny PushT recording",
+        description="test scale: three reach2d RL tenants and a tiny PushT recording for SFT",
     ),
 }
 
@@ -215,9 +229,100 @@ class DemoMixture:
 
 
 def choose_profile(minutes: float) -> tuple[Profile, str]:
-    """The paper's simulators when the budget allows them, else the fast ones."""
-    profile: Profile = "paper" if minutes >= PAPER_MIN_MINUTES else "fast"
-    return profile, _PROFILES[profile].reason
+    """The paper's simulators when the budget allows them, else the fast ones (by the
+    budget alone: :func:`choose_envs` also checks that they can run here)."""
+    if minutes >= PAPER_MIN_MINUTES:
+        return "paper", (
+            f"the budget ({minutes:g} min) is at least {PAPER_MIN_MINUTES:g} min: "
+            f"{_PROFILES['paper'].description}"
+        )
+    return "fast", (
+        f"the budget ({minutes:g} min) is under {PAPER_MIN_MINUTES:g} min, too short for "
+        f"LIBERO and ManiSkill3 on this CPU: {_PROFILES['fast'].description}"
+    )
+
+
+def profile_env_specs(profile: Profile) -> list[EnvSpec]:
+    """Every simulator a profile runs (RL tenants, then the SFT/eval env)."""
+    p = _PROFILES[profile]
+    return [EnvSpec.model_validate(rl.env) for rl in p.rl] + [EnvSpec.model_validate(p.sft_env)]
+
+
+@dataclass(frozen=True)
+class EnvChoice:
+    """The demo's simulators and why (printed, and written to the report).
+
+    Attributes:
+        profile: The chosen profile.
+        reason: Why it was chosen, in one sentence.
+        unavailable: Simulators (env kinds) of a profile passed over, with why.
+    """
+
+    profile: Profile
+    reason: str
+    unavailable: dict[str, str]
+
+
+#: ``check(env specs) -> [(kind, why it cannot run here)]``; the demo's is
+#: :func:`joynexus.demo.envcheck.check_envs`.
+EnvCheck = Callable[[Sequence[EnvSpec]], Awaitable[Sequence[tuple[str, str]]]]
+
+
+async def _default_check(specs: Sequence[EnvSpec]) -> list[tuple[str, str]]:
+    from joynexus.demo.envcheck import check_envs
+
+    return [(p.kind, p.reason) for p in await check_envs(specs)]
+
+
+def _one_line(problems: Sequence[tuple[str, str]]) -> str:
+    return "; ".join(f"{kind}: {why}" for kind, why in problems)
+
+
+def _why(problems: Sequence[tuple[str, str]]) -> str:
+    return problems[0][1] if len(problems) == 1 else _one_line(problems)
+
+
+async def choose_envs(
+    minutes: float, profile: Profile | None = None, *, check: EnvCheck | None = None
+) -> EnvChoice:
+    """Choose the demo's simulators and check they can run here, before anything starts.
+
+    Args:
+        minutes: The demo's budget (picks the profile when ``profile`` is None).
+        profile: The profile ``--envs`` forces.
+        check: What checks simulators (default: files, then renderers; tests pass
+            their own).
+
+    Raises:
+        SpecError: the forced profile cannot run here, or no profile can; one line
+            naming the simulator and what to install or set.
+    """
+    run_check = check or _default_check
+    if profile is not None:
+        if profile not in _PROFILES:
+            raise SpecError(f"unknown demo profile {profile!r}; allowed {list(PROFILES)}")
+        problems = await run_check(profile_env_specs(profile))
+        if problems:
+            raise SpecError(f"--envs {profile} cannot run here: {_one_line(problems)}")
+        reason = f"chosen with --envs {profile}: {_PROFILES[profile].description}"
+        return EnvChoice(profile, reason, {})
+    wanted, reason = choose_profile(minutes)
+    problems = await run_check(profile_env_specs(wanted))
+    if not problems:
+        return EnvChoice(wanted, reason, {})
+    unavailable = dict(problems)
+    if wanted == "paper":
+        fallback = await run_check(profile_env_specs("fast"))
+        if not fallback:
+            names = ", ".join(kind for kind, _ in problems)
+            reason = (
+                f"the budget ({minutes:g} min) fits the paper's simulators, but {names} "
+                f"cannot run here ({_why(problems)}); instead "
+                f"{_PROFILES['fast'].description}"
+            )
+            return EnvChoice("fast", reason, unavailable)
+        problems = [*problems, *fallback]
+    raise SpecError(f"the demo's simulators cannot run here: {_one_line(problems)}")
 
 
 def build_mixture(
@@ -228,8 +333,9 @@ def build_mixture(
     data_dir: Path | None = None,
     rl_updates: int | None = None,
     sft_jobs: int | None = None,
+    reason: str | None = None,
 ) -> DemoMixture:
-    """Build the demo's specs.
+    """Build the demo's specs (checks nothing about the machine: :func:`choose_envs`).
 
     Args:
         out_dir: Root of the tenants' outputs.
@@ -240,6 +346,7 @@ def build_mixture(
             ``<out_dir>/data``).
         rl_updates: Override the RL tenants' completion target.
         sft_jobs: Cap the SFT tenant's jobs (default :data:`SFT_MAX_JOBS`).
+        reason: Why these simulators (default: what the budget or ``profile`` says).
 
     Raises:
         SpecError: an unknown profile or a non-positive budget.
@@ -247,11 +354,12 @@ def build_mixture(
     if minutes <= 0:
         raise SpecError(f"minutes must be > 0, got {minutes}", field="minutes")
     if profile is None:
-        profile, reason = choose_profile(minutes)
+        profile, budget_reason = choose_profile(minutes)
+        reason = reason or budget_reason
     elif profile not in _PROFILES:
         raise SpecError(f"unknown demo profile {profile!r}; allowed {list(PROFILES)}")
     else:
-        reason = _PROFILES[profile].reason
+        reason = reason or f"chosen with --envs {profile}: {_PROFILES[profile].description}"
     p = _PROFILES[profile]
     n_rl = (
         rl_updates

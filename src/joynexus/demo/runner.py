@@ -11,27 +11,44 @@ Layout of the output directory::
 
 Every phase runs fresh in its own run directory (a stale checkpoint would otherwise
 resume a tenant, and old jobs would be counted); the data and the model cache are kept.
+
+Before anything starts the simulators are chosen and checked (:func:`choose_envs`).
+On a terminal progress is drawn as live bars; otherwise (output to a file or a pipe) as
+plain lines: each phase's start, every status message, each tenant's end, and one line
+with every tenant's progress every :data:`PLAIN_PROGRESS_EVERY_S` seconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
 from joynexus.demo.baseline import replay_isolated
-from joynexus.demo.mixture import DemoMixture, Profile, build_mixture
+from joynexus.demo.mixture import DemoMixture, EnvCheck, Profile, build_mixture, choose_envs
 from joynexus.demo.phase import PhaseTrace, run_phase
-from joynexus.demo.report import build_report, plot_report, report_tables, write_report
+from joynexus.demo.report import (
+    build_report,
+    plot_report,
+    report_tables,
+    verdict,
+    write_report,
+)
 from joynexus.spec.workload import WorkloadSpec
 from joynexus.workflows.summary import TenantProgress
 
-__all__ = ["DemoResult", "run_demo"]
+__all__ = ["PLAIN_PROGRESS_EVERY_S", "DemoResult", "PlainProgress", "run_demo"]
+
+#: Off a terminal, the longest silence between two progress lines of a phase.
+PLAIN_PROGRESS_EVERY_S = 30.0
 
 
 @dataclass
@@ -47,18 +64,47 @@ class DemoResult:
     total_s: float
 
 
+def _what(row: TenantProgress) -> str:
+    """What a row counts: evaluation runs, or updates and the policy version reached."""
+    if row.task == "eval":
+        return "eval runs"
+    return f"v{row.version}" if row.version is not None else ""
+
+
+class _Reporter(Protocol):
+    phase: str
+
+    def start_phase(self, name: str) -> None: ...
+
+    def on_progress(self, rows: list[TenantProgress]) -> None: ...
+
+    def on_record(self, tenant: str, episode: int, length: int, success: bool) -> None: ...
+
+    def set_record_total(self, tenant: str, total: int) -> None: ...
+
+    def status(self, msg: str) -> None: ...
+
+
 class _Bars:
-    """Progress bars: one per tenant and phase, one per recording."""
+    """Progress bars (on a terminal): one per tenant and phase, one per recording."""
 
     def __init__(self, progress: Progress) -> None:
         self.progress = progress
         self.bars: dict[str, TaskID] = {}
         self.phase = ""
 
+    def start_phase(self, name: str) -> None:
+        self.phase = name
+
+    def set_record_total(self, tenant: str, total: int) -> None:
+        task_id = self.bars.get(f"record/{tenant}")
+        if task_id is not None:
+            self.progress.update(task_id, total=total)
+
     def on_progress(self, rows: list[TenantProgress]) -> None:
         for row in rows:
             key = f"{self.phase}/{row.tenant}"
-            info = f"v{row.version}" if row.version is not None else "eval runs"
+            info = _what(row)
             if row.done:
                 info += " [green]done[/green]"
             if key not in self.bars:
@@ -78,7 +124,93 @@ class _Bars:
         )
 
     def status(self, msg: str) -> None:
-        self.progress.console.print(f"[dim]{self.phase}: {msg}[/dim]")
+        self.progress.console.print(f"[dim]{self.phase}: {escape(msg)}[/dim]", emoji=False)
+
+
+class PlainProgress:
+    """Progress as plain lines, for output that is not a terminal (a file, a pipe).
+
+    Live bars print nothing there until they stop; these lines say at once that a
+    phase started, every status message and when a tenant is done, and give every
+    tenant's progress in one line every ``every_s`` seconds.
+    """
+
+    def __init__(
+        self,
+        console: Console,
+        *,
+        every_s: float = PLAIN_PROGRESS_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.console = console
+        self.every_s = every_s
+        self.clock = clock
+        self.phase = ""
+        self._t0 = clock()
+        self._last = -float("inf")
+        self._done: set[str] = set()
+        self._record_totals: dict[str, int] = {}
+
+    def _line(self, text: str) -> None:
+        elapsed = int(self.clock() - self._t0)
+        self.console.print(
+            f"[{elapsed // 60:02d}:{elapsed % 60:02d}] {text}",
+            markup=False,
+            highlight=False,
+            emoji=False,
+            soft_wrap=True,
+        )
+
+    def start_phase(self, name: str) -> None:
+        self.phase = name
+        self._last = -float("inf")
+        self._done.clear()
+        self._line(f"phase {name}: started")
+
+    def set_record_total(self, tenant: str, total: int) -> None:
+        self._record_totals[tenant] = total
+
+    @staticmethod
+    def _row(row: TenantProgress) -> str:
+        count = f"{row.completed}/{row.target}" if row.target is not None else str(row.completed)
+        what = _what(row)
+        return f"{row.tenant} {count}{' ' + what if what else ''}{' done' if row.done else ''}"
+
+    def on_progress(self, rows: list[TenantProgress]) -> None:
+        now = self.clock()
+        finished = [r for r in rows if r.done and r.tenant not in self._done]
+        for row in finished:
+            self._done.add(row.tenant)
+            self._line(f"{self.phase}: {self._row(row)}")
+        if now - self._last >= self.every_s:
+            self._last = now
+            self._line(f"{self.phase}: " + ", ".join(self._row(r) for r in rows))
+
+    def on_record(self, tenant: str, episode: int, length: int, success: bool) -> None:
+        total = self._record_totals.get(tenant)
+        of = f"/{total}" if total else ""
+        outcome = "success" if success else "no success"
+        self._line(
+            f"recording demos for {tenant}: episode {episode + 1}{of}, {length} frames, {outcome}"
+        )
+
+    def status(self, msg: str) -> None:
+        self._line(f"{self.phase}: {msg}")
+
+
+@contextlib.contextmanager
+def _reporter(console: Console) -> Iterator[_Reporter]:
+    if not console.is_terminal:
+        yield PlainProgress(console)
+        return
+    with Progress(
+        TextColumn("[bold]{task.fields[label]}[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=console,
+    ) as progress:
+        yield _Bars(progress)
 
 
 def _link_models(models: Path) -> Any:
@@ -90,12 +222,10 @@ def _link_models(models: Path) -> Any:
     return prepare
 
 
-def _record_totals(mixture: DemoMixture, bars: _Bars) -> None:
+def _record_totals(mixture: DemoMixture, bars: _Reporter) -> None:
     for spec in mixture.specs:
         if spec.dataset is not None:
-            for key, task_id in bars.bars.items():
-                if key == f"record/{spec.tenant}":
-                    bars.progress.update(task_id, total=spec.dataset.record_episodes)
+            bars.set_record_total(spec.tenant, spec.dataset.record_episodes)
 
 
 async def run_demo(
@@ -107,6 +237,7 @@ async def run_demo(
     sft_jobs: int | None = None,
     torch_threads: int | None = None,
     console: Console | None = None,
+    env_check: EnvCheck | None = None,
 ) -> DemoResult:
     """Run the multi-tenant mixture, replay it isolated, write the report and plots.
 
@@ -117,9 +248,12 @@ async def run_demo(
         rl_updates / sft_jobs: Override the completion targets.
         torch_threads: torch intra-op threads of this process (None: leave as is).
         console: Where progress and tables go (default: a new rich console).
+        env_check: How simulators are checked before the start (default: files, then
+            renderers; see :func:`~joynexus.demo.mixture.choose_envs`).
 
     Raises:
-        JoyNexusError: a bad spec or an environment that cannot start.
+        JoyNexusError: a bad spec, or simulators that cannot run here (raised before
+            anything starts, saying what to install or set).
         RuntimeError: a phase completed fewer updates than its matched work.
     """
     console = console or Console()
@@ -131,15 +265,22 @@ async def run_demo(
         # intra-op threads only contend with them (measured many times slower).
         torch.set_num_threads(torch_threads)
     out_dir = out_dir.resolve()
+    choice = await choose_envs(minutes, profile, check=env_check)
     mixture = build_mixture(
         out_dir / "multi" / "outputs",
         minutes=minutes,
-        profile=profile,
+        profile=choice.profile,
         data_dir=out_dir / "data",
         rl_updates=rl_updates,
         sft_jobs=sft_jobs,
+        reason=choice.reason,
     )
-    console.print(f"[bold]environments:[/bold] {mixture.profile} — {mixture.reason}")
+    console.print(
+        f"[bold]environments:[/bold] {mixture.profile} — {escape(mixture.reason)}",
+        highlight=False,
+        soft_wrap=True,
+        emoji=False,
+    )
     for sub in ("multi", "isolated"):
         shutil.rmtree(out_dir / sub, ignore_errors=True)
     models = out_dir / "models"
@@ -149,19 +290,14 @@ async def run_demo(
     prepare(out_dir / "multi")
     _describe(mixture, console)
 
-    with Progress(
-        TextColumn("[bold]{task.fields[label]}[/bold]"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        console=console,
-    ) as progress:
-        bars = _Bars(progress)
-        bars.phase = "multi-tenant"
+    with _reporter(console) as bars:
+        bars.start_phase("multi-tenant")
+
+        _record_totals(mixture, bars)
 
         def on_record(tenant: str, episode: int, length: int, success: bool) -> None:
             bars.on_record(tenant, episode, length, success)
-            _record_totals(mixture, bars)
+            _record_totals(mixture, bars)  # a bar exists once its first episode is in
 
         multi = await run_phase(
             "multi-tenant",
@@ -177,7 +313,7 @@ async def run_demo(
         # at the last one) and the SFT updates completed inside that window.
 
         def on_phase(name: str, spec: WorkloadSpec) -> None:
-            bars.phase = name
+            bars.start_phase(name)
 
         isolated = await replay_isolated(
             mixture.training_specs,
@@ -198,6 +334,7 @@ async def run_demo(
         sft_tenant=mixture.sft_tenant,
         eval_tenant=mixture.eval_tenant,
     )
+    report["env_unavailable"] = dict(choice.unavailable)
     plots = plot_report(report, multi, isolated, out_dir)
     report["plots"] = [p.name for p in plots]
     total = time.monotonic() - t0
@@ -205,6 +342,7 @@ async def run_demo(
     path = write_report(report, out_dir)
     for table in report_tables(report):
         console.print(table)
+    console.print(verdict(report), highlight=False)
     console.print(
         f"wrote {path} and {', '.join(p.name for p in plots)} (demo took {total / 60:.1f} min)"
     )

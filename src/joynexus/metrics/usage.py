@@ -233,10 +233,12 @@ class UsageMeter:
         Whatever a caller was shown is on disk, so a server restarted on the same file
         (``resume=True``) never reports less: usage is monotone across restarts.
         """
-        if self.path is not None:
-            with contextlib.suppress(OSError):  # the report still answers; the next retries
-                self.save()
-        return self.snapshot()
+        if self.path is None:
+            return self.snapshot()
+        try:
+            return self._write(self.path)  # the very snapshot that is on disk
+        except OSError:  # the report still answers (from memory); the next one retries
+            return self.snapshot()
 
     def tenant(self, tenant_id: str) -> TenantUsage:
         """One tenant's usage (zeros for a tenant never seen)."""
@@ -253,8 +255,15 @@ class UsageMeter:
         target = Path(path) if path is not None else self.path
         if target is None:
             raise InvalidRequestError("UsageMeter.save needs a path (the meter was built without)")
-        text = json.dumps(self.snapshot().model_dump(mode="json"), indent=2, sort_keys=True)
+        self._write(target)
+        return target
+
+    def _write(self, target: Path) -> UsageReport:
+        """Snapshot and write under one lock (two concurrent saves can never leave the
+        older snapshot on disk); returns what was written."""
         with self._save_lock:
+            report = self.snapshot()
+            text = json.dumps(report.model_dump(mode="json"), indent=2, sort_keys=True)
             target.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".usage-", suffix=".json", dir=target.parent)
             try:
@@ -265,7 +274,7 @@ class UsageMeter:
                 Path(tmp).unlink(missing_ok=True)
                 raise
             self._last_save = self.clock.now()
-        return target
+        return report
 
     def _maybe_persist(self) -> None:
         if self.path is None or self.clock.now() - self._last_save < self.persist_interval_s:

@@ -137,8 +137,21 @@ async def _finish(ctx: WorkflowContext, job: TrainingJob, result: Any) -> Traini
     """Steps 4–6 after a job trained: checkpoint, publish, clear, complete.
 
     The checkpoint comes first: a version is served only once it is durable, so a
-    restart never issues the same version number for other weights.
+    restart never issues the same version number for other weights. Once started, the
+    steps run to their end even if the actor is cancelled (a clean shutdown): a
+    checkpoint holding the update of a job failed ``cancelled`` would leave the weights
+    one update ahead of the completed jobs.
     """
+    task = asyncio.ensure_future(_record_update(ctx, job, result))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task  # bounded work: a save, a publication, one transaction
+        raise
+
+
+async def _record_update(ctx: WorkflowContext, job: TrainingJob, result: Any) -> TrainingJob:
     tenant = ctx.tenants[job.tenant_id]
     version = int(result.policy_version)
     await _maybe_checkpoint(ctx, tenant, version, job)

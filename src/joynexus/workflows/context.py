@@ -167,7 +167,11 @@ def job_heartbeat(scheduler: TrainingScheduler, job: TrainingJob) -> Callable[[]
 
 
 def reason_of(error: BaseException) -> str:
-    """A terminal reason for a failed job: the error's code or class, and message."""
+    """A terminal reason for a failed job: the error's code or class, and message;
+    ``cancelled`` for a cancellation (a shutdown, never the job's fault: the Master does
+    not count it against the workload)."""
+    if isinstance(error, asyncio.CancelledError):
+        return "cancelled"
     code = getattr(error, "code", None) or type(error).__name__
     text = str(error).splitlines()[0] if str(error) else ""
     return f"{code}: {text}"[:500]

@@ -1,0 +1,1 @@
+from tests.server.livesrv import tiny_model  # noqa: F401  (live-server fixtures)
