@@ -471,7 +471,7 @@ def test_custom_workload_updates_are_checkpointed_and_survive_a_kill(server: Fak
     assert A not in server.plane.training.tenant_ids()
 
 
-# ----------------------------------------------------------------- known bugs (xfail)
+# ------------------------------------------- found on the fake plane (regressions)
 
 
 def test_clean_shutdown_between_checkpoint_and_complete_keeps_weights_equal_to_jobs(
@@ -503,6 +503,9 @@ def test_clean_shutdown_between_checkpoint_and_complete_keeps_weights_equal_to_j
     assert server.plane.scheduler.get(hung[0]).state is JobState.COMPLETED
     assert done.policy_version == 4
     _assert_weights_hold_exactly_the_completed_jobs(server)
+
+
+# ----------------------------------------------------------------- known bugs (xfail)
 
 
 @pytest.mark.xfail(

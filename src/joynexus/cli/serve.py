@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from joynexus.cli.app import app
@@ -43,7 +44,11 @@ def _client(url: str | None, key: str | None) -> Client:
 
 
 def _fail(exc: Exception) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc}")
+    # One line whatever the width (off a terminal rich assumes 80 columns); the
+    # message is text, never markup.
+    console.print(
+        f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True, emoji=False
+    )
     return typer.Exit(1)
 
 
@@ -85,6 +90,15 @@ def serve(
     base_model: Annotated[
         str, typer.Option("--base-model", help="Resident base model (hub id, path, tiny:<arch>).")
     ] = "tiny:qwen2_5_vl",
+    device: Annotated[
+        str, typer.Option("--device", help="Device of the resident base model (cpu, cuda, cuda:1).")
+    ] = "cpu",
+    dtype: Annotated[
+        str,
+        typer.Option(
+            "--dtype", help="Weights dtype of the base model: auto, float32, bfloat16, float16."
+        ),
+    ] = "auto",
     admin_key_file: Annotated[
         Path | None,
         typer.Option("--admin-key-file", help="Where the admin key is kept (default: run dir)."),
@@ -161,6 +175,7 @@ def serve(
             ) from exc
 
     import uvicorn
+    from pydantic import ValidationError
 
     from joynexus.errors import JoyNexusError
     from joynexus.master.limits import MasterLimits
@@ -173,6 +188,12 @@ def serve(
     from joynexus.server.serve import build_live_app, build_plane, ensure_admin_key
     from joynexus.spec.workload import BaseModelSpec
 
+    try:
+        base_spec = BaseModelSpec.model_validate(
+            {"id": base_model, "device": device, "dtype": dtype}
+        )
+    except ValidationError as exc:
+        raise _fail(ValueError(f"--device / --dtype: {exc.errors()[0]['msg']}")) from None
     placement: Placement
     try:
         if runtime == "ray":
@@ -214,7 +235,7 @@ def serve(
         # the checkpoint ledgers (completed if their update is in a checkpoint).
         plane = build_plane(
             run_dir,
-            BaseModelSpec(id=base_model),
+            base_spec,
             placement=placement,
             config=knobs,
             keep_in_flight=True,

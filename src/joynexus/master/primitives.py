@@ -123,13 +123,14 @@ class ModelPrimitives:
 
     async def save(self, tenant_id: str, include_optim: bool = True) -> list[str]:
         """Checkpoint the tenant at its current version; paths relative to its dir."""
-        self.require_slot(tenant_id)
+        tenant = self.require_slot(tenant_id)
         version = self.training.policy_version(tenant_id)
         latest = self.training.latest_checkpoint(tenant_id)
         if latest is not None and latest.name == f"step_{version}":
             paths = [latest]  # every update is checkpointed already: nothing new to write
         else:
             paths = await self.training.save(version, [tenant_id], include_optim=include_optim)
+            tenant.last_checkpoint_version = version
         root = self.tenant_dir(tenant_id).resolve()
         return [str(Path(p).resolve().relative_to(root)) for p in paths]
 

@@ -829,6 +829,7 @@ class MasterService(ModelPrimitives):
             if version > 0 and (latest is None or latest.name != f"step_{version}"):
                 ledger = {"jobs_applied": tenant.jobs_applied, "workload_id": w.workload_id}
                 await self.training.save(version, [tid], include_optim=True, ledger=ledger)
+                tenant.last_checkpoint_version = version
             tenant.metrics.write("checkpoint", policy_version=version)
             # SFT updates are served from now on. An engine the Health Manager is
             # restarting answers unavailable for a moment: the trained weights are
@@ -1004,8 +1005,10 @@ class MasterService(ModelPrimitives):
             )
             return out
         if w.tenant is not None and self._tenants.get(w.tenant_id) is w.tenant:
-            with contextlib.suppress(NotFoundError):
-                out.policy_version = self.training.policy_version(w.tenant_id)
+            # The durable version (checkpointed, hence the only one ever served): the
+            # optimizer steps of a job still training would be lost by a crash, so a
+            # version shown here never goes back across a restart.
+            out.policy_version = w.tenant.last_checkpoint_version
         if c.task_type is not None:
             jobs = self._jobs_of(w)
             out.jobs_completed = sum(1 for j in jobs if j.state is JobState.COMPLETED)
