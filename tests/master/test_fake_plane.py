@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -505,16 +504,6 @@ def test_clean_shutdown_between_checkpoint_and_complete_keeps_weights_equal_to_j
     _assert_weights_hold_exactly_the_completed_jobs(server)
 
 
-# ----------------------------------------------------------------- known bugs (xfail)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: MasterService.status reports training.policy_version, which counts "
-    "optimizer steps not yet checkpointed; after a crash the tenant resumes at its "
-    "checkpoint, so the reported version goes back and is later issued again for other "
-    "weights",
-)
 def test_reported_policy_version_never_goes_back_across_a_kill(server: FakeServer) -> None:
     hung: list[str] = []
 
@@ -534,12 +523,9 @@ def test_reported_policy_version_never_goes_back_across_a_kill(server: FakeServe
     assert after is not None and after >= reported, (reported, after)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: MasterService._recover stores a recovered paused workload as 'starting' "
-    "(service.py, w.state = STARTING; self._save(w)) and keeps 'resume paused' only in "
-    "memory, so a second restart before its supervisor re-applied the pause resumes it",
-)
+# ------------------------------------------------- regressions of fixed recovery bugs
+
+
 @pytest.mark.parametrize("kill", [True, False], ids=["kill-9", "clean"])
 def test_paused_stays_paused_across_a_restart_during_recovery(
     server: FakeServer, kill: bool
@@ -553,13 +539,6 @@ def test_paused_stays_paused_across_a_restart_during_recovery(
     assert _status(server, wid).state is WorkloadState.PAUSED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: workflows/actor.py _fail reads ctx.tenants[job.tenant_id] after the "
-    "tenant's workload was cancelled mid-training: the KeyError escapes the per-job "
-    "handler of consume_training_jobs and the group handler fails every other leased "
-    "job of the group, i.e. another tenant's job fails because this one was cancelled",
-)
 def test_cancelling_a_tenant_mid_training_never_fails_another_tenants_job(
     server: FakeServer,
 ) -> None:
@@ -595,13 +574,6 @@ def test_cancelling_a_tenant_mid_training_never_fails_another_tenants_job(
     assert failed == [], failed
 
 
-@pytest.mark.xfail(
-    sys.version_info < (3, 12),
-    strict=True,
-    reason="BUG (Python 3.11): TrainingScheduler.async_wait_for_ready awaits "
-    "asyncio.wait_for, which swallows a cancellation that lands in the iteration its "
-    "future resolves; the actor then survives MasterService.aclose, which hangs",
-)
 def test_aclose_stops_the_actor_even_when_a_job_turns_ready_at_that_moment(
     tmp_path: Path,
 ) -> None:
@@ -629,13 +601,6 @@ def test_aclose_stops_the_actor_even_when_a_job_turns_ready_at_that_moment(
         srv.process.kill(srv.plane, srv.master)
 
 
-@pytest.mark.xfail(
-    sys.version_info < (3, 12),
-    strict=True,
-    reason="BUG (Python 3.11): root cause of the aclose hang above: "
-    "TrainingScheduler.async_wait_for_ready returns True instead of raising "
-    "CancelledError when it is cancelled in the iteration a job turns ready",
-)
 def test_a_cancelled_wait_for_ready_raises_even_when_a_job_turns_ready() -> None:
     from joynexus.control.scheduler import TrainingScheduler
 

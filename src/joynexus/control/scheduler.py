@@ -554,7 +554,11 @@ class TrainingScheduler:
                     return False
                 waiter = self._waiters.park(loop)
             try:
-                await asyncio.wait_for(waiter.future, timeout=wait)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+                # cancellation that arrives as the future resolves (the task survives
+                # its cancel, and a shutdown waits on it forever).
+                async with asyncio.timeout(wait):
+                    await waiter.future
             except TimeoutError:
                 pass  # re-check: a lease may have expired into ``ready`` meanwhile
             finally:

@@ -151,12 +151,15 @@ class _Workload:
         return self.compiled.task
 
     def record(self) -> WorkloadRecord:
+        # A paused workload being recovered is 'starting' here but stays paused on disk:
+        # a second restart before it settled must not resume it.
+        paused = self.state is WorkloadState.STARTING and self.resume_paused
         return WorkloadRecord(
             workload_id=self.workload_id,
             tenant_id=self.tenant_id,
             seq=self.seq,
             spec=self.compiled.spec.model_dump(mode="json", by_alias=True),
-            state=self.state,
+            state=WorkloadState.PAUSED if paused else self.state,
             created_at=self.created_at,
             finished_at=self.finished_at,
             completed_before=self.completed_before,

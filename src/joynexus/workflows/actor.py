@@ -40,7 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 from joynexus.control.job import TaskType, TrainingJob
-from joynexus.errors import StaleLeaseError
+from joynexus.errors import NotFoundError, StaleLeaseError
 from joynexus.workflows.context import (
     ACTOR_ROLE,
     WorkflowContext,
@@ -114,7 +114,10 @@ async def _drop_stale(ctx: WorkflowContext, job: TrainingJob, actor_version: int
     """Eq. (1) violated: clear the partition, then drop the job."""
     await ctx.queue.async_clear(job.partition_id)
     dropped = ctx.scheduler.drop(job.job_id, REASON_POLICY_STALE, job.lease_epoch)
-    ctx.tenants[job.tenant_id].metrics.write(
+    tenant = ctx.tenants.get(job.tenant_id)
+    if tenant is None:  # its workload ended meanwhile
+        return dropped
+    tenant.metrics.write(
         "dropped",
         job_id=job.job_id,
         behavior_version=job.behavior_policy_version,
@@ -129,8 +132,9 @@ async def _fail(ctx: WorkflowContext, job: TrainingJob, error: BaseException) ->
     if not ctx.scheduler.get(job.job_id).is_terminal:
         cancelled = isinstance(error, asyncio.CancelledError)
         ctx.scheduler.fail(job.job_id, "cancelled" if cancelled else reason_of(error))
-    if not isinstance(error, asyncio.CancelledError):
-        ctx.tenants[job.tenant_id].errors.append(reason_of(error))
+    tenant = ctx.tenants.get(job.tenant_id)  # gone when its workload was cancelled
+    if tenant is not None and not isinstance(error, asyncio.CancelledError):
+        tenant.errors.append(reason_of(error))
 
 
 async def _finish(ctx: WorkflowContext, job: TrainingJob, result: Any) -> TrainingJob:
@@ -152,7 +156,9 @@ async def _finish(ctx: WorkflowContext, job: TrainingJob, result: Any) -> Traini
 
 
 async def _record_update(ctx: WorkflowContext, job: TrainingJob, result: Any) -> TrainingJob:
-    tenant = ctx.tenants[job.tenant_id]
+    tenant = ctx.tenants.get(job.tenant_id)
+    if tenant is None:  # cancelled while training: the Master fails the job
+        raise NotFoundError(f"tenant {job.tenant_id!r} left while job {job.job_id} trained")
     version = int(result.policy_version)
     await _maybe_checkpoint(ctx, tenant, version, job)
     if job.task_type is TaskType.RL or tenant.serve:
