@@ -174,6 +174,19 @@ def test_rl_workload_runs_to_its_completion_target(server: FakeServer, steps_per
     assert states == ["running", "completed"]
 
 
+def test_a_later_workload_never_changes_an_ended_workloads_counts(server: FakeServer) -> None:
+    # Per-workload counts count that workload's jobs only (tagged with its id), never
+    # the tenant's later ones; its version stays the one it ended with.
+    first = _wait(server, _submit(server, target=2))
+    second = _wait(server, _submit(server, target=3))
+    assert (second.jobs_completed, second.jobs_target) == (3, 3)
+    again = _status(server, first.workload_id)
+    assert (again.jobs_completed, again.jobs_target, again.jobs_failed) == (2, 2, 0)
+    assert again.policy_version == first.policy_version
+    assert second.policy_version is not None and first.policy_version is not None
+    assert second.policy_version > first.policy_version  # resumed from the first's weights
+
+
 def test_pause_stops_new_jobs_until_resume(server: FakeServer) -> None:
     server.plane.inference.rollout_delay_s = 0.005
     wid = _submit(server, target=6)

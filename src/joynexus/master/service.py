@@ -134,6 +134,7 @@ class _Workload:
     restarts: int = 0
     #: Resume into ``paused`` (a paused workload recovered after a restart).
     resume_paused: bool = False
+    final_version: int | None = None
     source: SFTSource | None = None
     heldout_initial: float | None = None
     #: Watchdog: the progress last seen and when it changed (clock.now()).
@@ -166,6 +167,7 @@ class _Workload:
             eval_runs=self.eval_runs,
             error=self.error,
             restarts=self.restarts,
+            final_version=self.final_version,
         )
 
 
@@ -378,6 +380,7 @@ class MasterService(ModelPrimitives):
         w = _Workload(r.workload_id, compiled, r.created_at, r.seq, state=state)
         w.finished_at = r.finished_at
         w.completed_before = r.completed_before
+        w.final_version = r.final_version
         w.eval_runs = r.eval_runs
         w.error = error
         w.restarts = r.restarts
@@ -1007,7 +1010,10 @@ class MasterService(ModelPrimitives):
                 len(w.tenant.metrics.of_kind("eval")) if w.tenant else 0
             )
             return out
-        if w.tenant is not None and self._tenants.get(w.tenant_id) is w.tenant:
+        if w.final_version is not None:  # ended: the version it ended with
+            out.policy_version = w.final_version
+        elif self._holds_slot(w):
+            assert w.tenant is not None
             # The durable version (checkpointed, hence the only one ever served): the
             # optimizer steps of a job still training would be lost by a crash, so a
             # version shown here never goes back across a restart.
@@ -1077,7 +1083,14 @@ class MasterService(ModelPrimitives):
 
     def _save(self, w: _Workload) -> None:
         """Commit ``w``'s record (every state change goes through here)."""
+        if w.state.is_terminal and w.final_version is None and self._holds_slot(w):
+            assert w.tenant is not None
+            w.final_version = w.tenant.last_checkpoint_version
         self.store.put(w.record())
+
+    def _holds_slot(self, w: _Workload) -> bool:
+        """``w`` is the workload whose tenant state the tenant's slot holds now."""
+        return w.tenant is not None and self._tenants.get(w.tenant_id) is w.tenant
 
     def _write_event(self, w: _Workload, state: str, **extra: Any) -> None:
         with contextlib.suppress(OSError):

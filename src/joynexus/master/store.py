@@ -45,6 +45,8 @@ class WorkloadRecord(BaseModel):
         eval_runs: Evaluation runs finished (eval workloads).
         error: Why it failed.
         restarts: How often a restart of the server resumed it.
+        final_version: The tenant's policy version when the workload ended (rl, sft,
+            custom), so its status keeps it after later workloads of the tenant.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -60,6 +62,7 @@ class WorkloadRecord(BaseModel):
     eval_runs: int = 0
     error: str | None = None
     restarts: int = 0
+    final_version: int | None = None
 
 
 class WorkloadStore:
