@@ -187,3 +187,16 @@ def test_cli_record_refuses_an_expert_that_never_succeeds(tmp_path: Path) -> Non
     text = " ".join(result.output.split())
     assert "succeeded in none of the 1 episodes" in text and "--allow-failures" in text
     assert not out.exists()  # no dataset of failures is left to train on
+
+
+def test_a_recording_whose_expert_never_succeeded_is_refused_and_deleted(tmp_path: Path) -> None:
+    from joynexus.data.record import RecordSummary, refuse_failed_expert
+    from joynexus.errors import DatasetError
+
+    root = tmp_path / "demos"
+    (root / "data").mkdir(parents=True)
+    refuse_failed_expert(RecordSummary(root, episodes=4, frames=40, successes=1))
+    assert root.is_dir()  # one success: kept
+    with pytest.raises(DatasetError, match="none of the 4 episodes"):
+        refuse_failed_expert(RecordSummary(root, episodes=4, frames=40, successes=0))
+    assert not root.exists()

@@ -27,6 +27,8 @@ def test_joynexus_run_writes_the_summary(tmp_path: Path, tiny_model: str) -> Non
         app, ["run", str(path), "--json", str(out), "--run-dir", str(tmp_path / "run")]
     )
     assert result.exit_code == 0, result.output
+    # Not a terminal: a plain progress line per change instead of live bars.
+    assert "cli-rl rl: 0/" in result.output and " done" in result.output, result.output
     doc = json.loads(out.read_text())
     entry = doc["cli-rl"]
     assert entry["task"] == "rl" and entry["jobs_completed"] >= 1

@@ -56,9 +56,8 @@ def record(
     Exits 1 and deletes the recording when the expert succeeded in none of the episodes
     (demonstrations that never succeed teach nothing), unless ``--allow-failures``.
     """
-    import shutil
 
-    from joynexus.data.record import record_episodes
+    from joynexus.data.record import record_episodes, refuse_failed_expert
     from joynexus.envs.base import EnvSpec
 
     def report(ep: int, length: int, success: bool) -> None:
@@ -84,15 +83,12 @@ def record(
     rate = (
         f"success rate {summary.success_rate:.0%} ({summary.successes}/{summary.episodes} episodes)"
     )
-    if summary.successes == 0 and not allow_failures:
-        shutil.rmtree(summary.root, ignore_errors=True)
-        console.print(
-            f"[red]error:[/red] the {policy} expert succeeded in none of the {summary.episodes} "
-            f"episodes ({rate}): these are not expert demonstrations, so the recording was "
-            "deleted; give the episodes more steps (--max-steps), or pass --allow-failures "
-            "to keep failed episodes"
-        )
-        raise typer.Exit(code=1)
+    if not allow_failures:
+        try:
+            refuse_failed_expert(summary, policy)
+        except JoyNexusError as exc:
+            console.print(f"[red]error:[/red] {exc.message} ({rate}); or pass --allow-failures")
+            raise typer.Exit(code=1) from None
     console.print(
         f"wrote {summary.root}: {summary.episodes} episodes, {summary.frames} frames, {rate}"
     )

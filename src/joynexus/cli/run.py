@@ -79,18 +79,30 @@ def run(
     except JoyNexusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
+    plain = not console.is_terminal  # a file or a pipe: a line per change, no live bars
     with Progress(
         TextColumn("[bold]{task.fields[tenant]}[/bold] {task.fields[kind]}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[info]}"),
         console=console,
+        disable=plain,
     ) as progress:
         bars: dict[str, TaskID] = {}
         record_bars: dict[str, TaskID] = {}
 
+        shown: dict[str, tuple[int, bool]] = {}
+
         def on_progress(rows: list[TenantProgress]) -> None:
             for row in rows:
+                if plain and shown.get(row.tenant) != (row.completed, row.done):
+                    shown[row.tenant] = (row.completed, row.done)
+                    version = "" if row.version is None else f" version {row.version}"
+                    end = " done" if row.done else ""
+                    console.print(
+                        f"{row.tenant} {row.task}: {row.completed}/{row.target}{version}{end}",
+                        highlight=False,
+                    )
                 info = f"version {row.version}" if row.version is not None else "eval runs"
                 if row.done:
                     info += " [green]done[/green]"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from joynexus.data.lerobot_format import FeatureSpec
 from joynexus.data.writer import LeRobotDatasetWriter
 from joynexus.envs.base import EnvAdapter, EnvObservation, EnvSpec
 from joynexus.envs.registry import make_env
-from joynexus.errors import SpecError
+from joynexus.errors import DatasetError, SpecError
 from joynexus.models.schema import DataSchema
 
 if TYPE_CHECKING:  # only read here; importing it at run time would load the model layer
@@ -593,6 +594,24 @@ def record_episodes(
     return RecordSummary(root=Path(out), episodes=episodes, frames=frames, successes=successes)
 
 
+def refuse_failed_expert(summary: RecordSummary, expert: str = "scripted") -> None:
+    """Delete a recording whose expert never succeeded and say so.
+
+    Demonstrations that never reach the goal teach nothing: they are not expert data.
+
+    Raises:
+        DatasetError: no episode of the recording succeeded (it was deleted).
+    """
+    if summary.successes > 0:
+        return
+    shutil.rmtree(summary.root, ignore_errors=True)
+    raise DatasetError(
+        f"the {expert} expert succeeded in none of the {summary.episodes} episodes recorded "
+        f"into {summary.root}: these are not expert demonstrations, so the recording was "
+        "deleted; give the episodes more steps (env max_episode_steps) or record another task"
+    )
+
+
 def record_missing_dataset(
     spec: WorkloadSpec, on_episode: Callable[[int, int, bool], None] | None = None
 ) -> Path:
@@ -609,4 +628,5 @@ def record_missing_dataset(
         seed=spec.seed,
         on_episode=on_episode,
     )
+    refuse_failed_expert(summary)
     return summary.root
