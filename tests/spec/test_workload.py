@@ -86,3 +86,38 @@ def test_json_schema_names_the_alias() -> None:
     schema = spec_json_schema()
     assert "schema" in schema["properties"]
     assert set(schema["required"]) >= {"tenant", "task", "base_model"}
+
+
+def test_lora_spec_defaults_and_round_trip() -> None:
+    spec = parse_spec(rl_spec(action_module={"type": "oft", "lora": {"rank": 16}}))
+    lora = spec.action_module.lora
+    assert lora is not None and lora.rank == 16 and lora.scaling == lora.alpha / 16
+    assert "q_proj" in lora.targets and "down_proj" in lora.targets and not lora.vision
+    again = parse_spec(rl_spec(action_module=spec.action_module.model_dump(mode="json")))
+    assert again.action_module == spec.action_module
+    assert parse_spec(rl_spec()).action_module.lora is None
+
+
+@pytest.mark.parametrize(
+    ("lora", "message"),
+    [
+        ({"targets": ["q_proj", "qkv"]}, r"unknown LoRA target\(s\) \['qkv'\]; valid targets: \["),
+        ({"targets": []}, "targets"),
+        ({"targets": ["q_proj", "q_proj"]}, "repeat"),
+        ({"rank": 0}, "rank"),
+        ({"dropout": 1.0}, "dropout"),
+        ({"vision": True}, "vision tower is not supported"),
+        ({"ranks": 8}, "ranks"),
+    ],
+)
+def test_bad_lora_specs_say_what_is_wrong(lora: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError, match=message) as info:
+        parse_spec(rl_spec(action_module={"type": "oft", "lora": lora}))
+    assert "action_module" in str(info.value)
+
+
+def test_unknown_lora_target_lists_every_valid_name() -> None:
+    with pytest.raises(SpecError) as info:
+        parse_spec(rl_spec(action_module={"type": "flow_matching", "lora": {"targets": ["x"]}}))
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+        assert name in str(info.value)

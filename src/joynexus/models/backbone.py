@@ -22,6 +22,7 @@ from joynexus.errors import InvalidRequestError, ModelNotFoundError
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.canonicalize import CanonicalSpec, canonicalize
 from joynexus.models.feature import VLAFeature
+from joynexus.models.lora import LoRAHost
 from joynexus.models.schema import DataSchema, prefix_key, schema_signature
 from joynexus.models.tiny import SIDECAR, quiet_transformers
 from joynexus.models.types import BackboneOutput
@@ -60,8 +61,9 @@ def _read_sidecar(path: str) -> dict[str, Any]:
 class ResidentBaseModel:
     """A frozen, eval-mode VLM backbone with its processor and canonical input spec.
 
-    Build it with :meth:`from_pretrained`. The wrapped module never requires grad and
-    :meth:`encode` never builds an autograd graph.
+    Build it with :meth:`from_pretrained`. The wrapped module never requires grad;
+    :meth:`encode` builds an autograd graph only when asked (``grad=True``), and then
+    only tenant LoRA adapters (:attr:`lora`) can receive gradients.
     """
 
     def __init__(
@@ -102,6 +104,7 @@ class ResidentBaseModel:
         self._check_canonical_size()
         model.requires_grad_(False)
         model.eval()
+        self._lora: LoRAHost | None = None
 
     @classmethod
     def from_pretrained(
@@ -234,6 +237,13 @@ class ResidentBaseModel:
             canonical_image_size=self.canonical_image_size,
         )
 
+    @property
+    def lora(self) -> LoRAHost:
+        """The LoRA hooks on this backbone's language model (installed on first use)."""
+        if self._lora is None:
+            self._lora = LoRAHost(self.model)
+        return self._lora
+
     def parameter_bytes(self) -> int:
         """Bytes held by the backbone's parameters (shared once by all tenants)."""
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -264,19 +274,21 @@ class ResidentBaseModel:
         feature.camera_mask = feature.camera_mask.to(self.device)
         return feature
 
-    @torch.no_grad()
-    def encode(self, feature: VLAFeature) -> BackboneOutput:
+    def encode(self, feature: VLAFeature, *, grad: bool = False) -> BackboneOutput:
         """The shared frozen forward: last hidden state (+ chosen layers) and mask.
 
-        Padded positions of the returned hidden states are zero.
+        Padded positions of the returned hidden states are zero. With ``grad=True`` the
+        forward records autograd (base weights stay frozen: only adapters published
+        with :func:`~joynexus.models.lora.lora_rows` get gradients).
         """
         want_layers = bool(self.output_layers)
-        out = self.model(
-            **feature.model_inputs,
-            output_hidden_states=want_layers,
-            use_cache=False,
-            return_dict=True,
-        )
+        with torch.set_grad_enabled(grad):
+            out = self.model(
+                **feature.model_inputs,
+                output_hidden_states=want_layers,
+                use_cache=False,
+                return_dict=True,
+            )
         mask = feature.model_inputs["attention_mask"]
         pad = ~mask.bool().unsqueeze(-1)
         hidden = out.last_hidden_state.masked_fill(pad, 0.0)

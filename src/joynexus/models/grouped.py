@@ -25,8 +25,15 @@ import torch
 from joynexus.errors import ConflictError, InvalidRequestError, NotFoundError
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import VLAFeature
+from joynexus.models.lora import LoRAAdapter, LoRARows, LoRASegment, lora_rows
 from joynexus.models.schema import DataSchema
-from joynexus.models.slots import BaseModelRef, StepResult, TenantSlot, unique_parameter_bytes
+from joynexus.models.slots import (
+    BaseModelRef,
+    StepResult,
+    TenantSlot,
+    apply_losses,
+    unique_parameter_bytes,
+)
 from joynexus.models.types import BackboneOutput
 
 
@@ -37,7 +44,9 @@ class GroupableBackbone(BaseModelRef, Protocol):
         self, groups: Sequence[tuple[str, DataSchema, ObservationBatch]]
     ) -> VLAFeature: ...
 
-    def encode(self, feature: VLAFeature) -> BackboneOutput: ...
+    def encode(self, feature: VLAFeature) -> BackboneOutput:
+        """The frozen forward; a backbone that hosts LoRA also takes ``grad=True``."""
+        ...
 
     def parameter_bytes(self) -> int: ...
 
@@ -152,17 +161,28 @@ class GroupedExecutor:
         batches: Mapping[str, ObservationBatch],
         *,
         schemas: Mapping[str, DataSchema] | None = None,
+        adapters: Mapping[str, LoRAAdapter | None] | None = None,
+        grad: bool = False,
     ) -> dict[str, BackboneOutput]:
         """ONE backbone forward over all ``batches``, split back per tenant.
 
+        Rows of a tenant with a LoRA adapter go through that adapter (a mixed-adapter
+        forward: one pass, each row's own low-rank delta, no copy of base weights);
+        the other rows take the base path.
+
         Args:
-            batches: tenant id → observations.
-            schemas: Optional tenant id → schema, for tenants served by slots that are
+            batches: group key (a tenant id) → observations.
+            schemas: Optional key → schema, for tenants served by slots that are
                 not registered on this executor (versioned serving); default: each
                 registered slot's schema.
+            adapters: Optional key → adapter (None = base path); default: each
+                registered slot's adapter.
+            grad: Record autograd through the adapters (LoRA training). Without any
+                adapter in the batch the forward stays graph-free.
 
         Returns:
-            tenant id → that tenant's rows of the (detached) backbone output.
+            key → those rows of the backbone output (detached unless ``grad`` and an
+            adapter is present).
         """
         groups = [
             (tid, schemas[tid] if schemas and tid in schemas else self.slot(tid).schema, batch)
@@ -171,8 +191,32 @@ class GroupedExecutor:
         if not groups:
             raise InvalidRequestError("expected at least one tenant batch", field="batches")
         feature = self.base.canonicalize(groups)
-        with torch.no_grad():
-            out = self.base.encode(feature).detach()
+        segments: list[LoRASegment] = []
+        for entry in feature.slices:
+            key = entry.tenant_id
+            if adapters is not None and key in adapters:
+                adapter = adapters[key]
+            else:
+                adapter = self.slots[key].lora if key in self.slots else None
+            if adapter is not None:
+                segments.append(LoRASegment(entry.start, entry.stop, adapter))
+        if segments:
+            rows = LoRARows(
+                feature.batch_size,
+                tuple(segments),
+                training=grad,
+                token_mask=feature.model_inputs.get("attention_mask"),
+            )
+            encode: Callable[..., BackboneOutput] = self.base.encode
+            with lora_rows(rows):
+                if grad:
+                    out = encode(feature, grad=True)
+                else:
+                    with torch.no_grad():
+                        out = encode(feature).detach()
+        else:
+            with torch.no_grad():
+                out = self.base.encode(feature).detach()
         result: dict[str, BackboneOutput] = {}
         for tid in batches:
             entry = feature.slice_of(tid)
@@ -217,6 +261,25 @@ class GroupedExecutor:
     ) -> dict[str, StepResult]:
         results: dict[str, StepResult] = {}
         device = self.base.device
+        if any(self.slot(tid).lora is not None for tid in batches):
+            # The LoRA tenants' losses share the grouped forward's graph: one backward.
+            pairs: list[tuple[TenantSlot, torch.Tensor]] = []
+            for tid, batch in batches.items():
+                assert batch.actions is not None  # checked by _check_training
+                slot = self.slot(tid)
+                feats = features[tid] if slot.lora is not None else features[tid].detach()
+                loss = slot.loss(
+                    feats,
+                    _to_tensor(batch.state, device),
+                    _to_tensor(batch.actions, device),
+                    (action_masks or {}).get(tid),
+                )
+                pairs.append((slot, loss))
+            for tid, outcome in zip(batches, apply_losses(pairs), strict=True):
+                if isinstance(outcome, Exception):
+                    raise outcome
+                results[tid] = outcome
+            return results
         for tid, batch in batches.items():
             assert batch.actions is not None  # checked by _check_training
             results[tid] = self.slot(tid).train_step(
@@ -249,7 +312,7 @@ class GroupedExecutor:
         """
         self._check_training(batches, action_masks)
         with self._lock:
-            features = self.shared_forward(batches)
+            features = self.shared_forward(batches, grad=True)
             return self._step_tenants(features, batches, action_masks)
 
     def serial_train_step(
@@ -263,7 +326,7 @@ class GroupedExecutor:
         with self._lock:
             results: dict[str, StepResult] = {}
             for tid, batch in batches.items():
-                features = self.shared_forward({tid: batch})
+                features = self.shared_forward({tid: batch}, grad=True)
                 results.update(self._step_tenants(features, {tid: batch}, action_masks))
             return results
 
@@ -346,6 +409,8 @@ class GroupedExecutor:
         Requests of the same tenant are concatenated before canonicalization and split
         again afterwards, so each request gets exactly its own rows. A request object
         may carry its own ``mode`` attribute ("mean" | "sample"), overriding ``mode``.
+        Requests of LoRA tenants batch with everyone's (mixed-adapter forward); their
+        rows are grouped per served version, since each version has its own adapter.
 
         Args:
             requests: The batch.
@@ -362,7 +427,10 @@ class GroupedExecutor:
             SchemaMismatchError: an observation does not match its tenant's schema.
         """
         resolve = resolve_slot or self._current_slot
+        # Forward groups: a tenant's rows share the forward across versions, unless the
+        # slot has a LoRA adapter (then the version's adapter shapes the features).
         per_tenant: dict[str, list[int]] = {}
+        group_tenant: dict[str, str] = {}
         slots: list[TenantSlot] = []
         modes: list[Literal["mean", "sample"]] = []
         for i, req in enumerate(requests):
@@ -370,7 +438,11 @@ class GroupedExecutor:
             req.observation.validate(slot.schema)
             slots.append(slot)
             modes.append(getattr(req, "mode", None) or mode)
-            per_tenant.setdefault(req.tenant_id, []).append(i)
+            key = req.tenant_id
+            if slot.lora is not None:
+                key = f"{req.tenant_id}@v{slot.policy_version}#{id(slot)}"
+            group_tenant[key] = req.tenant_id
+            per_tenant.setdefault(key, []).append(i)
         # Within a tenant, order rows by (version, mode) so each decode group is one
         # contiguous slice of the tenant's backbone rows.
         for idx in per_tenant.values():
@@ -380,12 +452,14 @@ class GroupedExecutor:
             for tid, idx in per_tenant.items()
         }
         schemas = {tid: slots[idx[0]].schema for tid, idx in per_tenant.items()}
+        adapters = {tid: slots[idx[0]].lora for tid, idx in per_tenant.items()}
         results: list[InferenceResult | None] = [None] * len(requests)
         device = self.base.device
         with self._lock:
-            features = self.shared_forward(batches, schemas=schemas)
-            for tid, idx in per_tenant.items():
-                state = _to_tensor(batches[tid].state, device)
+            features = self.shared_forward(batches, schemas=schemas, adapters=adapters)
+            for key, idx in per_tenant.items():
+                tid = group_tenant[key]
+                state = _to_tensor(batches[key].state, device)
                 row = 0
                 k = 0
                 while k < len(idx):
@@ -399,7 +473,7 @@ class GroupedExecutor:
                     rows = sum(requests[i].observation.batch_size for i in group)
                     actions, log_probs, values = _decode_slot(
                         slot,
-                        features[tid].rows(row, row + rows),
+                        features[key].rows(row, row + rows),
                         state[row : row + rows],
                         req_mode,
                         slot.inference_generator,

@@ -7,8 +7,10 @@
   ``<output_dir>/<tenant>/step_<n>/`` with ``action_module.safetensors``, optionally
   ``optimizer.safetensors`` + ``optimizer.json``, and ``manifest.json`` (tenant, schema
   signature, base model id + hash, policy version, step, creation time, sha256 of every
-  file). The directory is written under a temporary name and renamed into place, so a
-  crash never leaves a half-written checkpoint that looks complete.
+  file). A tenant with a LoRA adapter also gets ``adapter_model.safetensors`` +
+  ``adapter_config.json`` (PEFT format) next to its head; its payloads carry the adapter
+  as ``lora.*`` tensors. The directory is written under a temporary name and renamed
+  into place, so a crash never leaves a half-written checkpoint that looks complete.
 
 A tenant trained on normalized data (SFT) computes in normalized units; its
 ``NormalizationStats`` travel with it — on the slot, in every payload and as
@@ -40,6 +42,7 @@ from joynexus.errors import (
     NotFoundError,
     SchemaMismatchError,
 )
+from joynexus.models.lora import save_peft_adapter
 from joynexus.models.normalization import NormalizationStats
 from joynexus.models.slots import TenantSlot, validate_tenant_id
 
@@ -332,6 +335,10 @@ def save_slot(
     try:
         tensors = {n: t.detach().to("cpu").contiguous() for n, t in slot.state_tensors().items()}
         save_file(tensors, str(tmp / ACTION_MODULE_FILE))
+        if slot.lora is not None:
+            # The adapter again in PEFT format, for peft.PeftModel.from_pretrained(base,
+            # <this dir>); the base model itself is never in a tenant checkpoint.
+            save_peft_adapter(slot.lora, tmp)
         if include_optim:
             opt_tensors, opt_meta = _optimizer_tensors(slot)
             save_file(opt_tensors, str(tmp / OPTIMIZER_FILE))

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,6 +29,7 @@ from joynexus.models.heads import (
     ValueHeadConfig,
     build_action_module,
 )
+from joynexus.models.lora import LoRAAdapter, LoRAConfig
 from joynexus.models.normalization import NormalizationStats
 from joynexus.models.schema import DataSchema
 from joynexus.models.types import BackboneOutput
@@ -37,6 +38,7 @@ _TENANT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
 ACTION_MODULE_PREFIX = "action_module."
 VALUE_HEAD_PREFIX = "value_head."
+LORA_PREFIX = "lora."
 
 
 def validate_tenant_id(tenant_id: str) -> str:
@@ -160,6 +162,13 @@ class TenantSlot:
                 if value_head is not None
                 else None
             )
+            # After the head and critic, so a LoRA tenant's head starts exactly like
+            # the same tenant's head without LoRA.
+            adapter = _build_adapter(tenant_id, head.lora, base)
+        self.lora_config: LoRAConfig | None = head.lora
+        self.lora: LoRAAdapter | None = (
+            adapter.to(device=device, dtype=dtype) if adapter is not None else None
+        )
         self.action_module: ActionModule = module.to(device=device, dtype=dtype)
         self.value_head: ValueHead | None = (
             critic.to(device=device, dtype=dtype) if critic is not None else None
@@ -181,10 +190,13 @@ class TenantSlot:
     # --- parameters ------------------------------------------------------------------
 
     def modules(self) -> dict[str, nn.Module]:
-        """The tenant's modules by payload prefix (``action_module``, ``value_head``)."""
+        """The tenant's modules by payload prefix (``action_module``, ``value_head``,
+        ``lora``)."""
         out: dict[str, nn.Module] = {"action_module": self.action_module}
         if self.value_head is not None:
             out["value_head"] = self.value_head
+        if self.lora is not None:
+            out["lora"] = self.lora
         return out
 
     def parameters(self) -> Iterator[nn.Parameter]:
@@ -233,7 +245,8 @@ class TenantSlot:
         """Backward ``loss`` into this slot only, clip, step AdamW, bump the version.
 
         This is the one place a tenant's parameters change, so custom algorithms (PPO,
-        GRPO) call it with their own loss.
+        GRPO) call it with their own loss. (Grouped LoRA steps, whose losses share one
+        autograd graph, go through :func:`apply_losses` instead.)
 
         Gradients are clipped per module (action module and value head each to
         ``grad_clip``), as when actor and critic have their own optimizers. One global
@@ -245,6 +258,13 @@ class TenantSlot:
         Raises:
             InvalidRequestError: if the loss is not a finite scalar.
         """
+        value = self.check_loss(loss)
+        self.optimizer.zero_grad(set_to_none=True)
+        torch.autograd.backward(loss)
+        return self.step_optimizer(value)
+
+    def check_loss(self, loss: torch.Tensor) -> float:
+        """The loss value; raises unless ``loss`` is a finite scalar."""
         if loss.dim() != 0:
             raise InvalidRequestError(
                 f"loss must be a scalar tensor, got shape {list(loss.shape)}", field="loss"
@@ -254,8 +274,10 @@ class TenantSlot:
             raise InvalidRequestError(
                 f"tenant {self.tenant_id!r}: loss is {value}; refusing to step", field="loss"
             )
-        self.optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
+        return value
+
+    def step_optimizer(self, value: float) -> StepResult:
+        """Clip this slot's gradients per module, step AdamW, bump the version."""
         clip = self.optimizer_config.grad_clip
         norms: list[torch.Tensor] = []
         for module in self.modules().values():
@@ -280,8 +302,14 @@ class TenantSlot:
         actions: torch.Tensor,
         action_mask: torch.Tensor | None = None,
     ) -> StepResult:
-        """One supervised (SFT) update on this tenant's rows of backbone output."""
-        return self.apply_loss(self.loss(features.detach(), state, actions, action_mask))
+        """One supervised (SFT) update on this tenant's rows of backbone output.
+
+        A LoRA slot keeps the features' graph (it reaches the adapter); any other slot
+        cuts it.
+        """
+        if self.lora is None:
+            features = features.detach()
+        return self.apply_loss(self.loss(features, state, actions, action_mask))
 
     @torch.no_grad()
     def predict(
@@ -321,6 +349,55 @@ class TenantSlot:
             return None
         out: torch.Tensor = self.value_head(features, self._state_tensor(state))
         return out
+
+
+def apply_losses(
+    pairs: Sequence[tuple[TenantSlot, torch.Tensor]],
+) -> list[StepResult | Exception]:
+    """Step several slots whose losses may share one autograd graph (grouped LoRA).
+
+    ONE backward of the summed losses: the tenants' rows never mix in the backbone, so
+    each slot's gradient is exactly the gradient of its own loss. Then each slot clips
+    and steps on its own. A slot whose loss is not a finite scalar gets its error and
+    is left out; the others still step.
+    """
+    results: list[StepResult | Exception | None] = [None] * len(pairs)
+    good: list[tuple[int, TenantSlot, torch.Tensor, float]] = []
+    for i, (slot, loss) in enumerate(pairs):
+        try:
+            good.append((i, slot, loss, slot.check_loss(loss)))
+        except InvalidRequestError as error:
+            results[i] = error
+    for _, slot, _, _ in good:
+        slot.optimizer.zero_grad(set_to_none=True)
+    if good:
+        torch.autograd.backward(torch.stack([loss for _, _, loss, _ in good]).sum())
+    for i, slot, _, value in good:
+        results[i] = slot.step_optimizer(value)
+    return [r for r in results if r is not None]
+
+
+def _build_adapter(
+    tenant_id: str, config: LoRAConfig | None, base: BaseModelRef
+) -> LoRAAdapter | None:
+    if config is None:
+        return None
+    host: Any = getattr(base, "lora", None)
+    if host is None:
+        raise InvalidRequestError(
+            f"tenant {tenant_id!r}: base model {base.model_id!r} does not support LoRA adapters",
+            tenant_id=tenant_id,
+            field="action_module.lora",
+        )
+    shapes = host.shapes(config.targets)
+    if not shapes:
+        raise InvalidRequestError(
+            f"tenant {tenant_id!r}: base model {base.model_id!r} has no layer named by "
+            f"lora.targets {list(config.targets)}",
+            tenant_id=tenant_id,
+            field="action_module.lora.targets",
+        )
+    return LoRAAdapter(config, shapes)
 
 
 def unique_parameter_bytes(tensors: Iterable[torch.Tensor]) -> int:

@@ -57,7 +57,7 @@ from joynexus.models.payload import (
     read_manifest,
     save_slot,
 )
-from joynexus.models.slots import StepResult, TenantSlot
+from joynexus.models.slots import StepResult, TenantSlot, apply_losses
 from joynexus.models.types import BackboneOutput
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.job_plan import (
@@ -466,21 +466,27 @@ class TrainingModelService:
     ) -> list[tuple[StepResult, dict[str, float]] | Exception]:
         with self._lock:
             start = time.perf_counter()
-            features = self._executor.shared_forward({it.slot.tenant_id: it.batch for it in items})
+            lora = any(it.slot.lora is not None for it in items)
+            features = self._executor.shared_forward(
+                {it.slot.tenant_id: it.batch for it in items}, grad=lora
+            )
             self._sync_for_timing()
             shared_s = time.perf_counter() - start
             outcomes: list[tuple[StepResult, dict[str, float]] | Exception] = []
             own_s: dict[str, float] = {}
-            for it in items:
-                t0 = time.perf_counter()
-                try:
-                    outcomes.append(self._step_one(it, features[it.slot.tenant_id]))
-                except Exception as error:
-                    if not isolate:
-                        raise
-                    outcomes.append(error)
-                self._sync_for_timing()
-                own_s[it.slot.tenant_id] = time.perf_counter() - t0
+            if lora:
+                outcomes = self._lora_steps(items, features, isolate, own_s)
+            else:
+                for it in items:
+                    t0 = time.perf_counter()
+                    try:
+                        outcomes.append(self._step_one(it, features[it.slot.tenant_id]))
+                    except Exception as error:
+                        if not isolate:
+                            raise
+                        outcomes.append(error)
+                    self._sync_for_timing()
+                    own_s[it.slot.tenant_id] = time.perf_counter() - t0
         if self._instruments.enabled:
             rows = {it.slot.tenant_id: it.batch.batch_size for it in items}
             self._instruments.training_step(rows, shared_s, own_s)
@@ -493,6 +499,52 @@ class TrainingModelService:
                 )
         return outcomes
 
+    def _lora_steps(
+        self,
+        items: list[Microbatch],
+        features: Mapping[str, BackboneOutput],
+        isolate: bool,
+        own_s: dict[str, float],
+    ) -> list[tuple[StepResult, dict[str, float]] | Exception]:
+        """Steps of a group with LoRA tenants: their losses share the grouped forward's
+        graph, so all losses first, then ONE backward and a per-tenant clip + step.
+
+        Each tenant is timed for its own loss plus an equal share of the joint backward.
+        """
+        losses: list[tuple[torch.Tensor, dict[str, float]] | Exception] = []
+        for it in items:
+            t0 = time.perf_counter()
+            try:
+                losses.append(self._loss_one(it, features[it.slot.tenant_id]))
+            except Exception as error:
+                if not isolate:
+                    raise
+                losses.append(error)
+            self._sync_for_timing()
+            own_s[it.slot.tenant_id] = time.perf_counter() - t0
+        ready = [
+            (it, out)
+            for it, out in zip(items, losses, strict=True)
+            if not isinstance(out, Exception)
+        ]
+        t0 = time.perf_counter()
+        steps = apply_losses([(it.slot, out[0]) for it, out in ready])
+        self._sync_for_timing()
+        share = (time.perf_counter() - t0) / max(len(ready), 1)
+        by_tenant: dict[str, tuple[StepResult, dict[str, float]] | Exception] = {}
+        for (it, out), step in zip(ready, steps, strict=True):
+            own_s[it.slot.tenant_id] += share
+            if isinstance(step, Exception):
+                if not isolate:
+                    raise step
+                by_tenant[it.slot.tenant_id] = step
+            else:
+                by_tenant[it.slot.tenant_id] = (step, out[1])
+        return [
+            out if isinstance(out, Exception) else by_tenant[it.slot.tenant_id]
+            for it, out in zip(items, losses, strict=True)
+        ]
+
     def _sync_for_timing(self) -> None:
         # CUDA kernels run asynchronously: without a sync, one tenant's queued work
         # would be timed (and billed) in the next tenant's interval.
@@ -502,8 +554,17 @@ class TrainingModelService:
     def _step_one(
         self, item: Microbatch, features: BackboneOutput
     ) -> tuple[StepResult, dict[str, float]]:
+        loss, stats = self._loss_one(item, features)
+        return item.slot.apply_loss(loss), stats
+
+    def _loss_one(
+        self, item: Microbatch, features: BackboneOutput
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """The tenant's loss on its rows (features keep their graph for LoRA slots)."""
         device = self.base.device
         slot, data, batch = item.slot, item.data, item.batch
+        if slot.lora is None:
+            features = features.detach()
         state = torch.from_numpy(batch.state).to(device)
         assert batch.actions is not None
         actions = torch.from_numpy(batch.actions).to(device)
@@ -512,7 +573,7 @@ class TrainingModelService:
             if "action_is_pad" in data:
                 pad = torch.as_tensor(as_numpy(data["action_is_pad"]), dtype=torch.bool)
                 mask = (~pad).unsqueeze(-1).to(device)
-            return slot.train_step(features, state, actions, mask), {}
+            return slot.loss(features, state, actions, mask), {}
         old = data.get("actor_log_probs", data.get("log_probs"))
         loss, stats = policy_loss(
             slot,
@@ -525,7 +586,7 @@ class TrainingModelService:
             returns=float_tensor(data["returns"], device) if "returns" in data else None,
             config=item.config.algorithm,
         )
-        return slot.apply_loss(loss), stats
+        return loss, stats
 
     def _result(self, plan: JobPlan) -> TrainJobResult:
         metrics = {"loss": float(np.mean(plan.losses))} if plan.losses else {}

@@ -29,6 +29,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from joynexus.models.heads.base import ActionModule, expand_mask, features_as, masked_reduce
+from joynexus.models.lora import LoRAConfig
 from joynexus.models.types import BackboneOutput
 
 _BETA_ALPHA = 1.5
@@ -49,6 +50,10 @@ class FlowMatchingHeadConfig(BaseModel):
     time_sampling: Literal["uniform", "beta"] = "beta"
     timestep_scale: float = Field(
         default=1000.0, gt=0, description="t is multiplied by this before the sinusoid."
+    )
+    lora: LoRAConfig | None = Field(
+        default=None,
+        description="Optional tenant LoRA adapter on the shared backbone's language model.",
     )
 
     @model_validator(mode="after")

@@ -34,6 +34,7 @@ from joynexus.models.heads.base import (
     masked_mean,
     masked_reduce,
 )
+from joynexus.models.lora import LoRAConfig
 from joynexus.models.types import BackboneOutput
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -57,6 +58,10 @@ class OFTHeadConfig(BaseModel):
     init_log_std: float = Field(default=-1.0, ge=-10.0, le=2.0)
     min_log_std: float = Field(default=-5.0, ge=-20.0, le=0.0)
     max_log_std: float = Field(default=2.0, ge=-5.0, le=5.0)
+    lora: LoRAConfig | None = Field(
+        default=None,
+        description="Optional tenant LoRA adapter on the shared backbone's language model.",
+    )
 
 
 class AttentionPooling(nn.Module):

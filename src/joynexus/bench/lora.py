@@ -1,0 +1,336 @@
+"""``joynexus bench lora``: mixed-adapter grouped vs serial per-tenant LoRA forwards.
+
+N LoRA tenants (alternating the small LIBERO and CALVIN schemas of the Figure 12 setup)
+share one resident backbone. *Grouped* runs ONE backbone forward over every tenant's
+rows, each row through its own adapter (:mod:`joynexus.models.lora`); *serial* runs one
+forward per tenant through its adapter. Both are timed forward-only and forward +
+backward (gradients reach the adapters only). Canonicalization is done before timing,
+as in the group-batching benchmark. When ``peft`` is installed, its own mixed-adapter
+batch (``adapter_names=`` per row, inference only) over the same adapters and inputs is
+timed as the reference implementation.
+
+``grouped_vs_serial_max_rel_diff``: forward = largest ``|grouped - serial|`` over real
+tokens divided by the largest ``|serial|``, over tenants; gradients = per tenant
+``||g_grouped - g_serial|| / ||g_serial||`` over all its adapter tensors, max over
+tenants. ``bytes_per_tenant``: the adapter's parameters and its AdamW state (two fp32
+moments per parameter), without the (small, rank-independent) action head.
+
+Everything runs on a model built locally by :func:`joynexus.models.tiny.make_tiny`:
+nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from joynexus.bench.figure12 import CALVIN_SMALL, LIBERO_SMALL
+from joynexus.bench.group_batching import _median_time
+from joynexus.models.backbone import ResidentBaseModel
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.feature import VLAFeature, max_abs_diff_left_padded
+from joynexus.models.heads import OFTHeadConfig
+from joynexus.models.lora import LoRAConfig, LoRARows, LoRASegment, lora_rows, save_peft_adapter
+from joynexus.models.slots import TenantSlot
+from joynexus.models.tiny import make_tiny, quiet_transformers
+from joynexus.models.types import BackboneOutput
+
+
+def _probe_loss(out: BackboneOutput, proj: torch.Tensor) -> torch.Tensor:
+    mask = out.attention_mask.unsqueeze(-1).to(out.hidden_states.dtype)
+    pooled = (out.hidden_states * mask).sum(dim=1) / mask.sum(dim=1)
+    return ((pooled @ proj) ** 2).sum()
+
+
+def _forward(
+    base: ResidentBaseModel, feature: VLAFeature, segments: Sequence[LoRASegment], grad: bool
+) -> BackboneOutput:
+    rows = LoRARows(
+        feature.batch_size,
+        tuple(segments),
+        training=grad,
+        token_mask=feature.model_inputs["attention_mask"],
+    )
+    with lora_rows(rows):
+        if grad:
+            return base.encode(feature, grad=True)
+        with torch.no_grad():
+            return base.encode(feature)
+
+
+def adapter_bytes(slot: TenantSlot) -> dict[str, int]:
+    """The adapter's parameter bytes, and with its AdamW moments."""
+    assert slot.lora is not None
+    params = sum(p.numel() * p.element_size() for p in slot.lora.parameters())
+    return {"adapter": params, "adapter_with_optimizer": 3 * params}
+
+
+def _tenants(
+    base: ResidentBaseModel, num: int, batch: int, rank: int
+) -> tuple[list[TenantSlot], dict[str, ObservationBatch]]:
+    slots: list[TenantSlot] = []
+    batches: dict[str, ObservationBatch] = {}
+    for i in range(num):
+        schema = LIBERO_SMALL if i % 2 == 0 else CALVIN_SMALL
+        head = OFTHeadConfig(hidden_dim=64, lora=LoRAConfig(rank=rank, alpha=2.0 * rank))
+        slot = TenantSlot(f"t{i}", schema, base, head, seed=i)
+        assert slot.lora is not None
+        gen = torch.Generator().manual_seed(100 + i)
+        with torch.no_grad():
+            for b in slot.lora.B.values():
+                b.copy_(torch.randn(b.shape, generator=gen) * 0.02)
+        slots.append(slot)
+        batches[slot.tenant_id] = ObservationBatch.synthetic(schema, batch, seed=i)
+    return slots, batches
+
+
+def _peft_reference(
+    base: ResidentBaseModel,
+    model_dir: Path,
+    slots: Sequence[TenantSlot],
+    feature: VLAFeature,
+    tmp: Path,
+) -> tuple[Callable[[], Any], torch.Tensor] | None:
+    if importlib.util.find_spec("peft") is None:
+        return None
+    import peft
+    import transformers
+
+    with quiet_transformers():
+        hf: Any = transformers.AutoModel.from_pretrained(str(model_dir), dtype=base.dtype)
+    hf = hf.to(base.device)
+    model: Any = None
+    for slot in slots:
+        assert slot.lora is not None
+        path = save_peft_adapter(slot.lora, tmp / slot.tenant_id)
+        if model is None:
+            model = peft.PeftModel.from_pretrained(hf, str(path), adapter_name=slot.tenant_id)
+        else:
+            model.load_adapter(str(path), adapter_name=slot.tenant_id)
+    model.eval()
+    names = [e.tenant_id for e in feature.slices for _ in range(e.size)]
+    inputs = feature.model_inputs
+
+    def run() -> Any:
+        with torch.no_grad():
+            return model(**inputs, adapter_names=names, use_cache=False, return_dict=True)
+
+    mask = inputs["attention_mask"]
+    hidden = run().last_hidden_state.masked_fill(~mask.bool().unsqueeze(-1), 0.0)
+    return run, hidden
+
+
+def measure_rank(
+    base: ResidentBaseModel,
+    model_dir: Path,
+    *,
+    tenants: int,
+    batch: int,
+    rank: int,
+    repeats: int,
+    warmup: int,
+    peft: bool = True,
+) -> dict[str, Any]:
+    """Grouped vs serial (and peft) timings and differences at one adapter rank."""
+    slots, batches = _tenants(base, tenants, batch, rank)
+    by_id = {s.tenant_id: s for s in slots}
+    groups = [(s.tenant_id, s.schema, batches[s.tenant_id]) for s in slots]
+    grouped_feature = base.canonicalize(groups)
+    grouped_segments = [
+        LoRASegment(e.start, e.stop, by_id[e.tenant_id].lora)  # type: ignore[arg-type]
+        for e in grouped_feature.slices
+    ]
+    serial = [(s, base.canonicalize([g])) for s, g in zip(slots, groups, strict=True)]
+    serial_segments = {
+        s.tenant_id: [LoRASegment(0, f.batch_size, s.lora)]  # type: ignore[arg-type]
+        for s, f in serial
+    }
+    proj = torch.randn(
+        base.hidden_size, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float32
+    ).to(device=base.device, dtype=base.dtype)
+
+    def grouped_fwd() -> BackboneOutput:
+        return _forward(base, grouped_feature, grouped_segments, grad=False)
+
+    def serial_fwd() -> list[BackboneOutput]:
+        return [_forward(base, f, serial_segments[s.tenant_id], grad=False) for s, f in serial]
+
+    def grouped_train() -> None:
+        out = _forward(base, grouped_feature, grouped_segments, grad=True)
+        losses = [
+            _probe_loss(out.rows(e.start, e.stop), proj) for e in grouped_feature.slices
+        ]
+        torch.stack(losses).sum().backward()
+
+    def serial_train() -> None:
+        for s, f in serial:
+            _probe_loss(_forward(base, f, serial_segments[s.tenant_id], grad=True), proj).backward()
+
+    def grads() -> dict[str, torch.Tensor]:
+        out = {}
+        for s in slots:
+            assert s.lora is not None
+            out[s.tenant_id] = torch.cat([p.grad.flatten() for p in s.lora.parameters()])  # type: ignore[union-attr]
+            s.lora.zero_grad(set_to_none=True)
+        return out
+
+    # Differences (fp32 on CPU).
+    g_out, s_out = grouped_fwd(), serial_fwd()
+    fwd_diff = 0.0
+    for (s, _), so in zip(serial, s_out, strict=True):
+        e = grouped_feature.slice_of(s.tenant_id)
+        go = g_out.rows(e.start, e.stop)
+        d = max_abs_diff_left_padded(
+            go.hidden_states, go.attention_mask, so.hidden_states, so.attention_mask
+        )
+        fwd_diff = max(fwd_diff, d / float(so.hidden_states.abs().max()))
+    grouped_train()
+    g_grads = grads()
+    serial_train()
+    s_grads = grads()
+    grad_diff = max(
+        float((g_grads[t] - s_grads[t]).norm() / s_grads[t].norm().clamp_min(1e-30))
+        for t in g_grads
+    )
+
+    device = base.device
+    result: dict[str, Any] = {
+        "rank": rank,
+        "forward_max_rel_diff": fwd_diff,
+        "gradient_max_rel_diff": grad_diff,
+        "grouped_s": _median_time(grouped_fwd, device, repeats, warmup),
+        "serial_s": _median_time(serial_fwd, device, repeats, warmup),
+    }
+
+    def timed_train(fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            fn()
+            grads()
+
+        return run
+
+    result["grouped_train_s"] = _median_time(timed_train(grouped_train), device, repeats, warmup)
+    result["serial_train_s"] = _median_time(timed_train(serial_train), device, repeats, warmup)
+    result["speedup"] = result["serial_s"] / result["grouped_s"]
+    result["train_speedup"] = result["serial_train_s"] / result["grouped_train_s"]
+    result.update(adapter_bytes(slots[0]))
+    result["peft_s"] = result["peft_speedup"] = result["peft_max_rel_diff"] = None
+    if peft:
+        with tempfile.TemporaryDirectory() as tmp:
+            ref = _peft_reference(base, model_dir, slots, grouped_feature, Path(tmp))
+            if ref is not None:
+                run, hidden = ref
+                mask = grouped_feature.model_inputs["attention_mask"]
+                result["peft_max_rel_diff"] = max_abs_diff_left_padded(
+                    g_out.hidden_states, mask, hidden, mask
+                ) / float(hidden.abs().max())
+                result["peft_s"] = _median_time(run, device, repeats, warmup)
+                result["peft_speedup"] = result["peft_s"] / result["grouped_s"]
+    return result
+
+
+def run_lora_bench(
+    *,
+    arch: str = "qwen2_5_vl",
+    size: str = "tiny",
+    tenants: int = 8,
+    batch: int = 1,
+    ranks: Sequence[int] = (8, 32),
+    device: str = "cpu",
+    repeats: int = 5,
+    warmup: int = 2,
+    threads: int | None = None,
+    model_dir: Path | None = None,
+    peft: bool = True,
+) -> dict[str, Any]:
+    """Measure every rank; top-level figures are those of the first rank."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = model_dir or make_tiny(arch, Path(tmp) / "m", size=size, seed=0)  # type: ignore[arg-type]
+        base = ResidentBaseModel.from_pretrained(str(path), device=device)
+        by_rank = {
+            str(r): measure_rank(
+                base,
+                path,
+                tenants=tenants,
+                batch=batch,
+                rank=r,
+                repeats=repeats,
+                warmup=warmup,
+                peft=peft,
+            )
+            for r in ranks
+        }
+    first = by_rank[str(ranks[0])]
+    return {
+        "arch": arch,
+        "size": size,
+        "device": device,
+        "dtype": str(base.dtype).removeprefix("torch."),
+        "tenants": tenants,
+        "batch": batch,
+        "threads": torch.get_num_threads(),
+        "grouped_vs_serial_max_rel_diff": {
+            "forward": max(r["forward_max_rel_diff"] for r in by_rank.values()),
+            "gradients": max(r["gradient_max_rel_diff"] for r in by_rank.values()),
+        },
+        "speedup": first["speedup"],
+        "train_speedup": first["train_speedup"],
+        "peft_speedup": first["peft_speedup"],
+        "bytes_per_tenant": {
+            r: {"adapter": v["adapter"], "adapter_with_optimizer": v["adapter_with_optimizer"]}
+            for r, v in by_rank.items()
+        },
+        "by_rank": by_rank,
+    }
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def print_report(result: dict[str, Any], console: Console) -> None:
+    table = Table(
+        title=f"LoRA mixed-adapter forward, {result['tenants']} tenants x batch "
+        f"{result['batch']} ({result['arch']} {result['size']}, {result['device']} "
+        f"{result['dtype']})"
+    )
+    for col in (
+        "rank",
+        "grouped ms",
+        "serial ms",
+        "speedup",
+        "train grouped ms",
+        "train serial ms",
+        "train speedup",
+        "peft ms",
+        "peft speedup",
+        "fwd rel diff",
+        "grad rel diff",
+        "bytes/tenant (+AdamW)",
+    ):
+        table.add_column(col, justify="right")
+    for r, v in result["by_rank"].items():
+        table.add_row(
+            r,
+            f"{v['grouped_s'] * 1e3:.1f}",
+            f"{v['serial_s'] * 1e3:.1f}",
+            f"{v['speedup']:.2f}x",
+            f"{v['grouped_train_s'] * 1e3:.1f}",
+            f"{v['serial_train_s'] * 1e3:.1f}",
+            f"{v['train_speedup']:.2f}x",
+            _fmt(None if v["peft_s"] is None else v["peft_s"] * 1e3, ".1f"),
+            _fmt(v["peft_speedup"], ".2f"),
+            f"{v['forward_max_rel_diff']:.1e}",
+            f"{v['gradient_max_rel_diff']:.1e}",
+            f"{v['adapter_with_optimizer']:,}",
+        )
+    console.print(table)

@@ -1,0 +1,354 @@
+"""Tenant LoRA adapters on the shared frozen backbone, applied per row of a mixed batch.
+
+A tenant's action module may carry a low-rank adapter (``action_module.lora``) on the
+language model's linear layers. The base weights are never copied: the resident
+backbone's targetable ``nn.Linear`` modules get one forward hook each (installed once,
+by :class:`LoRAHost`), and during one backbone forward the executor publishes which
+rows belong to which adapter (:func:`lora_rows`). Each hook then adds, segment by
+segment, the low-rank delta ``scale * (x[rows] @ A.T) @ B.T`` of that segment's adapter
+to the base output; rows without an adapter keep the base output.
+
+The segment loop is a plain-torch segmented gather-matmul (as Punica's SGMV does), so
+it runs on CPU and CUDA; it sits behind :data:`SegmentedLoRAKernel` and
+:func:`set_segmented_kernel`, so a fused kernel can replace it.
+
+Adapters are exported in PEFT format (:func:`save_peft_adapter`):
+``adapter_model.safetensors`` + ``adapter_config.json``, loadable with
+``peft.PeftModel.from_pretrained(base, path)``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from safetensors.torch import save_file
+from torch import nn
+
+LANGUAGE_TARGETS: tuple[str, ...] = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+"""Linear layers of the language model a LoRA adapter may target (attention + MLP)."""
+
+# A decoder layer's attention / MLP projection, for every supported architecture
+# (Qwen2.5-VL, Qwen3-VL, PaliGemma: ``language_model``; SmolVLM: ``text_model``).
+_LM_LINEAR = re.compile(
+    r"^(?:.*\.)?(?:language_model|text_model)\.layers\.\d+\.(?:self_attn|mlp)\.([A-Za-z0-9_]+)$"
+)
+
+PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
+PEFT_CONFIG_FILE = "adapter_config.json"
+
+
+class LoRAConfig(BaseModel):
+    """``action_module.lora``: a tenant-private low-rank adapter on the backbone.
+
+    Dropout is applied to the adapter input in training only; grouped and serial
+    training agree exactly only with ``dropout: 0`` (the default).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int = Field(default=8, ge=1, le=1024)
+    alpha: float = Field(default=16.0, gt=0, le=1e6)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    targets: tuple[str, ...] = Field(
+        default=LANGUAGE_TARGETS,
+        min_length=1,
+        description=f"Language-model linear layers to adapt; any of {list(LANGUAGE_TARGETS)}.",
+    )
+    vision: bool = Field(
+        default=False, description="Also adapt the vision tower (not supported yet)."
+    )
+
+    @field_validator("targets")
+    @classmethod
+    def _known_targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [t for t in value if t not in LANGUAGE_TARGETS]
+        if unknown:
+            raise ValueError(
+                f"unknown LoRA target(s) {unknown}; valid targets: {list(LANGUAGE_TARGETS)}"
+            )
+        if len(set(value)) != len(value):
+            raise ValueError(f"LoRA targets repeat a name: {list(value)}")
+        return value
+
+    @field_validator("vision")
+    @classmethod
+    def _no_vision(cls, value: bool) -> bool:
+        if value:
+            raise ValueError(
+                "LoRA on the vision tower is not supported yet (its rows are packed per "
+                "image, not per sample); set vision: false"
+            )
+        return value
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
+def _key(module_name: str) -> str:
+    return module_name.replace(".", "-")
+
+
+def lora_target_modules(model: nn.Module, targets: Sequence[str]) -> dict[str, nn.Linear]:
+    """The language model's linear layers of ``model`` whose last name is in ``targets``."""
+    wanted = set(targets)
+    out: dict[str, nn.Linear] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            match = _LM_LINEAR.match(name)
+            if match and match.group(1) in wanted:
+                out[name] = module
+    return out
+
+
+class LoRAAdapter(nn.Module):
+    """One tenant's low-rank matrices: ``A [rank, in]`` and ``B [out, rank]`` per layer.
+
+    ``B`` starts at zero (PEFT's default), so a fresh adapter leaves the base unchanged.
+
+    Args:
+        config: Rank, alpha, dropout and targets.
+        shapes: Backbone module name → ``(in_features, out_features)``.
+    """
+
+    def __init__(self, config: LoRAConfig, shapes: Mapping[str, tuple[int, int]]):
+        super().__init__()
+        if not shapes:
+            raise ValueError("a LoRA adapter needs at least one target module")
+        self.config = config
+        self.scaling = config.scaling
+        self.module_names: tuple[str, ...] = tuple(shapes)
+        self.A = nn.ParameterDict()
+        self.B = nn.ParameterDict()
+        for name, (fan_in, fan_out) in shapes.items():
+            a = torch.empty(config.rank, fan_in)
+            nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+            self.A[_key(name)] = nn.Parameter(a)
+            self.B[_key(name)] = nn.Parameter(torch.zeros(fan_out, config.rank))
+
+    def pair(self, module_name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(A, B)`` of ``module_name``, or None when this adapter does not target it."""
+        key = _key(module_name)
+        if key not in self.A:
+            return None
+        return self.A[key], self.B[key]
+
+    def peft_state_dict(self) -> dict[str, torch.Tensor]:
+        """The adapter under PEFT's saved names (``base_model.model.<m>.lora_A.weight``)."""
+        out: dict[str, torch.Tensor] = {}
+        for name in self.module_names:
+            a, b = self.A[_key(name)], self.B[_key(name)]
+            out[f"base_model.model.{name}.lora_A.weight"] = a.detach().to("cpu").contiguous()
+            out[f"base_model.model.{name}.lora_B.weight"] = b.detach().to("cpu").contiguous()
+        return out
+
+
+# --- the segmented kernel -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoRASegment:
+    """Rows ``[start, stop)`` of the batch go through ``adapter``."""
+
+    start: int
+    stop: int
+    adapter: LoRAAdapter
+
+
+@dataclass(frozen=True)
+class KernelSegment:
+    """One segment as the kernel sees it: rows, matrices, scale, dropout."""
+
+    start: int
+    stop: int
+    a: torch.Tensor
+    b: torch.Tensor
+    scaling: float
+    dropout: float
+
+
+class SegmentedLoRAKernel(Protocol):
+    """``(x, base_out, segments, training) -> out``: base_out plus each segment's delta.
+
+    ``segments`` are sorted, disjoint row ranges; rows outside every segment keep
+    ``base_out``. The result must not modify ``base_out`` in place (autograd).
+    """
+
+    def __call__(
+        self,
+        x: torch.Tensor,
+        base_out: torch.Tensor,
+        segments: Sequence[KernelSegment],
+        training: bool,
+        token_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
+
+
+def sgmv_torch(
+    x: torch.Tensor,
+    base_out: torch.Tensor,
+    segments: Sequence[KernelSegment],
+    training: bool,
+    token_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The plain-torch segmented gather-matmul (CPU and CUDA)."""
+    parts: list[torch.Tensor] = []
+    row = 0
+    for seg in segments:
+        if seg.start > row:
+            parts.append(base_out[row : seg.start])
+        xs = x[seg.start : seg.stop].to(seg.a.dtype)
+        if token_mask is not None:
+            xs = xs * token_mask[seg.start : seg.stop].unsqueeze(-1).to(xs.dtype)
+        if training and seg.dropout > 0:
+            xs = F.dropout(xs, seg.dropout, training=True)
+        delta = (xs @ seg.a.t()) @ seg.b.t()
+        parts.append(base_out[seg.start : seg.stop] + (delta * seg.scaling).to(base_out.dtype))
+        row = seg.stop
+    if row < int(base_out.shape[0]):
+        parts.append(base_out[row:])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+_kernel: SegmentedLoRAKernel = sgmv_torch
+
+
+def set_segmented_kernel(kernel: SegmentedLoRAKernel | None) -> SegmentedLoRAKernel:
+    """Install ``kernel`` (None = the plain-torch one); returns the previous kernel."""
+    global _kernel
+    previous = _kernel
+    _kernel = kernel or sgmv_torch
+    return previous
+
+
+# --- per-forward row assignment -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoRARows:
+    """Which rows of the current backbone forward go through which adapter."""
+
+    rows: int
+    segments: tuple[LoRASegment, ...]
+    training: bool = False
+    token_mask: torch.Tensor | None = None
+
+
+_ACTIVE: ContextVar[LoRARows | None] = ContextVar("joynexus_lora_rows", default=None)
+
+
+@contextmanager
+def lora_rows(assignment: LoRARows | None) -> Iterator[None]:
+    """Publish ``assignment`` to the LoRA hooks for the duration of one forward.
+
+    A context variable: each thread (and task) sees only its own assignment.
+    """
+    token = _ACTIVE.set(assignment)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+class LoRAHost:
+    """Forward hooks on a backbone's targetable linear layers (installed once).
+
+    With no assignment published (:func:`lora_rows`) the hooks return the base output
+    unchanged, so tenants without adapters see exactly the frozen backbone.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.modules = lora_target_modules(model, LANGUAGE_TARGETS)
+        for name, module in self.modules.items():
+            module.register_forward_hook(functools.partial(self._hook, name))
+
+    def shapes(self, targets: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """Module name → ``(in_features, out_features)`` of the layers ``targets`` name."""
+        wanted = set(targets)
+        return {
+            name: (m.in_features, m.out_features)
+            for name, m in self.modules.items()
+            if name.rsplit(".", 1)[-1] in wanted
+        }
+
+    @staticmethod
+    def _hook(name: str, module: nn.Module, args: Any, output: torch.Tensor) -> Any:
+        assignment = _ACTIVE.get()
+        if assignment is None or not assignment.segments:
+            return None
+        x = args[0]
+        if int(x.shape[0]) != assignment.rows:
+            raise RuntimeError(
+                f"LoRA: layer {name} got {int(x.shape[0])} rows, the batch has "
+                f"{assignment.rows}; this architecture does not keep rows separate"
+            )
+        segments: list[KernelSegment] = []
+        for seg in assignment.segments:
+            pair = seg.adapter.pair(name)
+            if pair is not None:
+                segments.append(
+                    KernelSegment(
+                        seg.start,
+                        seg.stop,
+                        pair[0],
+                        pair[1],
+                        seg.adapter.scaling,
+                        seg.adapter.config.dropout,
+                    )
+                )
+        if not segments:
+            return None
+        mask = assignment.token_mask
+        if mask is not None and tuple(mask.shape) != tuple(x.shape[:2]):
+            mask = None
+        return _kernel(x, output, segments, assignment.training, mask)
+
+
+def peft_config(adapter: LoRAAdapter) -> dict[str, Any]:
+    """``adapter_config.json`` for ``adapter`` (PEFT LoRA, exact module names)."""
+    cfg = adapter.config
+    return {
+        "peft_type": "LORA",
+        "task_type": None,
+        "base_model_name_or_path": None,
+        "inference_mode": True,
+        "r": cfg.rank,
+        "lora_alpha": cfg.alpha,
+        "lora_dropout": cfg.dropout,
+        "target_modules": sorted(adapter.module_names),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "modules_to_save": None,
+        "init_lora_weights": True,
+        "use_rslora": False,
+        "use_dora": False,
+    }
+
+
+def save_peft_adapter(adapter: LoRAAdapter, directory: str | Path) -> Path:
+    """Write ``adapter_model.safetensors`` + ``adapter_config.json`` into ``directory``."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(adapter.peft_state_dict(), str(out / PEFT_WEIGHTS_FILE))
+    (out / PEFT_CONFIG_FILE).write_text(json.dumps(peft_config(adapter), indent=2) + "\n")
+    return out
