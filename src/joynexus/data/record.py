@@ -21,6 +21,7 @@ refuses to keep a recording in which the expert never succeeded.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import shutil
 from collections.abc import Callable
@@ -50,6 +51,8 @@ __all__ = [
     "record_episodes",
     "record_missing_dataset",
 ]
+
+log = logging.getLogger(__name__)
 
 
 class ScriptedPolicy(Protocol):
@@ -614,11 +617,14 @@ def refuse_failed_expert(summary: RecordSummary, expert: str = "scripted") -> No
 
 def record_missing_dataset(
     spec: WorkloadSpec, on_episode: Callable[[int, int, bool], None] | None = None
-) -> Path:
+) -> RecordSummary:
     """Record ``spec.dataset.record_episodes`` expert episodes into the missing dataset.
 
+    A recording in which the expert never succeeded is kept (the workload asked for
+    it) but logged as a warning; callers show :attr:`RecordSummary.success_rate`.
+
     Returns:
-        The dataset directory (``spec.dataset.path``).
+        What was recorded (``root`` is ``spec.dataset.path``).
     """
     assert spec.dataset is not None and spec.env is not None
     summary = record_episodes(
@@ -628,5 +634,12 @@ def record_missing_dataset(
         seed=spec.seed,
         on_episode=on_episode,
     )
-    refuse_failed_expert(summary)
-    return summary.root
+    if summary.successes == 0:
+        log.warning(
+            "%s: the scripted expert succeeded in none of the %d recorded episodes of %s; "
+            "these demonstrations teach nothing (give the episodes more steps)",
+            spec.tenant,
+            summary.episodes,
+            spec.env.kind,
+        )
+    return summary

@@ -347,7 +347,12 @@ async def record_missing_datasets(
             cb = None
             if on_record_episode is not None:
                 cb = lambda ep, n, ok, tid=tid: on_record_episode(tid, ep, n, ok)  # noqa: E731
-            await asyncio.to_thread(record_missing_dataset, spec, cb)
+            rec = await asyncio.to_thread(record_missing_dataset, spec, cb)
+            status(
+                f"{w.tenant_id}: recorded {rec.episodes} episodes, {rec.frames} frames, "
+                f"expert success rate {rec.success_rate:.0%}"
+                + (" — these demonstrations never reach the goal" if rec.successes == 0 else "")
+            )
 
 
 async def run_workloads(
