@@ -94,14 +94,14 @@ def test_mixed_adapter_batch_equals_serial(arch: str, tiny_backbone: TinyBackbon
     batches = _batches()
 
     grouped = executor.shared_forward(batches, grad=True)
-    torch.stack([_feature_loss(f) for f in grouped.values()]).sum().backward()
+    torch.autograd.backward(torch.stack([_feature_loss(f) for f in grouped.values()]).sum())
     grouped_grads = _adapter_grads(executor)
 
     serial: dict[str, BackboneOutput] = {}
     for tid, batch in batches.items():
         serial[tid] = executor.shared_forward({tid: batch}, grad=True)[tid]
         if executor.slot(tid).lora is not None:
-            _feature_loss(serial[tid]).backward()
+            torch.autograd.backward(_feature_loss(serial[tid]))
     serial_grads = _adapter_grads(executor)
 
     for tid in batches:
@@ -178,3 +178,49 @@ def test_payload_carries_the_adapter(tiny_backbone: TinyBackbone) -> None:
     a = GroupedExecutor(base, [src]).predict(batch)["t"]
     b = GroupedExecutor(base, [dst]).predict(batch)["t"]
     torch.testing.assert_close(a, b)
+
+
+def test_uniform_segments_take_the_batched_path_and_agree() -> None:
+    from joynexus.models.lora import KernelSegment
+
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 3, 8, generator=gen, requires_grad=True)
+    base_out = torch.randn(6, 3, 5, generator=gen)
+    pairs = [
+        (torch.randn(4, 8, generator=gen, requires_grad=True), torch.randn(5, 4, generator=gen))
+        for _ in range(3)
+    ]
+    segs = [KernelSegment(2 * i, 2 * i + 2, a, b, 0.5 + i, 0.0) for i, (a, b) in enumerate(pairs)]
+    out = sgmv_torch(x, base_out, segs, training=False)
+    expect = torch.cat(
+        [
+            base_out[s.start : s.stop] + s.scaling * x[s.start : s.stop] @ s.a.t() @ s.b.t()
+            for s in segs
+        ]
+    )
+    torch.testing.assert_close(out, expect)
+    (ga,) = torch.autograd.grad(out.sum(), [pairs[1][0]])
+    (ea,) = torch.autograd.grad(expect.sum(), [pairs[1][0]])
+    torch.testing.assert_close(ga, ea)
+
+
+def test_tenant_memory_budget_refuses_the_tenant_that_does_not_fit(
+    tiny_backbone: TinyBackbone,
+) -> None:
+    from joynexus.errors import CapacityError
+
+    base = tiny_backbone("qwen2_5_vl")
+    r4 = TenantSlot("a", LIBERO, base, lora_head(4), seed=0)
+    r8 = TenantSlot("b", LIBERO, base, lora_head(8), seed=1)
+    assert r4.lora is not None and r8.lora is not None
+    # Bytes per tenant: adapter + head, times 3 with AdamW's moments; rank doubles adapter.
+    assert r4.training_bytes() == 3 * r4.parameter_bytes()
+    adapter = sum(p.numel() * 4 for p in r4.lora.parameters())
+    assert sum(p.numel() * 4 for p in r8.lora.parameters()) == 2 * adapter
+    budget = 2 * r4.training_bytes() + r8.training_bytes() // 2
+    executor = GroupedExecutor(base, [r4], tenant_memory_budget=budget)
+    executor.add_slot(TenantSlot("c", LIBERO, base, lora_head(4), seed=2))
+    with pytest.raises(CapacityError, match=r"'b' needs .* tenant memory budget") as info:
+        executor.add_slot(r8)
+    assert info.value.details["budget_bytes"] == budget
+    assert sorted(executor.slots) == ["a", "c"]

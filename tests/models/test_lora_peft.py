@@ -23,6 +23,7 @@ from tests.models.conftest import TinyBackbone, TinyModelDir
 from tests.models.test_lora import randomize_b
 
 
+@pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
 @pytest.mark.parametrize("arch", ["qwen2_5_vl", "smolvlm"])
 def test_peft_loads_the_checkpointed_adapter(
     arch: str, tiny_backbone: TinyBackbone, tiny_model_dir: TinyModelDir, tmp_path: Path

@@ -7,10 +7,13 @@ tenant, step by step.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from joynexus.bench.figure12 import TENANTS, step_batches
+from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.grouped import GroupedExecutor
 from joynexus.models.heads import FlowMatchingHeadConfig, OFTHeadConfig
 from joynexus.models.lora import LoRAConfig
@@ -23,7 +26,7 @@ REL_TOL = 1e-4
 RANKS = {"libero-a": 4, "libero-b": 8, "calvin-a": 8, "calvin-b": 4}
 
 
-def _executor(base: object, head_type: str) -> GroupedExecutor:
+def _executor(base: ResidentBaseModel, head_type: str) -> GroupedExecutor:
     slots = []
     for i, (tid, schema) in enumerate(TENANTS):
         lora = LoRAConfig(rank=RANKS[tid], alpha=2.0 * RANKS[tid])
@@ -33,19 +36,20 @@ def _executor(base: object, head_type: str) -> GroupedExecutor:
             else FlowMatchingHeadConfig(hidden_dim=32, num_heads=4, lora=lora)
         )
         slots.append(
-            TenantSlot(tid, schema, base, head, seed=i, optimizer=OptimizerConfig(lr=1e-3))  # type: ignore[arg-type]
+            TenantSlot(tid, schema, base, head, seed=i, optimizer=OptimizerConfig(lr=1e-3))
         )
-    return GroupedExecutor(base, slots)  # type: ignore[arg-type]
+    return GroupedExecutor(base, slots)
 
 
 @pytest.mark.parametrize("head_type", ["oft", "flow_matching"])
 def test_lora_grouped_training_matches_serial(head_type: str, tiny_backbone: TinyBackbone) -> None:
     base = tiny_backbone("qwen2_5_vl")
     grouped, serial = _executor(base, head_type), _executor(base, head_type)
-    start = {
-        tid: {n: p.detach().clone() for n, p in grouped.slot(tid).lora.named_parameters()}  # type: ignore[union-attr]
-        for tid, _ in TENANTS
-    }
+    start: dict[str, dict[str, torch.Tensor]] = {}
+    for tid, _ in TENANTS:
+        adapter = grouped.slot(tid).lora
+        assert adapter is not None
+        start[tid] = {n: p.detach().clone() for n, p in adapter.named_parameters()}
     losses: dict[str, list[tuple[float, float]]] = {tid: [] for tid, _ in TENANTS}
     for step in range(STEPS):
         batches = step_batches(step, BATCH)
@@ -68,3 +72,22 @@ def test_lora_grouped_training_matches_serial(head_type: str, tiny_backbone: Tin
         moved = [not torch.equal(p, start[tid][n]) for n, p in slot_g.lora.named_parameters()]
         assert all(moved), f"{tid}: some adapter tensors never changed"
     assert all(p.grad is None for p in base.model.parameters())
+
+
+def test_lora_checkpoint_resumes_training_exactly(
+    tiny_backbone: TinyBackbone, tmp_path: Path
+) -> None:
+    from joynexus.models.payload import load_slot, save_slot
+
+    base = tiny_backbone("qwen2_5_vl")
+    a, b = _executor(base, "oft"), _executor(base, "oft")
+    for step in range(3):
+        a.train_step(step_batches(step, BATCH))
+    for tid, _ in TENANTS:
+        load_slot(b.slot(tid), save_slot(a.slot(tid), tmp_path, step=3))
+        assert b.slot(tid).policy_version == 3
+    for step in range(3, 5):
+        batches = step_batches(step, BATCH)
+        ra, rb = a.train_step(batches), b.train_step(batches)
+        for tid in batches:
+            assert ra[tid].loss == pytest.approx(rb[tid].loss, rel=1e-6), (tid, step)

@@ -48,7 +48,7 @@ def config(
         head=head,
         optimizer=OptimizerConfig(lr=1e-3),
         value_head=value_head,
-        algorithm=AlgorithmSpec(name=algo, microbatch_size=mb),  # type: ignore[arg-type]
+        algorithm=AlgorithmSpec(name=algo, microbatch_size=mb),
         seed=seed,
         output_dir=out,
     )
@@ -155,3 +155,25 @@ def test_lora_train_jobs_group_and_equal_serial(
     for name, t in g_tensors.items():
         torch.testing.assert_close(t, s_tensors[name], rtol=1e-4, atol=1e-5, msg=name)
     assert all(p.grad is None for p in base.model.parameters())
+
+
+def test_training_service_refuses_a_tenant_past_its_memory_budget(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    from joynexus.errors import CapacityError
+
+    async def main() -> None:
+        probe = TrainingModelService(base, TrainingQueue(), output_dir=tmp_path / "probe")
+        await probe.add_tenant(config("x", tmp_path, lora_head(8)))
+        need = probe._executor.slot("x").training_bytes()
+        svc = TrainingModelService(
+            base, TrainingQueue(), output_dir=tmp_path, tenant_memory_budget=2 * need
+        )
+        await svc.add_tenant(config("a", tmp_path, lora_head(8)))
+        await svc.add_tenant(config("b", tmp_path, lora_head(8), seed=1))
+        with pytest.raises(CapacityError, match="tenant memory budget") as info:
+            await svc.add_tenant(config("c", tmp_path, lora_head(8), seed=2))
+        assert info.value.http_status == 429
+        assert svc.tenant_ids() == ["a", "b"]
+
+    asyncio.run(main())

@@ -56,7 +56,6 @@ def _forward(
         feature.batch_size,
         tuple(segments),
         training=grad,
-        token_mask=feature.model_inputs["attention_mask"],
     )
     with lora_rows(rows):
         if grad:
@@ -66,10 +65,15 @@ def _forward(
 
 
 def adapter_bytes(slot: TenantSlot) -> dict[str, int]:
-    """The adapter's parameter bytes, and with its AdamW moments."""
+    """The adapter's parameter bytes, with its AdamW moments, and the whole slot's
+    training footprint (adapter + head + optimizer state)."""
     assert slot.lora is not None
     params = sum(p.numel() * p.element_size() for p in slot.lora.parameters())
-    return {"adapter": params, "adapter_with_optimizer": 3 * params}
+    return {
+        "adapter": params,
+        "adapter_with_optimizer": 3 * params,
+        "slot_with_optimizer": slot.training_bytes(),
+    }
 
 
 def _tenants(
@@ -164,14 +168,13 @@ def measure_rank(
 
     def grouped_train() -> None:
         out = _forward(base, grouped_feature, grouped_segments, grad=True)
-        losses = [
-            _probe_loss(out.rows(e.start, e.stop), proj) for e in grouped_feature.slices
-        ]
-        torch.stack(losses).sum().backward()
+        losses = [_probe_loss(out.rows(e.start, e.stop), proj) for e in grouped_feature.slices]
+        torch.autograd.backward(torch.stack(losses).sum())
 
     def serial_train() -> None:
         for s, f in serial:
-            _probe_loss(_forward(base, f, serial_segments[s.tenant_id], grad=True), proj).backward()
+            out = _forward(base, f, serial_segments[s.tenant_id], grad=True)
+            torch.autograd.backward(_probe_loss(out, proj))
 
     def grads() -> dict[str, torch.Tensor]:
         out = {}
@@ -249,12 +252,18 @@ def run_lora_bench(
     threads: int | None = None,
     model_dir: Path | None = None,
     peft: bool = True,
+    budget_bytes: int = 1 << 30,
 ) -> dict[str, Any]:
-    """Measure every rank; top-level figures are those of the first rank."""
+    """Measure every rank; top-level figures are those of the first rank.
+
+    ``capacity``: how many such LoRA tenants (adapter + head + AdamW state) fit in
+    ``budget_bytes`` of tenant memory next to the one shared base (the executor's
+    ``tenant_memory_budget`` refuses the next one).
+    """
     if threads is not None:
         torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory() as tmp:
-        path = model_dir or make_tiny(arch, Path(tmp) / "m", size=size, seed=0)  # type: ignore[arg-type]
+        path = model_dir or make_tiny(arch, Path(tmp) / "m", size=size, seed=0)
         base = ResidentBaseModel.from_pretrained(str(path), device=device)
         by_rank = {
             str(r): measure_rank(
@@ -286,8 +295,13 @@ def run_lora_bench(
         "train_speedup": first["train_speedup"],
         "peft_speedup": first["peft_speedup"],
         "bytes_per_tenant": {
-            r: {"adapter": v["adapter"], "adapter_with_optimizer": v["adapter_with_optimizer"]}
+            r: {k: v[k] for k in ("adapter", "adapter_with_optimizer", "slot_with_optimizer")}
             for r, v in by_rank.items()
+        },
+        "base_bytes": base.parameter_bytes(),
+        "capacity": {
+            "budget_bytes": budget_bytes,
+            "tenants": {r: budget_bytes // v["slot_with_optimizer"] for r, v in by_rank.items()},
         },
         "by_rank": by_rank,
     }
@@ -334,3 +348,10 @@ def print_report(result: dict[str, Any], console: Console) -> None:
             f"{v['adapter_with_optimizer']:,}",
         )
     console.print(table)
+    cap = result["capacity"]
+    fits = ", ".join(f"rank {r}: {n:,}" for r, n in cap["tenants"].items())
+    console.print(
+        f"LoRA tenants within a {cap['budget_bytes'] / 2**20:,.0f} MiB tenant memory budget "
+        f"(adapter + head + AdamW state; base {result['base_bytes']:,} bytes shared once): "
+        f"{fits}"
+    )

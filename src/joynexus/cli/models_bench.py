@@ -1,4 +1,4 @@
-"""``joynexus bench group-batching``: serial vs grouped shared forward (Figures 10–11)."""
+"""``joynexus bench group-batching`` (Figures 10–11), ``figure12`` and ``lora``."""
 
 from __future__ import annotations
 
@@ -120,3 +120,58 @@ def bench_figure12(
         f"{run.max_relative_difference:.2e}; grouped {run.grouped_s:.2f} s vs serial "
         f"{run.serial_s:.2f} s for {steps} steps"
     )
+
+
+@bench_app.command("lora")
+def bench_lora(
+    tenants: Annotated[int, typer.Option("--tenants", min=1, help="LoRA tenants.")] = 8,
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Rows per tenant.")] = 1,
+    ranks: Annotated[str, typer.Option("--ranks", help="Adapter ranks.")] = "8,32",
+    arch: Annotated[
+        str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm")
+    ] = "qwen2_5_vl",
+    size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
+    device: Annotated[str, typer.Option("--device", help="cpu (fp32) | cuda (bf16)")] = "cpu",
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed runs (median).")] = 9,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs first.")] = 3,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="torch intra-op threads.")
+    ] = None,
+    peft: Annotated[
+        bool, typer.Option("--peft/--no-peft", help="Also time peft's mixed batch.")
+    ] = True,
+    budget_mb: Annotated[
+        float, typer.Option("--budget-mb", min=1, help="Tenant memory budget (capacity).")
+    ] = 1024.0,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
+    ] = None,
+) -> None:
+    """LoRA tenants: mixed-adapter grouped vs serial forward and forward+backward."""
+    from joynexus.bench.lora import print_report, run_lora_bench
+    from joynexus.models.tiny import ARCHES, SIZES
+
+    if arch not in ARCHES:
+        raise typer.BadParameter(f"must be one of {', '.join(ARCHES)}", param_hint="--arch")
+    if size not in SIZES:
+        raise typer.BadParameter(f"must be one of {', '.join(SIZES)}", param_hint="--size")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise typer.BadParameter("must be cpu, cuda or cuda:N", param_hint="--device")
+    result = run_lora_bench(
+        arch=arch,
+        size=size,
+        tenants=tenants,
+        batch=batch,
+        ranks=_int_list(ranks, "--ranks"),
+        device=device,
+        repeats=repeats,
+        warmup=warmup,
+        threads=threads,
+        peft=peft,
+        budget_bytes=int(budget_mb * 1024 * 1024),
+    )
+    print_report(result, console)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=2, sort_keys=True))
+        console.print(f"wrote {json_path}")

@@ -63,7 +63,8 @@ class ResidentBaseModel:
 
     Build it with :meth:`from_pretrained`. The wrapped module never requires grad;
     :meth:`encode` builds an autograd graph only when asked (``grad=True``), and then
-    only tenant LoRA adapters (:attr:`lora`) can receive gradients.
+    only tenant LoRA adapters can receive gradients. ``lora`` is the
+    :class:`~joynexus.models.lora.LoRAHost` of the language model's linear layers.
     """
 
     def __init__(
@@ -104,7 +105,9 @@ class ResidentBaseModel:
         self._check_canonical_size()
         model.requires_grad_(False)
         model.eval()
-        self._lora: LoRAHost | None = None
+        # The LoRA hooks go on once, here: installing them later could race a forward
+        # running in another thread. Without a published row assignment they are no-ops.
+        self.lora = LoRAHost(model)
 
     @classmethod
     def from_pretrained(
@@ -236,13 +239,6 @@ class ResidentBaseModel:
             base_model_id=self.model_id,
             canonical_image_size=self.canonical_image_size,
         )
-
-    @property
-    def lora(self) -> LoRAHost:
-        """The LoRA hooks on this backbone's language model (installed on first use)."""
-        if self._lora is None:
-            self._lora = LoRAHost(self.model)
-        return self._lora
 
     def parameter_bytes(self) -> int:
         """Bytes held by the backbone's parameters (shared once by all tenants)."""

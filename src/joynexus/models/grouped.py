@@ -22,7 +22,7 @@ from typing import Literal, Protocol
 import numpy as np
 import torch
 
-from joynexus.errors import ConflictError, InvalidRequestError, NotFoundError
+from joynexus.errors import CapacityError, ConflictError, InvalidRequestError, NotFoundError
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import VLAFeature
 from joynexus.models.lora import LoRAAdapter, LoRARows, LoRASegment, lora_rows
@@ -101,15 +101,26 @@ class GroupedExecutor:
     Args:
         base: The resident base model (shared by reference).
         slots: The tenants' slots; each must reference ``base``.
+        tenant_memory_budget: Optional cap, in bytes, on the summed training footprint
+            (:meth:`TenantSlot.training_bytes`: adapter + head + AdamW state) of all
+            slots; the base is not counted (it is shared once).
 
     Raises:
         InvalidRequestError: a slot is attached to another base model, or two slots
             have the same tenant id.
+        CapacityError: a slot would exceed ``tenant_memory_budget``.
     """
 
-    def __init__(self, base: GroupableBackbone, slots: Iterable[TenantSlot] = ()):
+    def __init__(
+        self,
+        base: GroupableBackbone,
+        slots: Iterable[TenantSlot] = (),
+        *,
+        tenant_memory_budget: int | None = None,
+    ):
         self.base = base
         self.slots: dict[str, TenantSlot] = {}
+        self.tenant_memory_budget = tenant_memory_budget
         self._lock = threading.Lock()
         for slot in slots:
             self.add_slot(slot)
@@ -127,6 +138,21 @@ class GroupedExecutor:
             raise InvalidRequestError(
                 f"tenant {slot.tenant_id!r} already has a slot", tenant_id=slot.tenant_id
             )
+        budget = self.tenant_memory_budget
+        if budget is not None:
+            used = sum(s.training_bytes() for s in self.slots.values())
+            need = slot.training_bytes()
+            if used + need > budget:
+                raise CapacityError(
+                    f"tenant {slot.tenant_id!r} needs {need:,} bytes (adapter + head + "
+                    f"optimizer state); {len(self.slots)} tenants already hold {used:,} of "
+                    f"the {budget:,}-byte tenant memory budget, so it does not fit "
+                    f"({budget - used:,} bytes free)",
+                    tenant_id=slot.tenant_id,
+                    needed_bytes=need,
+                    used_bytes=used,
+                    budget_bytes=budget,
+                )
         self.slots[slot.tenant_id] = slot
 
     def remove_slot(self, tenant_id: str) -> TenantSlot:
@@ -205,7 +231,6 @@ class GroupedExecutor:
                 feature.batch_size,
                 tuple(segments),
                 training=grad,
-                token_mask=feature.model_inputs.get("attention_mask"),
             )
             encode: Callable[..., BackboneOutput] = self.base.encode
             with lora_rows(rows):

@@ -60,8 +60,9 @@ PEFT_CONFIG_FILE = "adapter_config.json"
 class LoRAConfig(BaseModel):
     """``action_module.lora``: a tenant-private low-rank adapter on the backbone.
 
-    Dropout is applied to the adapter input in training only; grouped and serial
-    training agree exactly only with ``dropout: 0`` (the default).
+    Dropout is applied to the adapter input in training only and draws from torch's
+    global RNG (not the tenant's generator); grouped and serial training agree exactly
+    only with ``dropout: 0`` (the default).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -200,7 +201,6 @@ class SegmentedLoRAKernel(Protocol):
         base_out: torch.Tensor,
         segments: Sequence[KernelSegment],
         training: bool,
-        token_mask: torch.Tensor | None = None,
     ) -> torch.Tensor: ...
 
 
@@ -209,17 +209,21 @@ def sgmv_torch(
     base_out: torch.Tensor,
     segments: Sequence[KernelSegment],
     training: bool,
-    token_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The plain-torch segmented gather-matmul (CPU and CUDA)."""
+    """The plain-torch segmented gather-matmul (CPU and CUDA).
+
+    When the segments tile every row in equal sizes with one rank, dtype and dropout
+    (the common case of a grouped step), the deltas are two batched matmuls over the
+    stacked adapters; otherwise one pair of matmuls per segment.
+    """
+    if _uniform(x, segments):
+        return _batched_delta(x, base_out, segments, training)
     parts: list[torch.Tensor] = []
     row = 0
     for seg in segments:
         if seg.start > row:
             parts.append(base_out[row : seg.start])
         xs = x[seg.start : seg.stop].to(seg.a.dtype)
-        if token_mask is not None:
-            xs = xs * token_mask[seg.start : seg.stop].unsqueeze(-1).to(xs.dtype)
         if training and seg.dropout > 0:
             xs = F.dropout(xs, seg.dropout, training=True)
         delta = (xs @ seg.a.t()) @ seg.b.t()
@@ -228,6 +232,45 @@ def sgmv_torch(
     if row < int(base_out.shape[0]):
         parts.append(base_out[row:])
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _uniform(x: torch.Tensor, segments: Sequence[KernelSegment]) -> bool:
+    if len(segments) < 2 or x.dim() < 2:
+        return False
+    first = segments[0]
+    size = first.stop - first.start
+    row = 0
+    for seg in segments:
+        if (
+            seg.start != row
+            or seg.stop - seg.start != size
+            or seg.a.shape != first.a.shape
+            or seg.b.shape != first.b.shape
+            or seg.a.dtype != first.a.dtype
+            or seg.dropout != first.dropout
+        ):
+            return False
+        row = seg.stop
+    return row == int(x.shape[0])
+
+
+def _batched_delta(
+    x: torch.Tensor,
+    base_out: torch.Tensor,
+    segments: Sequence[KernelSegment],
+    training: bool,
+) -> torch.Tensor:
+    first = segments[0]
+    n = len(segments)
+    a = torch.stack([seg.a for seg in segments])  # [S, r, in]
+    b = torch.stack([seg.b for seg in segments])  # [S, out, r]
+    xs = x.to(first.a.dtype).reshape(n, -1, x.shape[-1])  # [S, rows/S * ..., in]
+    if training and first.dropout > 0:
+        xs = F.dropout(xs, first.dropout, training=True)
+    delta = torch.bmm(torch.bmm(xs, a.transpose(1, 2)), b.transpose(1, 2))
+    scales = torch.tensor([seg.scaling for seg in segments], dtype=delta.dtype)
+    delta = delta * scales.to(delta.device).view(n, 1, 1)
+    return base_out + delta.reshape(base_out.shape).to(base_out.dtype)
 
 
 _kernel: SegmentedLoRAKernel = sgmv_torch
@@ -251,7 +294,6 @@ class LoRARows:
     rows: int
     segments: tuple[LoRASegment, ...]
     training: bool = False
-    token_mask: torch.Tensor | None = None
 
 
 _ACTIVE: ContextVar[LoRARows | None] = ContextVar("joynexus_lora_rows", default=None)
@@ -318,10 +360,7 @@ class LoRAHost:
                 )
         if not segments:
             return None
-        mask = assignment.token_mask
-        if mask is not None and tuple(mask.shape) != tuple(x.shape[:2]):
-            mask = None
-        return _kernel(x, output, segments, assignment.training, mask)
+        return _kernel(x, output, segments, assignment.training)
 
 
 def peft_config(adapter: LoRAAdapter) -> dict[str, Any]:

@@ -221,6 +221,11 @@ class TenantSlot:
         """Bytes held by this tenant's parameters (its share of resident memory)."""
         return unique_parameter_bytes(self.parameters())
 
+    def training_bytes(self) -> int:
+        """Parameters plus AdamW's two moments per parameter: the tenant's training
+        footprint (adapter, head, critic and their optimizer state; never the base)."""
+        return 3 * self.parameter_bytes()
+
     # --- compute ---------------------------------------------------------------------
 
     def _state_tensor(self, state: torch.Tensor) -> torch.Tensor:

@@ -230,13 +230,16 @@ class TrainingModelService:
         clock: Clock | None = None,
         metrics: MetricsService | None = None,
         usage: UsageMeter | None = None,
+        tenant_memory_budget: int | None = None,
     ) -> None:
         self.base = base
         self.queue = queue
         self._instruments = Instruments(metrics, usage)
         self.output_dir = Path(output_dir)
         self.clock: Clock = clock or SystemClock()
-        self._executor = GroupedExecutor(base)
+        # tenant_memory_budget: bytes for all tenants' adapters, heads and optimizer
+        # state together; add_tenant refuses a tenant that would exceed it.
+        self._executor = GroupedExecutor(base, tenant_memory_budget=tenant_memory_budget)
         self._configs: dict[str, TenantConfig] = {}
         self._lock = backbone_lock(base)
 
@@ -248,6 +251,7 @@ class TrainingModelService:
         Raises:
             ConflictError: the tenant already exists here.
             InvalidRequestError: a bad tenant id or head config.
+            CapacityError: the tenant would exceed the tenant memory budget.
         """
         if config.tenant_id in self._configs:
             raise ConflictError(
