@@ -130,6 +130,15 @@ def serve(
             help="A gymnasium.make keyword tenants may pass (repeatable; default: none).",
         ),
     ] = None,
+    tenant_memory_gib: Annotated[
+        float | None,
+        typer.Option(
+            "--tenant-memory-gib",
+            min=0.0,
+            help="Memory all tenants' trainable state (heads, LoRA adapters, optimizer "
+            "state) may take; a tenant that does not fit is refused (default: no bound).",
+        ),
+    ] = None,
     recovery_budget: Annotated[
         int,
         typer.Option(
@@ -218,6 +227,9 @@ def serve(
     knobs = RuntimeConfig(
         watchdog_factor=watchdog_factor,
         queue_memory_cap_bytes=server_config.queue_memory_cap_bytes,
+        tenant_memory_budget_bytes=None
+        if tenant_memory_gib is None
+        else int(tenant_memory_gib * 2**30),
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     key_file = admin_key_file or run_dir / "admin.key"

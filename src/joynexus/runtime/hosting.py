@@ -83,6 +83,9 @@ class RuntimeConfig:
             ``stalled`` after this many expected job times without progress (never
             before ``watchdog_min_s`` seconds).
         queue_memory_cap_bytes: Bound of the Training Queue's memory (None: none).
+        tenant_memory_budget_bytes: Bytes all tenants' trainable state (heads, LoRA
+            adapters, optimizer state) may take; a tenant that does not fit is refused
+            (None: no bound).
         env: Environment Service limits.
     """
 
@@ -96,6 +99,7 @@ class RuntimeConfig:
     watchdog_factor: float = 20.0
     watchdog_min_s: float = 120.0
     queue_memory_cap_bytes: int | None = None
+    tenant_memory_budget_bytes: int | None = None
     env: EnvironmentServiceConfig = field(default_factory=EnvironmentServiceConfig)
 
 
@@ -126,6 +130,7 @@ def new_training(
         clock=s.clock,
         metrics=s.metrics,
         usage=s.usage,
+        tenant_memory_budget=s.config.tenant_memory_budget_bytes,
     )
 
 

@@ -248,7 +248,13 @@ class RayPlacement(Placement):
         training_handle = (
             ray.remote(TrainingModelService)
             .options(max_concurrency=64, **group.actor_options("actor"))
-            .remote(base_ref, queue, output_dir=settings.run_dir / "outputs", clock=SystemClock())
+            .remote(
+                base_ref,
+                queue,
+                output_dir=settings.run_dir / "outputs",
+                clock=SystemClock(),
+                tenant_memory_budget=cfg.tenant_memory_budget_bytes,
+            )
         )
         reserved.actors.append(training_handle)
         training = ActorProxy(training_handle, TrainingModelService)
