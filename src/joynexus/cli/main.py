@@ -10,7 +10,7 @@ from joynexus.cli import (
     models,  # noqa: F401
     models_bench,  # noqa: F401  (bench group-batching)
     ray_cmds,  # noqa: F401  (scale rollout; --runtime for run)
-    run,  # noqa: F401  (run workloads in the embedded runtime)
+    run,  # noqa: F401  (run workloads on an in-process Master)
     serve,  # noqa: F401  (serve, tenants, submit, status, logs, artifacts, export, cancel)
     sim,  # noqa: F401  (simulate)
     spec,  # noqa: F401  (spec schema, spec check)

@@ -1,9 +1,8 @@
 """Recovery of crashed simulator sessions: the Health Manager's ``environment`` role.
 
-Registered by :func:`~joynexus.runtime.plane.watch_plane` for every host of a plane
-(the embedded runtime, whose tenants are a run's, and the live server, whose tenants
-are the Master's workloads'): each hands :class:`SessionRecovery` a callable listing the
-tenants that currently hold a session.
+Registered by :func:`~joynexus.runtime.plane.watch_plane` (once per plane, by the
+Master's host): it hands :class:`SessionRecovery` a callable listing the tenants of the
+live workloads, which hold the sessions.
 
 A crashed session is closed and recreated with the same EnvSpec, and its tenant's
 ``session_id`` swapped to the new one. The crash is reported the moment a call finds

@@ -1,7 +1,7 @@
 """Compile workload specs onto the services and the Training Scheduler.
 
 :func:`compile_workloads` turns the :class:`~joynexus.spec.workload.WorkloadSpec` s of one
-run into what the embedded runtime needs, and runs every capability check *before*
+run into what the Master Service needs, and runs every capability check *before*
 anything starts (no model is loaded, no simulator is spawned):
 
 * the tenant's :class:`DataSchema`: the spec's own (or its preset), else the schema of
