@@ -1,10 +1,11 @@
 """The execution plane: the long-lived services every workload of a process runs on.
 
 One builder, :func:`build_plane`, serves every host of the plane — the Master Service,
-behind HTTP (``joynexus serve``) or in process (``joynexus run``, the demo). It loads the resident base model (or takes one
-already loaded), opens the durable Training Scheduler in the run directory — failing
-the jobs a previous process left in flight — builds the Metrics Service and usage meter
-(unless given), and has a :class:`~joynexus.runtime.hosting.Placement` build the
+behind HTTP (``joynexus serve``) or in process (``joynexus run``, the demo). It loads
+the resident base model (or takes one already loaded), opens the durable Training
+Scheduler in the run directory — failing the jobs a previous process left in flight,
+unless the Master reconciles them — builds the Metrics Service and usage meter (unless
+given), and has a :class:`~joynexus.runtime.hosting.Placement` build the
 Training Queue and the Environment / Training / Inference Model Services where it puts
 them: objects in this process (:class:`~joynexus.runtime.hosting.InProcess`), an
 elastic pool of in-process rollout engines
