@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -13,6 +14,7 @@ from joynexus.cli.main import app
 
 def test_demo_cli_writes_report_plots_and_matches_work(tmp_path: Path) -> None:
     out = tmp_path / "demo"
+    cores_before = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     result = CliRunner().invoke(
         app,
         [
@@ -39,6 +41,17 @@ def test_demo_cli_writes_report_plots_and_matches_work(tmp_path: Path) -> None:
     assert report["how_to_read"]["device_time_ratio"].startswith("isolated / multi-tenant")
     assert report["env_choice_reason"].startswith("chosen with --envs test: ")
     assert report["env_unavailable"] == {}
+    # --device-cores auto by default: the pinning applied is printed and recorded, and
+    # this process gets its cores back afterwards.
+    pinning = report["core_pinning"]
+    assert pinning["mode"] == "auto"
+    assert "core pinning: " in result.output
+    if pinning["pinned"]:
+        assert pinning["device_affinity"] == pinning["device_cores"]
+        assert not set(pinning["device_cores"]) & set(pinning["worker_cores"])
+        assert "simulator workers on cores" in result.output
+    if cores_before is not None:
+        assert os.sched_getaffinity(0) == cores_before
     for phase in ("multi_tenant", "isolated"):
         for key in ("training_utilization", "inference_utilization"):
             value = report[phase][key]

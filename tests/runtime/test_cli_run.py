@@ -1,12 +1,16 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
 from joynexus.cli.main import app
+from joynexus.services.env_worker import SimulatorWorker
 
 
 def test_joynexus_run_writes_the_summary(tmp_path: Path, tiny_model: str) -> None:
@@ -57,3 +61,42 @@ def test_joynexus_run_rejects_a_bad_spec_before_starting(tmp_path: Path) -> None
     assert result.exit_code == 2
     assert "known kinds" in result.output
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs os.sched_setaffinity and at least 2 usable cores",
+)
+def test_joynexus_run_pins_the_device_and_the_simulator_workers(
+    tmp_path: Path, tiny_model: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cores = set(os.sched_getaffinity(0))
+    device = min(cores)
+    seen: list[tuple[set[int], set[int]]] = []  # (worker's cores, this process's) per start
+    start = SimulatorWorker.start.__func__  # type: ignore[attr-defined]
+
+    async def spy(cls: type[SimulatorWorker], *args: Any, **kwargs: Any) -> tuple[Any, str]:
+        worker, schema = await start(cls, *args, **kwargs)
+        seen.append((os.sched_getaffinity(worker.process.pid), os.sched_getaffinity(0)))
+        return worker, schema
+
+    monkeypatch.setattr(SimulatorWorker, "start", classmethod(spy))
+    spec = {
+        "tenant": "pinned",
+        "task": "rl",
+        "base_model": {"id": tiny_model},
+        "env": {"kind": "reach2d", "num_envs": 1, "image_size": 32, "max_episode_steps": 4},
+        "action_module": {"type": "oft", "hidden_dim": 32, "num_blocks": 1},
+        "algorithm": {"name": "ppo", "horizon": 4, "microbatch_size": 4},
+        "scheduling": {"completion_target": 1, "max_in_flight": 1},
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = CliRunner().invoke(
+        app,
+        ["run", str(path), "--run-dir", str(tmp_path / "run"), "--device-cores", str(device)],
+    )
+    assert result.exit_code == 0, result.output
+    assert f"model services (the device) on cores {device}, simulator workers" in result.output
+    assert seen and all(w == cores - {device} and main == {device} for w, main in seen), seen
+    assert os.sched_getaffinity(0) == cores  # given back at the end

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from joynexus.cli.app import app
+from joynexus.cli.cores import DEVICE_CORES_HELP, core_plan_or_exit
 from joynexus.errors import JoyNexusError
 
 #: Console width when stdout is not a terminal (rich would use 80).
@@ -59,6 +60,13 @@ def demo(
     sft_jobs: Annotated[
         int | None, typer.Option("--sft-jobs", min=1, help="Override the SFT jobs.")
     ] = None,
+    device_cores: Annotated[
+        str,
+        typer.Option(
+            "--device-cores",
+            help=DEVICE_CORES_HELP + " Default: auto (recorded in report.json).",
+        ),
+    ] = "auto",
 ) -> None:
     """Run 3 RL + 1 SFT tenants + an evaluation on one resident backbone, then replay
     the same matched work one tenant at a time, and compare (paper §5.1)."""
@@ -73,6 +81,7 @@ def demo(
         "[bold]joynexus demo[/bold]: multi-tenant run on an in-process Master "
         f"(tiny backbone), then the isolated baseline; budget {minutes:g} min"
     )
+    plan = core_plan_or_exit(device_cores, console)
     try:
         asyncio.run(
             run_demo(
@@ -82,6 +91,7 @@ def demo(
                 rl_updates=rl_updates,
                 sft_jobs=sft_jobs,
                 console=console,
+                core_plan=plan,
             )
         )
     except JoyNexusError as exc:

@@ -24,7 +24,11 @@ def make_tiny_command(
     ],
     out: Annotated[Path, typer.Option("--out", help="Directory to write the model into.")],
     size: Annotated[
-        str, typer.Option("--size", help="tiny (~1M params, tests) | small (~20M, benchmarks)")
+        str,
+        typer.Option(
+            "--size",
+            help="tiny (~1M params, tests) | small (~20M, benchmarks) | 3b (~3.4B, GPU benchmarks)",
+        ),
     ] = "tiny",
     seed: Annotated[int, typer.Option("--seed", help="Weight-initialisation seed.")] = 0,
     camera_slots: Annotated[

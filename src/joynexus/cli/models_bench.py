@@ -175,3 +175,46 @@ def bench_lora(
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(result, indent=2, sort_keys=True))
         console.print(f"wrote {json_path}")
+
+
+@bench_app.command("serving")
+def bench_serving(
+    tenants: Annotated[int, typer.Option("--tenants", min=1, help="Tenants.")] = 8,
+    clients_per_tenant: Annotated[
+        int, typer.Option("--clients-per-tenant", min=1, help="Closed-loop clients each.")
+    ] = 2,
+    duration_s: Annotated[
+        float, typer.Option("--duration-s", min=0.1, help="Timed load per deployment.")
+    ] = 20.0,
+    requests: Annotated[
+        int | None,
+        typer.Option("--requests", min=1, help="Stop each client after this many requests."),
+    ] = None,
+    size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
+    threads: Annotated[
+        int, typer.Option("--threads", min=1, help="OMP threads of every server process.")
+    ] = 1,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
+    ] = None,
+) -> None:
+    """One shared server vs one single-policy server per tenant: req/s, p99, RSS."""
+    from joynexus.bench.serving import print_report, run_serving_bench
+    from joynexus.models.tiny import SIZES
+
+    if size not in SIZES:
+        raise typer.BadParameter(f"must be one of {', '.join(SIZES)}", param_hint="--size")
+    result = run_serving_bench(
+        tenants=tenants,
+        clients_per_tenant=clients_per_tenant,
+        duration_s=duration_s,
+        requests=requests,
+        size=size,
+        threads=threads,
+        progress=lambda line: console.print(f"[dim]{line}[/dim]"),
+    )
+    print_report(result, console)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=2, sort_keys=True))
+        console.print(f"wrote {json_path}")

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
 from joynexus.cli.app import app
+from joynexus.cli.cores import DEVICE_CORES_HELP, core_plan_or_exit
 from joynexus.cli.ray_cmds import RuntimeKind, make_placement
 from joynexus.errors import JoyNexusError
 
@@ -62,17 +63,36 @@ def run(
     engines: Annotated[
         int, typer.Option("--engines", min=1, help="Rollout engines (inference replicas).")
     ] = 1,
+    device_cores: Annotated[
+        str, typer.Option("--device-cores", help=DEVICE_CORES_HELP + " Default: none.")
+    ] = "none",
 ) -> None:
     """Run workloads (rl, sft, eval) concurrently to completion on an in-process Master."""
     from joynexus.master.run import run_workloads
+    from joynexus.runtime.hosting import RuntimeConfig
+    from joynexus.services.environment import EnvironmentServiceConfig
+    from joynexus.utils.affinity import pin_device
     from joynexus.workflows.compile import check_spec_files
     from joynexus.workflows.summary import TenantProgress
 
+    plan = core_plan_or_exit(device_cores, console)
+    if plan.pinned and RuntimeKind(runtime_kind) is not RuntimeKind.embedded:
+        console.print(
+            "[red]error:[/red] --device-cores pins this process and its simulator workers; "
+            "it works with --runtime embedded only"
+        )
+        raise typer.Exit(2)
     try:
         compiled = check_spec_files(specs)  # the checks `joynexus spec check` runs
     except JoyNexusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
+
+    config = (
+        RuntimeConfig(env=EnvironmentServiceConfig(worker_cores=plan.worker_cores))
+        if plan.pinned
+        else None
+    )
 
     try:
         placement = make_placement(runtime_kind, address=address, layout=layout, engines=engines)
@@ -126,17 +146,19 @@ def run(
             progress.update(record_bars[tenant], completed=ep + 1, info=f"last: {length} frames")
 
         try:
-            summary = asyncio.run(
-                run_workloads(
-                    compiled,
-                    run_dir,
-                    fresh=fresh,
-                    placement=placement,
-                    on_progress=on_progress,
-                    on_status=lambda msg: progress.console.print(f"[dim]{msg}[/dim]"),
-                    on_record_episode=on_record,
+            with pin_device(plan):
+                summary = asyncio.run(
+                    run_workloads(
+                        compiled,
+                        run_dir,
+                        fresh=fresh,
+                        config=config,
+                        placement=placement,
+                        on_progress=on_progress,
+                        on_status=lambda msg: progress.console.print(f"[dim]{msg}[/dim]"),
+                        on_record_episode=on_record,
+                    )
                 )
-            )
         except JoyNexusError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(1) from None

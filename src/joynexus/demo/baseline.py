@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from joynexus.demo.phase import PhaseTrace, run_phase
+from joynexus.runtime.hosting import RuntimeConfig
 from joynexus.spec.workload import WorkloadSpec
 from joynexus.workflows.summary import TenantProgress
 
@@ -45,6 +46,7 @@ async def replay_isolated(
     on_phase: Callable[[str, WorkloadSpec], None] | None = None,
     on_progress: Callable[[list[TenantProgress]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
+    config: RuntimeConfig | None = None,
 ) -> list[PhaseTrace]:
     """Replay every tenant alone, RL tenants first, then SFT (as in §5.1).
 
@@ -56,6 +58,7 @@ async def replay_isolated(
         prepare_run_dir: Called on each replay's run directory before it starts (the
             demo links the shared tiny-model cache there).
         on_phase: Called as ``(phase name, spec)`` when a replay starts.
+        config: Plane knobs of every replay (as in the multi-tenant run).
 
     Returns:
         One trace per replay, each with ``matched = {tenant: n}``.
@@ -81,6 +84,7 @@ async def replay_isolated(
                 matched={spec.tenant: matched[spec.tenant]},
                 on_progress=on_progress,
                 on_status=on_status,
+                config=config,
             )
         )
     return traces

@@ -26,6 +26,7 @@ from joynexus.api import UsageReport
 from joynexus.control.job import JobState, TaskType
 from joynexus.master.run import LocalRun, record_missing_datasets, wipe_run_state
 from joynexus.metrics.events import MetricEvent
+from joynexus.runtime.hosting import RuntimeConfig
 from joynexus.spec.workload import WorkloadSpec
 from joynexus.workflows.compile import compile_workloads
 from joynexus.workflows.summary import RunSummary, TenantProgress
@@ -179,6 +180,7 @@ async def run_phase(
     on_progress: Callable[[list[TenantProgress]], None] | None = None,
     on_status: Callable[[str], None] | None = None,
     on_record_episode: Callable[[str, int, int, bool], None] | None = None,
+    config: RuntimeConfig | None = None,
 ) -> PhaseTrace:
     """Run ``specs`` to their completion targets and return the phase's trace.
 
@@ -193,6 +195,8 @@ async def run_phase(
             other training tenant is done, their admission closes (completion target =
             0, so nothing new is reserved) and their matched work is the updates they
             completed inside the window.
+        config: Plane knobs (default: :class:`RuntimeConfig`'s; the demo passes the
+            simulator workers' cores).
 
     Raises:
         SpecError / DatasetError: a bad spec, before anything starts.
@@ -216,7 +220,7 @@ async def run_phase(
             busy.append(Interval(service, e.timestamp - e.value, e.timestamp))
 
     wipe_run_state(run_dir)  # fresh: nothing of an earlier run resumes or is counted
-    run = LocalRun(run_dir)
+    run = LocalRun(run_dir, config=config)
 
     def progress(rows: list[TenantProgress]) -> None:
         lead = [r for r in rows if r.task in ("rl", "sft") and r.tenant not in fill]

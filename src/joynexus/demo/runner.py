@@ -42,7 +42,10 @@ from joynexus.demo.report import (
     verdict,
     write_report,
 )
+from joynexus.runtime.hosting import RuntimeConfig
+from joynexus.services.environment import EnvironmentServiceConfig
 from joynexus.spec.workload import WorkloadSpec
+from joynexus.utils.affinity import CorePlan, current_affinity, pin_device
 from joynexus.workflows.summary import TenantProgress
 
 __all__ = ["PLAIN_PROGRESS_EVERY_S", "DemoResult", "PlainProgress", "run_demo"]
@@ -238,6 +241,7 @@ async def run_demo(
     torch_threads: int | None = None,
     console: Console | None = None,
     env_check: EnvCheck | None = None,
+    core_plan: CorePlan | None = None,
 ) -> DemoResult:
     """Run the multi-tenant mixture, replay it isolated, write the report and plots.
 
@@ -250,6 +254,11 @@ async def run_demo(
         console: Where progress and tables go (default: a new rich console).
         env_check: How simulators are checked before the start (default: files, then
             renderers; see :func:`~joynexus.demo.mixture.choose_envs`).
+        core_plan: Pin this process (the model services, torch threads matched) and the
+            simulator workers to its cores for every phase, restored at the end
+            (default: no pinning; ``joynexus demo`` passes ``--device-cores auto``).
+            ``torch_threads``, when given, overrides the matched thread count. What was
+            applied is in the report's ``core_pinning``.
 
     Raises:
         JoyNexusError: a bad spec, or simulators that cannot run here (raised before
@@ -257,6 +266,43 @@ async def run_demo(
         RuntimeError: a phase completed fewer updates than its matched work.
     """
     console = console or Console()
+    plan = core_plan or CorePlan(mode="none", note="not requested")
+    with pin_device(plan):
+        pinning = plan.to_json()
+        # Read back from the kernel: what is really applied, not what was asked.
+        pinning["device_affinity"] = current_affinity() if plan.pinned else None
+        config = (
+            RuntimeConfig(env=EnvironmentServiceConfig(worker_cores=plan.worker_cores))
+            if plan.pinned
+            else None
+        )
+        return await _run_demo(
+            out_dir,
+            minutes=minutes,
+            profile=profile,
+            rl_updates=rl_updates,
+            sft_jobs=sft_jobs,
+            torch_threads=torch_threads,
+            console=console,
+            env_check=env_check,
+            config=config,
+            pinning=pinning,
+        )
+
+
+async def _run_demo(
+    out_dir: Path,
+    *,
+    minutes: float,
+    profile: Profile | None,
+    rl_updates: int | None,
+    sft_jobs: int | None,
+    torch_threads: int | None,
+    console: Console,
+    env_check: EnvCheck | None,
+    config: RuntimeConfig | None,
+    pinning: dict[str, Any],
+) -> DemoResult:
     t0 = time.monotonic()
     if torch_threads is not None:
         import torch
@@ -308,6 +354,7 @@ async def run_demo(
             on_progress=bars.on_progress,
             on_status=bars.status,
             on_record_episode=on_record,
+            config=config,
         )
         # Matched work: every RL update the multi-tenant run completed (its window ends
         # at the last one) and the SFT updates completed inside that window.
@@ -323,6 +370,7 @@ async def run_demo(
             on_phase=on_phase,
             on_progress=bars.on_progress,
             on_status=bars.status,
+            config=config,
         )
     report = build_report(
         multi,
@@ -335,6 +383,7 @@ async def run_demo(
         eval_tenant=mixture.eval_tenant,
     )
     report["env_unavailable"] = dict(choice.unavailable)
+    report["core_pinning"] = pinning
     plots = plot_report(report, multi, isolated, out_dir)
     report["plots"] = [p.name for p in plots]
     total = time.monotonic() - t0

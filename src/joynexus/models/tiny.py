@@ -25,9 +25,11 @@ from typing import Any, Literal
 import torch
 
 TinyArch = Literal["qwen2_5_vl", "qwen3_vl", "paligemma", "smolvlm"]
-TinySize = Literal["tiny", "small"]
+TinySize = Literal["tiny", "small", "3b"]
 ARCHES: tuple[TinyArch, ...] = ("qwen2_5_vl", "qwen3_vl", "paligemma", "smolvlm")
-SIZES: tuple[TinySize, ...] = ("tiny", "small")
+#: ``3b``: a Qwen2.5-VL-3B-shaped configuration (~3.4B parameters with random weights)
+#: for GPU benchmarks (scripts/gpu-bench.sh); building it on CPU takes ~14 GB of memory.
+SIZES: tuple[TinySize, ...] = ("tiny", "small", "3b")
 SIDECAR = "joynexus.json"
 
 # Enough text for BPE merges over the words robot instructions use; the tokenizer only
@@ -126,6 +128,20 @@ _DIMS: dict[TinySize, _Dims] = {
         v_heads=4,
         v_ffn=1024,
     ),
+    # The text decoder and vision tower of Qwen2.5-VL-3B (small vocabulary: the
+    # tokenizer is trained on a tiny corpus).
+    "3b": _Dims(
+        vocab=1024,
+        hidden=2048,
+        layers=36,
+        heads=16,
+        kv_heads=2,
+        ffn=11008,
+        v_hidden=1280,
+        v_layers=32,
+        v_heads=16,
+        v_ffn=3420,
+    ),
 }
 
 # Preferred canonical image side per arch: a multiple of patch × merge for the Qwen
@@ -133,6 +149,7 @@ _DIMS: dict[TinySize, _Dims] = {
 _CANONICAL_SIZE: dict[TinySize, dict[TinyArch, int]] = {
     "tiny": {"qwen2_5_vl": 56, "qwen3_vl": 64, "paligemma": 56, "smolvlm": 64},
     "small": {"qwen2_5_vl": 112, "qwen3_vl": 128, "paligemma": 112, "smolvlm": 128},
+    "3b": {"qwen2_5_vl": 112, "qwen3_vl": 128, "paligemma": 112, "smolvlm": 128},
 }
 
 
@@ -395,8 +412,8 @@ def make_tiny(
         arch: One of ``qwen2_5_vl``, ``qwen3_vl``, ``paligemma``, ``smolvlm``.
         out_dir: Directory to write (created if missing); holds model, processor and
             the ``joynexus.json`` sidecar.
-        size: ``tiny`` (~1M parameters, for tests) or ``small`` (tens of millions, for
-            benchmarks).
+        size: ``tiny`` (~1M parameters, for tests), ``small`` (tens of millions, for
+            benchmarks) or ``3b`` (~3.4B, Qwen2.5-VL-3B-shaped, for GPU benchmarks).
         seed: Weight-initialisation seed; same arguments → identical files' tensors.
         num_camera_slots: Camera slots the backbone is configured for (recorded in
             the sidecar; tenants with fewer cameras get blank, masked slots).

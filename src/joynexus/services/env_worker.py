@@ -23,6 +23,7 @@ from typing import Any
 from joynexus import errors
 from joynexus.envs.base import EnvSpec
 from joynexus.errors import EnvironmentServiceError, SimulatorCrashedError, SpecError
+from joynexus.utils.affinity import pin_this_process
 
 __all__ = ["SimulatorWorker", "mp_context"]
 
@@ -45,10 +46,18 @@ def _error_reply(exc: BaseException) -> tuple[str, str, str, dict[str, Any]]:
     return ("error", "EnvironmentServiceError", f"{type(exc).__name__}: {exc}", {})
 
 
-def _worker_main(conn: multiprocessing.connection.Connection, factory: Any, spec_json: str) -> None:
+def _worker_main(
+    conn: multiprocessing.connection.Connection,
+    factory: Any,
+    spec_json: str,
+    cores: list[int] | None = None,
+) -> None:
     """Entry point of the worker process (runs in the child)."""
     from joynexus.envs.registry import resolve_callable
 
+    if cores:
+        # Before the simulator starts any thread: they all inherit the pinning.
+        pin_this_process(cores)
     spec = EnvSpec.model_validate_json(spec_json)
     try:
         adapter = resolve_callable(factory)(spec)
@@ -92,8 +101,13 @@ class SimulatorWorker:
         self.dead_reason: str | None = None
 
     @classmethod
-    async def start(cls, factory: Any, spec: EnvSpec, *, timeout_s: float) -> tuple[Any, str]:
+    async def start(
+        cls, factory: Any, spec: EnvSpec, *, timeout_s: float, cores: list[int] | None = None
+    ) -> tuple[Any, str]:
         """Start a worker and build its simulator; returns ``(worker, schema_json)``.
+
+        ``cores``: pin the worker process to these cores before the simulator is built
+        (None: not pinned; see :mod:`joynexus.utils.affinity`).
 
         Raises:
             SpecError: The factory cannot be sent to a worker process.
@@ -111,7 +125,7 @@ class SimulatorWorker:
         parent, child = ctx.Pipe(duplex=True)
         process = ctx.Process(  # type: ignore[attr-defined]  # BaseContext stubs lack Process
             target=_worker_main,
-            args=(child, factory, spec.model_dump_json()),
+            args=(child, factory, spec.model_dump_json(), cores),
             daemon=True,
             name=f"joynexus-env-{spec.kind}",
         )

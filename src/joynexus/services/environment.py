@@ -52,6 +52,9 @@ class EnvironmentServiceConfig(BaseModel):
         idle_timeout_s: A session untouched this long is closed by :meth:`reap_idle`.
         step_timeout_s: A reset/step that takes longer kills the session's worker.
         start_timeout_s: Time allowed to start a worker and build its simulator.
+        worker_cores: Pin every simulator worker process to these cores at its start
+            (None: not pinned); the model services get the others (``--device-cores``,
+            :mod:`joynexus.utils.affinity`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -60,6 +63,7 @@ class EnvironmentServiceConfig(BaseModel):
     idle_timeout_s: float = 600.0
     step_timeout_s: float = 60.0
     start_timeout_s: float = 180.0
+    worker_cores: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -180,7 +184,10 @@ class EnvironmentService:
         self._reserved[tenant_id] = self._reserved.get(tenant_id, 0) + 1
         try:
             worker, schema_json = await SimulatorWorker.start(
-                registration.factory, spec, timeout_s=self.config.start_timeout_s
+                registration.factory,
+                spec,
+                timeout_s=self.config.start_timeout_s,
+                cores=self.config.worker_cores,
             )
         finally:
             self._reserved[tenant_id] -= 1

@@ -1,0 +1,621 @@
+"""``joynexus bench serving``: one shared server against one server per tenant.
+
+Two deployments serve the same N tenants the same closed-loop ``predict`` traffic over
+HTTP, one after the other, on this machine:
+
+* **ours**: one ``joynexus serve`` process, one resident backbone, every tenant's
+  requests group-batched by the Inference Queue;
+* **baseline**: what users would otherwise run, one single-policy server per tenant
+  (a ``joynexus serve`` hosting that tenant alone), each with its own copy of the same
+  backbone.
+
+Every server is a subprocess on a free 127.0.0.1 port, started and always stopped by the
+bench (SIGTERM, then SIGKILL, then whatever the server left behind), even on an error or
+Ctrl-C. Memory is the summed RSS of every server process and its descendants, peak over
+the timed load (psutil); PSS after the load is reported too (RSS counts the shared
+libraries' pages once per process, PSS divides them between the processes). Ratios:
+``throughput_ratio`` = ours ÷ baseline req/s, ``memory_ratio`` = baseline ÷ ours RSS
+(``memory_ratio_pss`` the same for PSS), ``p99_ratio`` = ours ÷ baseline p99 latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import httpx
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from joynexus.wire import MSGPACK_MEDIA_TYPE, packb
+
+if TYPE_CHECKING:
+    from joynexus.models.tiny import TinySize
+
+__all__ = ["print_report", "run_serving_bench"]
+
+START_TIMEOUT_S = 180.0
+STOP_TIMEOUT_S = 10.0
+IMAGE_SIZE = 32
+STATE_DIM = 4  # reach2d's state
+
+
+def _psutil() -> Any:
+    try:
+        import psutil  # type: ignore[import-untyped,unused-ignore]
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise RuntimeError("bench serving needs psutil (pip install psutil)") from exc
+    return psutil
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Linux: the server gets SIGKILL if the bench dies without cleaning up."""
+    with suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class _Server:
+    proc: subprocess.Popen[bytes]
+    url: str
+    run_dir: Path
+    log: Path
+
+    def tree(self) -> list[Any]:
+        psutil = _psutil()
+        try:
+            root = psutil.Process(self.proc.pid)
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def rss(self) -> int:
+        psutil = _psutil()
+        total = 0
+        for p in self.tree():
+            with suppress(psutil.Error):
+                total += int(p.memory_info().rss)
+        return total
+
+    def pss(self) -> int:
+        """Proportional set size: pages shared between processes counted once overall."""
+        psutil = _psutil()
+        total = 0
+        for p in self.tree():
+            with suppress(psutil.Error, AttributeError):
+                total += int(p.memory_full_info().pss)
+        return total
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+def _start(run_dir: Path, model: str, threads: int) -> _Server:
+    port = _free_port()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = run_dir / "serve.log"
+    exe = Path(sys.executable).with_name("joynexus")
+    prog = [str(exe)] if exe.exists() else [sys.executable, "-m", "joynexus.cli.main"]
+    cmd = [
+        *prog,
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--run-dir",
+        str(run_dir),
+        "--base-model",
+        model,
+    ]
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+    }
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # Ctrl-C reaches the bench, which stops them
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+    return _Server(proc, f"http://127.0.0.1:{port}", run_dir, log)
+
+
+def _stop(servers: Sequence[_Server]) -> None:
+    """SIGTERM every server, SIGKILL what is left, then every descendant they left."""
+    psutil = _psutil()
+    kids: list[Any] = []
+    for s in servers:
+        kids.extend(s.tree()[1:])
+        if s.proc.poll() is None:
+            with suppress(ProcessLookupError):
+                s.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for s in servers:
+        try:
+            s.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            s.proc.kill()
+            s.proc.wait(timeout=STOP_TIMEOUT_S)
+    _, alive = psutil.wait_procs(kids, timeout=3)
+    for p in alive:
+        with suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=3)
+    for s in servers:  # the session's process group: anything that escaped the tree
+        with suppress(ProcessLookupError, PermissionError):
+            os.killpg(s.proc.pid, signal.SIGKILL)
+
+
+@contextmanager
+def _servers(root: Path, names: Sequence[str], model: str, threads: int) -> Iterator[list[_Server]]:
+    started: list[_Server] = []
+    try:
+        for name in names:
+            started.append(_start(root / name, model, threads))
+        _wait_ready(started)
+        yield started
+    finally:
+        _stop(started)
+
+
+def _wait_ready(servers: Sequence[_Server]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    pending = list(servers)
+    while pending:
+        for s in list(pending):
+            if s.proc.poll() is not None:
+                raise RuntimeError(f"server on {s.url} exited {s.proc.returncode}:\n{s.log_tail()}")
+            with suppress(httpx.TransportError):
+                if httpx.get(f"{s.url}/healthz", timeout=2).status_code == 200:
+                    pending.remove(s)
+        if pending and time.monotonic() > deadline:
+            raise TimeoutError(f"{len(pending)} server(s) not ready after {START_TIMEOUT_S:g} s")
+        if pending:
+            time.sleep(0.2)
+
+
+def _custom_spec(tenant: str, model: str) -> dict[str, Any]:
+    return {
+        "tenant": tenant,
+        "task": "custom",
+        "base_model": {"id": model},
+        "env": {"kind": "reach2d", "num_envs": 2, "image_size": IMAGE_SIZE},
+        "algorithm": {"name": "reinforce"},
+        "action_module": {"type": "oft", "hidden_dim": 32, "num_blocks": 1},
+    }
+
+
+def _open_tenant(server: _Server, tenant: str, model: str) -> str:
+    """Create ``tenant`` with a ``custom`` slot (a servable policy); its API key."""
+    from joynexus.client import Client
+
+    admin = (server.run_dir / "admin.key").read_text().strip()
+    with Client(server.url, admin, timeout=60) as c:
+        key = str(c.create_tenant(tenant)["api_key"])
+    with Client(server.url, key, timeout=60) as c:
+        st = c.submit(_custom_spec(tenant, model))
+        st = c.wait(st.workload_id, states=["running"], timeout_s=120, poll_s=0.1)
+        if st.state.value != "running":
+            raise RuntimeError(f"tenant {tenant}: workload {st.state.value}: {st.error}")
+    return key
+
+
+def _body(seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    obs = {
+        "cameras": {"top": rng.integers(0, 255, (1, IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)},
+        "state": rng.normal(size=(1, STATE_DIM)).astype(np.float32),
+        "instructions": ["reach the target"],
+    }
+    return packb({"observations": obs, "mode": "mean"})
+
+
+@dataclass
+class _Target:
+    """One tenant's endpoint: the server it lives on and its key."""
+
+    tenant: str
+    url: str
+    key: str
+    latencies: list[float] = field(default_factory=list)
+    errors: int = 0
+
+
+async def _drive(
+    targets: Sequence[_Target],
+    clients: int,
+    duration_s: float,
+    requests: int | None,
+    on_start: Callable[[], None] = lambda: None,
+) -> float:
+    """Closed-loop clients (``clients`` per tenant) until the deadline; elapsed seconds.
+
+    ``on_start`` runs after the untimed warm-up, just before the timed load.
+    """
+    https = {
+        t.url: httpx.AsyncClient(
+            base_url=t.url,
+            timeout=120,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+        )
+        for t in targets
+    }
+    try:
+
+        async def one(t: _Target, body: bytes, record: bool) -> None:
+            headers = {
+                "Authorization": f"Bearer {t.key}",
+                "Content-Type": MSGPACK_MEDIA_TYPE,
+                "Accept": MSGPACK_MEDIA_TYPE,
+            }
+            start = time.perf_counter()
+            r = await https[t.url].post(
+                f"/v1/models/{t.tenant}/predict", content=body, headers=headers
+            )
+            if r.status_code != 200:
+                t.errors += 1
+            elif record:
+                t.latencies.append(time.perf_counter() - start)
+
+        bodies = {t.tenant: _body(i) for i, t in enumerate(targets)}
+        # Warm up: every client's connection and every tenant's first forward, untimed.
+        await asyncio.gather(
+            *(one(t, bodies[t.tenant], False) for t in targets for _ in range(clients))
+        )
+        for t in targets:
+            t.errors = 0
+        on_start()
+        start = time.perf_counter()
+        deadline = start + duration_s
+
+        async def loop(t: _Target) -> None:
+            done = 0
+            while time.perf_counter() < deadline and (requests is None or done < requests):
+                await one(t, bodies[t.tenant], True)
+                done += 1
+
+        await asyncio.gather(*(loop(t) for t in targets for _ in range(clients)))
+        return time.perf_counter() - start
+    finally:
+        for h in https.values():
+            await h.aclose()
+
+
+#: Server-side timings the servers already export on ``/metrics`` (Prometheus text).
+_SCRAPED = {
+    "batch_s_sum": "joynexus_system_inference_batch_latency_s_sum",
+    "batches": "joynexus_system_inference_batch_latency_s_count",
+    "rows_sum": "joynexus_system_inference_batch_size_sum",
+    "tenants_sum": "joynexus_system_inference_batch_tenants_sum",
+}
+
+
+def _scrape(servers: Sequence[_Server]) -> dict[str, float]:
+    """The :data:`_SCRAPED` figures summed over the servers (0 where one is missing)."""
+    out = dict.fromkeys(_SCRAPED, 0.0)
+    names = {v: k for k, v in _SCRAPED.items()}
+    for s in servers:
+        with suppress(httpx.HTTPError):
+            text = httpx.get(f"{s.url}/metrics", timeout=10).text
+            for line in text.splitlines():
+                name, _, value = line.partition(" ")
+                if name in names:
+                    with suppress(ValueError):
+                        out[names[name]] += float(value)
+    return out
+
+
+def _stages(
+    before: dict[str, float], after: dict[str, float], lat: np.ndarray, servers: int, elapsed: float
+) -> dict[str, Any]:
+    """Where a request's time went, as far as the servers' own metrics tell.
+
+    ``device_ms_per_batch`` is one grouped forward (canonicalize + backbone + heads,
+    timed inside the backbone lock); ``other_ms`` is the rest of the mean client latency:
+    HTTP decode and encode, queue and lock wait, the event loop, loopback and the client.
+    """
+    d = {k: after[k] - before[k] for k in _SCRAPED}
+    batches = d["batches"]
+    device_ms = d["batch_s_sum"] / batches * 1e3 if batches > 0 else float("nan")
+    mean_ms = float(lat.mean() * 1e3) if lat.size else float("nan")
+    return {
+        "batches": int(batches),
+        "mean_batch_rows": d["rows_sum"] / batches if batches > 0 else float("nan"),
+        "mean_batch_tenants": d["tenants_sum"] / batches if batches > 0 else float("nan"),
+        "client_mean_ms": mean_ms,
+        "device_ms_per_batch": device_ms,
+        "other_ms": mean_ms - device_ms,
+        "device_busy_fraction": d["batch_s_sum"] / (elapsed * servers) if elapsed > 0 else 0.0,
+    }
+
+
+class _RssSampler:
+    """Peak summed RSS of the servers, sampled from a thread while the load runs."""
+
+    def __init__(self, servers: Sequence[_Server], period_s: float = 0.25) -> None:
+        self.servers = servers
+        self.period_s = period_s
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> int:
+        total = sum(s.rss() for s in self.servers)
+        self.peak = max(self.peak, total)
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            self.sample()
+
+    def __enter__(self) -> _RssSampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+
+def _side(
+    label: str,
+    servers: Sequence[_Server],
+    targets: Sequence[_Target],
+    *,
+    clients: int,
+    duration_s: float,
+    requests: int | None,
+) -> dict[str, Any]:
+    with _RssSampler(servers) as rss:
+        idle = rss.sample()
+        before: dict[str, float] = {}
+
+        def mark() -> None:
+            time.sleep(0.2)  # the warm-up's events delivered first
+            before.update(_scrape(servers))
+
+        elapsed = asyncio.run(_drive(targets, clients, duration_s, requests, mark))
+    time.sleep(0.2)  # the Metrics Service delivers its events asynchronously
+    after = _scrape(servers)
+    pss = sum(s.pss() for s in servers)
+    lat = np.asarray([x for t in targets for x in t.latencies], dtype=np.float64)
+    n = int(lat.size)
+    return {
+        "deployment": label,
+        "servers": len(servers),
+        "requests": n,
+        "errors": sum(t.errors for t in targets),
+        "elapsed_s": elapsed,
+        "req_per_s": n / elapsed if elapsed > 0 else 0.0,
+        "p50_ms": float(np.percentile(lat, 50) * 1e3) if n else float("nan"),
+        "p99_ms": float(np.percentile(lat, 99) * 1e3) if n else float("nan"),
+        "rss_idle_mb": idle / 2**20,
+        "rss_peak_mb": rss.peak / 2**20,
+        "pss_after_mb": pss / 2**20,
+        "stages": _stages(before, after, lat, len(servers), elapsed),
+        "per_tenant_req_per_s": {
+            t.tenant: len(t.latencies) / elapsed if elapsed > 0 else 0.0 for t in targets
+        },
+    }
+
+
+def _ratio(a: float, b: float) -> float:
+    return float(a / b) if b > 0 else float("nan")
+
+
+def run_serving_bench(
+    *,
+    tenants: int = 8,
+    clients_per_tenant: int = 2,
+    duration_s: float = 20.0,
+    requests: int | None = None,
+    size: str = "tiny",
+    threads: int = 1,
+    model_dir: Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run both deployments one after the other; the figures and ratios (JSON-ready).
+
+    Args:
+        tenants: Tenants (baseline: one server each).
+        clients_per_tenant: Closed-loop clients per tenant (one request in flight each).
+        duration_s: Timed load per deployment (after an untimed warm-up request per client).
+        requests: Optional cap of timed requests per client (stops earlier when reached).
+        size: ``tiny`` or ``small`` (:func:`joynexus.models.tiny.make_tiny`).
+        threads: ``OMP_NUM_THREADS`` of every server process.
+        model_dir: A saved model to serve instead of building one.
+    """
+
+    say = progress or (lambda _line: None)
+    with _sigterm_exits():
+        return _run(
+            tenants, clients_per_tenant, duration_s, requests, size, threads, model_dir, say
+        )
+
+
+@contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C (``finally`` blocks stop the servers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def bye(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, bye)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _run(
+    tenants: int,
+    clients_per_tenant: int,
+    duration_s: float,
+    requests: int | None,
+    size: str,
+    threads: int,
+    model_dir: Path | None,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    from joynexus.models.tiny import make_tiny
+
+    names = [f"t{i}" for i in range(tenants)]
+    load_1m = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    with tempfile.TemporaryDirectory(prefix="joynexus-bench-serving-") as tmp:
+        root = Path(tmp)
+        if model_dir is None:
+            say(f"building the {size} qwen2_5_vl model")
+            model_dir = make_tiny("qwen2_5_vl", root / "model", size=cast("TinySize", size), seed=0)
+        model = str(model_dir)
+
+        say(f"ours: one server, {tenants} tenants")
+        with _servers(root / "ours", ["server"], model, threads) as (server,):
+            targets = [_Target(t, server.url, _open_tenant(server, t, model)) for t in names]
+            say(f"ours: {tenants}x{clients_per_tenant} clients for {duration_s:g} s")
+            ours = _side(
+                "ours",
+                [server],
+                targets,
+                clients=clients_per_tenant,
+                duration_s=duration_s,
+                requests=requests,
+            )
+
+        say(f"baseline: {tenants} single-policy servers")
+        with _servers(root / "baseline", names, model, threads) as servers:
+            targets = [
+                _Target(t, s.url, _open_tenant(s, t, model))
+                for t, s in zip(names, servers, strict=True)
+            ]
+            say(f"baseline: {tenants}x{clients_per_tenant} clients for {duration_s:g} s")
+            base = _side(
+                "baseline",
+                servers,
+                targets,
+                clients=clients_per_tenant,
+                duration_s=duration_s,
+                requests=requests,
+            )
+
+    return {
+        "config": {
+            "tenants": tenants,
+            "clients_per_tenant": clients_per_tenant,
+            "duration_s": duration_s,
+            "requests_per_client": requests,
+            "size": size,
+            "arch": "qwen2_5_vl",
+            "threads_per_server": threads,
+            "observation": f"1 x {IMAGE_SIZE}x{IMAGE_SIZE} camera + state[{STATE_DIM}]",
+            "cpu_count": os.cpu_count(),
+            "load_avg_1m_at_start": load_1m,
+        },
+        "ours": ours,
+        "baseline": base,
+        "throughput_ratio": _ratio(ours["req_per_s"], base["req_per_s"]),
+        "memory_ratio": _ratio(base["rss_peak_mb"], ours["rss_peak_mb"]),
+        "memory_ratio_pss": _ratio(base["pss_after_mb"], ours["pss_after_mb"]),
+        "p99_ratio": _ratio(ours["p99_ms"], base["p99_ms"]),
+        "p50_ratio": _ratio(ours["p50_ms"], base["p50_ms"]),
+    }
+
+
+def print_report(result: dict[str, Any], console: Console) -> None:
+    cfg = result["config"]
+    table = Table(
+        "side",
+        "srv",
+        "reqs",
+        "errors",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "RSS MB",
+        "PSS MB",
+        title=(
+            f"serving: {cfg['tenants']} tenants x {cfg['clients_per_tenant']} clients, "
+            f"{cfg['size']} model, {cfg['duration_s']:g} s per side"
+        ),
+    )
+    for side in ("ours", "baseline"):
+        r = result[side]
+        table.add_row(
+            side,
+            str(r["servers"]),
+            str(r["requests"]),
+            str(r["errors"]),
+            f"{r['req_per_s']:.1f}",
+            f"{r['p50_ms']:.1f}",
+            f"{r['p99_ms']:.1f}",
+            f"{r['rss_peak_mb']:.0f}",
+            f"{r['pss_after_mb']:.0f}",
+        )
+    console.print(table)
+    stages = Table(
+        "side",
+        "batches",
+        "rows/b",
+        "ten/b",
+        "mean ms",
+        "dev ms",
+        "other ms",
+        "busy",
+        title="where a request's time goes (device: its batch's canonicalize + backbone + "
+        "heads; other: HTTP, queue and lock wait, client)",
+    )
+    for side in ("ours", "baseline"):
+        st = result[side]["stages"]
+        stages.add_row(
+            side,
+            str(st["batches"]),
+            f"{st['mean_batch_rows']:.2f}",
+            f"{st['mean_batch_tenants']:.2f}",
+            f"{st['client_mean_ms']:.1f}",
+            f"{st['device_ms_per_batch']:.1f}",
+            f"{st['other_ms']:.1f}",
+            f"{st['device_busy_fraction']:.0%}",
+        )
+    console.print(stages)
+    console.print(
+        f"throughput_ratio {result['throughput_ratio']:.2f} (target >= 2), "
+        f"memory_ratio {result['memory_ratio']:.2f} (target >= 4; "
+        f"PSS {result['memory_ratio_pss']:.2f}), "
+        f"p99_ratio {result['p99_ratio']:.2f} (target <= 1)"
+    )

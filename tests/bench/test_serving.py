@@ -1,0 +1,77 @@
+"""``joynexus bench serving``: both deployments answer, the figures are sane, and no
+server the bench started outlives it."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from joynexus.cli.main import app
+
+psutil = pytest.importorskip("psutil")
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+@pytest.mark.timeout(120)
+def test_tiny_run_reports_ratios_and_leaves_no_process(tmp_path: Path) -> None:
+    before = _children()
+    out = tmp_path / "serving.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "serving",
+            "--tenants",
+            "2",
+            "--clients-per-tenant",
+            "1",
+            "--duration-s",
+            "1",
+            "--requests",
+            "20",
+            "--json",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "throughput_ratio" in result.output
+    data = json.loads(out.read_text())
+    for key in ("throughput_ratio", "memory_ratio", "memory_ratio_pss", "p99_ratio"):
+        assert math.isfinite(data[key]) and data[key] > 0, key
+    assert data["ours"]["servers"] == 1 and data["baseline"]["servers"] == 2
+    for side in ("ours", "baseline"):
+        r = data[side]
+        assert r["errors"] == 0 and r["requests"] > 0, r
+        assert r["req_per_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"], r
+        assert r["rss_peak_mb"] > 50 and r["pss_after_mb"] > 0, r
+    # Two backbone copies take more memory than one.
+    assert data["memory_ratio"] > 1.2
+    assert _children() <= before, "a server the bench started is still running"
+
+
+def test_servers_are_stopped_on_ctrl_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the servers start (the slowest phase) leaves none behind."""
+    from joynexus.bench import serving
+
+    before = _children()
+    started: list[int] = []
+
+    def interrupted(servers: list[serving._Server]) -> None:
+        started.extend(s.proc.pid for s in servers)
+        assert all(s.proc.poll() is None for s in servers)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(serving, "_wait_ready", interrupted)
+    with (
+        pytest.raises(KeyboardInterrupt),
+        serving._servers(tmp_path, ["a", "b"], "tiny:qwen2_5_vl", 1),
+    ):
+        raise AssertionError("not reached")
+    assert len(started) == 2
+    assert not any(psutil.pid_exists(pid) for pid in started)
+    assert _children() <= before
