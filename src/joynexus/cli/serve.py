@@ -233,8 +233,8 @@ def serve(
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     key_file = admin_key_file or run_dir / "admin.key"
-    store = TenantStore.open(run_dir / "tenants.sqlite")
-    if ensure_admin_key(store, key_file):
+    tenants = TenantStore.open(run_dir / "tenants.sqlite")
+    if ensure_admin_key(tenants, key_file):
         console.print(f"admin API key written to [bold]{key_file}[/bold] (mode 0600)")
     else:
         console.print(f"admin API key: [bold]{key_file}[/bold]")
@@ -257,7 +257,7 @@ def serve(
     roots = [*(dataset_root or []), run_dir / "datasets"]
     live = build_live_app(
         plane,
-        store,
+        tenants,
         output_root=run_dir / "outputs",
         # Workload records next to the scheduler's jobs: a restarted server resumes them.
         store=SQLiteWorkloadStore(run_dir / "scheduler.sqlite"),
