@@ -36,7 +36,7 @@ from joynexus.services.protocols import (
     TrainingQueueAPI,
 )
 from joynexus.services.training import TrainBatch
-from tests.fakes import (
+from tests.fakes.plane import (
     FakeEnvironmentService,
     FakeInferenceService,
     FakeServer,

@@ -41,7 +41,7 @@ from hypothesis.stateful import (
 from joynexus.api import WorkloadState, WorkloadStatus
 from joynexus.control.job import JobState, TaskType
 from joynexus.errors import ConflictError, JoyNexusError, NotFoundError, PermissionDeniedError
-from tests.fakes import FakeServer, checkpointed_state, rl_spec
+from tests.fakes.plane import FakeServer, checkpointed_state, rl_spec
 
 TENANTS = ("alice", "bob")
 S = WorkloadState

@@ -14,6 +14,18 @@ from joynexus.cli.app import bench_app
 console = Console()
 
 
+def _check_model_options(arch: str, size: str, device: str) -> None:
+    """The --arch / --size / --device options every model bench takes."""
+    from joynexus.models.tiny import ARCHES, SIZES
+
+    if arch not in ARCHES:
+        raise typer.BadParameter(f"must be one of {', '.join(ARCHES)}", param_hint="--arch")
+    if size not in SIZES:
+        raise typer.BadParameter(f"must be one of {', '.join(SIZES)}", param_hint="--size")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise typer.BadParameter("must be cpu, cuda or cuda:N", param_hint="--device")
+
+
 def _int_list(value: str, option: str) -> list[int]:
     try:
         items = [int(v) for v in value.split(",") if v.strip()]
@@ -54,14 +66,8 @@ def bench_group_batching(
 ) -> None:
     """Shared-forward throughput, serial vs grouped: speedup grid and forward breakdown."""
     from joynexus.bench.group_batching import print_report, run_group_batching
-    from joynexus.models.tiny import ARCHES, SIZES
 
-    if arch not in ARCHES:
-        raise typer.BadParameter(f"must be one of {', '.join(ARCHES)}", param_hint="--arch")
-    if size not in SIZES:
-        raise typer.BadParameter(f"must be one of {', '.join(SIZES)}", param_hint="--size")
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise typer.BadParameter("must be cpu, cuda or cuda:N", param_hint="--device")
+    _check_model_options(arch, size, device)
     bd = _int_list(breakdown, "--breakdown")
     if len(bd) != 2:
         raise typer.BadParameter("expected TENANTS,BATCH, e.g. 8,4", param_hint="--breakdown")
@@ -149,14 +155,8 @@ def bench_lora(
 ) -> None:
     """LoRA tenants: mixed-adapter grouped vs serial forward and forward+backward."""
     from joynexus.bench.lora import print_report, run_lora_bench
-    from joynexus.models.tiny import ARCHES, SIZES
 
-    if arch not in ARCHES:
-        raise typer.BadParameter(f"must be one of {', '.join(ARCHES)}", param_hint="--arch")
-    if size not in SIZES:
-        raise typer.BadParameter(f"must be one of {', '.join(SIZES)}", param_hint="--size")
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise typer.BadParameter("must be cpu, cuda or cuda:N", param_hint="--device")
+    _check_model_options(arch, size, device)
     result = run_lora_bench(
         arch=arch,
         size=size,
