@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ConfigDict, Field
 
-from joynexus.envs.limits import EnvLimits
+from joynexus.envs.limits import EnvLimits, env_limit_problems
+from joynexus.errors import SpecError
 
-__all__ = ["MasterLimits"]
+if TYPE_CHECKING:
+    from joynexus.spec.workload import WorkloadSpec
+
+__all__ = ["MasterLimits", "check_limits"]
 
 
 class MasterLimits(EnvLimits):
@@ -42,3 +47,56 @@ class MasterLimits(EnvLimits):
     max_active_workloads_per_tenant: int = Field(default=2, ge=1)
     dataset_roots: list[Path] = Field(default_factory=list)
     cross_tenant_eval: bool = False
+
+
+def check_limits(spec: WorkloadSpec, lim: MasterLimits, base_model_id: str) -> None:
+    """Check ``spec`` against this server's limits and resident base model.
+
+    Raises:
+        SpecError: every field that exceeds a limit, named in ``details.fields``.
+    """
+    problems: list[tuple[str, str]] = []
+    if spec.base_model.id != base_model_id:
+        problems.append(
+            (
+                "base_model.id",
+                f"{spec.base_model.id!r} is not resident here; allowed: [{base_model_id!r}]",
+            )
+        )
+    checks: list[tuple[str, int | None, int]] = [
+        ("algorithm.horizon", spec.algorithm.horizon, lim.max_horizon),
+        ("algorithm.microbatch_size", spec.algorithm.microbatch_size, lim.max_microbatch_size),
+        ("algorithm.samples_per_job", spec.algorithm.samples_per_job, lim.max_samples_per_job),
+        (
+            "scheduling.completion_target",
+            spec.scheduling.completion_target,
+            lim.max_completion_target,
+        ),
+    ]
+    if spec.env is not None:
+        problems.extend(
+            (p.field, p.message) for p in env_limit_problems(spec.env, lim, prefix="env.")
+        )
+    if spec.evaluation is not None:
+        checks.append(("evaluation.episodes", spec.evaluation.episodes, lim.max_eval_episodes))
+    for name, value, limit in checks:
+        if value is not None and value > limit:
+            problems.append((name, f"{value} exceeds this server's limit of {limit}"))
+    if spec.dataset is not None:
+        path = spec.dataset.path.resolve()
+        roots = [r.resolve() for r in lim.dataset_roots]
+        if not any(path.is_relative_to(r) for r in roots):
+            problems.append(
+                (
+                    "dataset.path",
+                    f"{spec.dataset.path} is outside the dataset roots of this server; "
+                    f"allowed roots: {[str(r) for r in roots]}",
+                )
+            )
+    if problems:
+        raise SpecError(
+            "the workload spec exceeds what this server allows:\n"
+            + "\n".join(f"  {f}: {m}" for f, m in problems),
+            fields=[f for f, _ in problems],
+            problems={f: m for f, m in problems},
+        )

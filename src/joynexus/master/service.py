@@ -60,7 +60,6 @@ from joynexus.control.admission import AdmissionPolicy, GlobalLimit
 from joynexus.control.job import JobState, TaskType, TrainingJob
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.data.record import record_missing_dataset
-from joynexus.envs.limits import env_limit_problems
 from joynexus.errors import (
     ConflictError,
     JoyNexusError,
@@ -69,7 +68,7 @@ from joynexus.errors import (
     ServiceUnavailableError,
     SpecError,
 )
-from joynexus.master.limits import MasterLimits
+from joynexus.master.limits import MasterLimits, check_limits
 from joynexus.master.primitives import ModelPrimitives
 from joynexus.master.store import InMemoryWorkloadStore, WorkloadRecord, WorkloadStore
 from joynexus.models.backbone import ResidentBaseModel
@@ -434,7 +433,7 @@ class MasterService(ModelPrimitives):
                 field="tenant",
             )
         spec = spec.model_copy(update={"output_dir": self.output_root})
-        self._check_limits(spec)
+        check_limits(spec, self.limits, self.base_model_id)
         if spec.evaluation is not None and not self.limits.cross_tenant_eval:
             others = sorted(set(spec.evaluation.targets) - {tenant_id})
             if others:
@@ -460,55 +459,6 @@ class MasterService(ModelPrimitives):
                 allowed_max=slots,
             )
         return compiled
-
-    def _check_limits(self, spec: WorkloadSpec) -> None:
-        lim = self.limits
-        problems: list[tuple[str, str]] = []
-        if spec.base_model.id != self.base_model_id:
-            problems.append(
-                (
-                    "base_model.id",
-                    f"{spec.base_model.id!r} is not resident here; allowed: "
-                    f"[{self.base_model_id!r}]",
-                )
-            )
-        checks: list[tuple[str, int | None, int]] = [
-            ("algorithm.horizon", spec.algorithm.horizon, lim.max_horizon),
-            ("algorithm.microbatch_size", spec.algorithm.microbatch_size, lim.max_microbatch_size),
-            ("algorithm.samples_per_job", spec.algorithm.samples_per_job, lim.max_samples_per_job),
-            (
-                "scheduling.completion_target",
-                spec.scheduling.completion_target,
-                lim.max_completion_target,
-            ),
-        ]
-        if spec.env is not None:
-            problems.extend(
-                (p.field, p.message) for p in env_limit_problems(spec.env, lim, prefix="env.")
-            )
-        if spec.evaluation is not None:
-            checks.append(("evaluation.episodes", spec.evaluation.episodes, lim.max_eval_episodes))
-        for name, value, limit in checks:
-            if value is not None and value > limit:
-                problems.append((name, f"{value} exceeds this server's limit of {limit}"))
-        if spec.dataset is not None:
-            path = spec.dataset.path.resolve()
-            roots = [r.resolve() for r in lim.dataset_roots]
-            if not any(path.is_relative_to(r) for r in roots):
-                problems.append(
-                    (
-                        "dataset.path",
-                        f"{spec.dataset.path} is outside the dataset roots of this server; "
-                        f"allowed roots: {[str(r) for r in roots]}",
-                    )
-                )
-        if problems:
-            raise SpecError(
-                "the workload spec exceeds what this server allows:\n"
-                + "\n".join(f"  {f}: {m}" for f, m in problems),
-                fields=[f for f, _ in problems],
-                problems={f: m for f, m in problems},
-            )
 
     # ---------------------------------------------------------------- lifecycle
 
