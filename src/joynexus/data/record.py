@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # only read here; importing it at run time would load the mod
     from joynexus.spec.workload import WorkloadSpec
 
 __all__ = [
+    "SCRIPTED_EXPERT_KINDS",
     "MetaWorldScriptedPolicy",
     "PushTScriptedPolicy",
     "RecordSummary",
@@ -456,6 +457,10 @@ class MetaWorldScriptedPolicy:
         return np.clip(np.asarray(rows, dtype=np.float32), -1.0, 1.0)
 
 
+#: Env kinds :func:`make_scripted_policy` has an expert for.
+SCRIPTED_EXPERT_KINDS = ("pusht", "metaworld", "reach2d")
+
+
 def make_scripted_policy(spec: EnvSpec) -> ScriptedPolicy:
     """The scripted expert for an env kind.
 
@@ -477,7 +482,7 @@ def make_scripted_policy(spec: EnvSpec) -> ScriptedPolicy:
         return Reach2DScriptedPolicy() if speed is None else Reach2DScriptedPolicy(float(speed))
     raise SpecError(
         f"no scripted expert for env kind {spec.kind!r}; scripted experts exist for "
-        "'pusht', 'metaworld' and 'reach2d'"
+        f"{', '.join(SCRIPTED_EXPERT_KINDS)}"
     )
 
 

@@ -39,6 +39,7 @@ from joynexus.runtime.plane import ExecutionPlane, RuntimeConfig, build_plane, l
 from joynexus.spec.workload import TaskKind, WorkloadSpec
 from joynexus.utils.clock import Clock, SystemClock
 from joynexus.workflows.compile import CompiledRun, compile_workloads
+from joynexus.workflows.success import recorded_measure
 from joynexus.workflows.summary import EvalRunSummary, RunSummary, TenantProgress, TenantSummary
 
 __all__ = [
@@ -272,6 +273,7 @@ class LocalRun:
             s.resumed_from_version = int(resumed[0]) if resumed else None
             if st.task != "eval":
                 s.final_version = st.policy_version
+                _add_success(s, records)
             if st.task == "sft":
                 held = [r for r in records if r.get("kind") == "heldout"]
                 first = [r for r in records if r.get("kind") == "heldout_initial"]
@@ -295,6 +297,7 @@ class LocalRun:
                         episodes=int(r["episodes"]),
                         success_rate=float(r["success_rate"]),
                         mean_return=float(r["mean_return"]),
+                        success_ci95=tuple(r["success_ci95"]) if r.get("success_ci95") else None,
                     )
                     for r in records
                     if r.get("kind") == "eval"
@@ -318,6 +321,22 @@ class LocalRun:
             await self.host.stop()
         finally:
             self.host.close()
+
+
+def _add_success(s: TenantSummary, records: list[dict[str, Any]]) -> None:
+    """The tenant's success rates before and after training, with their intervals."""
+    initial = recorded_measure(records, "initial")
+    final = recorded_measure(records, "final")
+    if initial is not None:
+        s.success_rate_initial = initial.success_rate
+        s.success_rate_ci95_initial = initial.ci95
+    if final is not None:
+        s.success_rate_final = final.success_rate
+        s.success_rate_ci95 = final.ci95
+    last = final or initial
+    if last is not None:
+        s.eval_episodes = last.episodes
+        s.eval_first_seed = last.first_seed
 
 
 async def record_missing_datasets(

@@ -90,8 +90,9 @@ from joynexus.workflows.compile import (
     CompiledWorkload,
     compile_workloads,
 )
-from joynexus.workflows.context import MetricsLog, WorkflowContext, WorkflowTenant
+from joynexus.workflows.context import MetricsLog, WorkflowContext, WorkflowTenant, reason_of
 from joynexus.workflows.sft import SFTSource, heldout_action_error
+from joynexus.workflows.success import Phase, measure_success, recorded_measure
 
 __all__ = [
     "CANCELLED_REASON",
@@ -703,6 +704,9 @@ class MasterService(ModelPrimitives):
         self._tenants[tid] = started.tenant
         if c.task is TaskKind.CUSTOM:
             return
+        ev = spec.success_eval
+        if ev is not None and ev.initial and recorded_measure(metrics.records, "initial") is None:
+            await self._measure_success(started.tenant, "initial")
         assert c.admission is not None and c.task_type is not None
         if w.completed_before is None:  # first start; a resumed workload keeps its base
             w.completed_before = self._completed(tid, c.task_type)
@@ -800,6 +804,8 @@ class MasterService(ModelPrimitives):
                     (r.get("error") for r in tenant.metrics.of_kind("heldout_initial")), None
                 )
                 tenant.metrics.write("heldout", initial=initial, final=err, policy_version=version)
+            if tenant.spec.success_eval is not None:
+                await self._while_restarting(lambda: self._measure_success(tenant, "final"))
         if tenant.session_id is not None:
             with contextlib.suppress(JoyNexusError):
                 await self.env.close(tenant.session_id, tenant_id=tid)
@@ -807,6 +813,17 @@ class MasterService(ModelPrimitives):
         w.finished_at = self.clock.wall()
         self._save(w)
         self._write_event(w, "completed")
+
+    async def _measure_success(self, tenant: WorkflowTenant, phase: Phase) -> None:
+        """Measure and record the tenant's success rate; a failed measurement is an
+        error of the workload's record, never a failed workload (its training stands)."""
+        try:
+            await measure_success(self.inference, tenant, phase)
+        except ServiceUnavailableError:
+            raise  # a role being restarted: the caller waits it out
+        except JoyNexusError as error:
+            log.warning("%s success rate of %s: %s", phase, tenant.tenant_id, error)
+            tenant.errors.append(f"success_eval {phase}: {reason_of(error)}")
 
     async def _while_restarting(self, call: Callable[[], Awaitable[T]]) -> T:
         """``call()``, retried while a service answers unavailable (a role being

@@ -5,7 +5,8 @@
   executed open-loop (``action_chunk`` env steps, reward summed over the chunk, done if
   any sub-step ended the episode). It writes the RL partition layout
   (:mod:`joynexus.services.samples`) time-major, sample ``k = t * num_envs + n``.
-* :func:`run_evaluation` — read-only episodes at one pinned version.
+* :func:`run_evaluation` — read-only episodes at one pinned version; with a ``seed``,
+  episode ``j`` starts from a fresh reset with seed ``seed + j`` (fixed, recorded seeds).
 
 A tenant with normalization stats gets env-unit actions from ``predict`` (executed as
 they are) and its partition stores the normalized state and actions it trains on.
@@ -105,6 +106,13 @@ class EvalResult:
     success_rate: float
     mean_return: float
     versions_seen: set[int] = field(default_factory=set)
+    #: The reset seed of every episode, in order (empty for an unseeded evaluation).
+    seeds: tuple[int, ...] = ()
+
+    @property
+    def successes(self) -> int:
+        """Successful episodes."""
+        return round(self.success_rate * self.episodes)
 
 
 class Predictor(Protocol):
@@ -134,6 +142,7 @@ class _Chunk:
     dones: np.ndarray
     finished_returns: list[float]
     finished_success: list[bool]
+    finished_envs: list[int]
 
 
 async def _execute_chunk(
@@ -149,6 +158,7 @@ async def _execute_chunk(
     dones = np.zeros(n, bool)
     returns: list[float] = []
     success: list[bool] = []
+    which: list[int] = []
     obs: EnvObservation | None = None
     for j in range(actions.shape[1]):
         step = await env.step(session_id, actions[:, j], tenant_id=tenant_id)
@@ -160,11 +170,12 @@ async def _execute_chunk(
         for i in np.flatnonzero(ended):
             returns.append(float(running[i]))
             success.append(bool(step.success[i]))
+            which.append(int(i))
             running[i] = 0.0
         dones |= ended
         obs = step.observation
     assert obs is not None
-    return _Chunk(obs, rewards, dones, returns, success)
+    return _Chunk(obs, rewards, dones, returns, success, which)
 
 
 async def collect_rollout(
@@ -274,36 +285,62 @@ async def run_evaluation(
 ) -> EvalResult:
     """Run decisions at ``version`` until ``episodes`` episodes have finished.
 
+    Unseeded, the first ``episodes`` episodes to end count (auto-resets included).
+    Seeded, the episodes are fixed: rounds of one episode per sub-env, each round a
+    fresh reset, so episode ``j`` starts from seed ``seed + j`` at its first decision
+    (a sub-env that finishes early runs on, uncounted, until the round ends).
+
     Raises:
-        InvalidRequestError: ``episodes`` < 1, or no episode ends within
+        InvalidRequestError: ``episodes`` < 1, or the episodes do not end within
             ``max_decisions`` decisions (set ``max_episode_steps`` on the env).
     """
     if episodes < 1:
         raise InvalidRequestError(f"episodes must be >= 1, got {episodes}", field="episodes")
-    obs = await env.reset(
-        session_id, f"eval-{tenant_id}-v{version}", seed, tenant_id=session_tenant
-    )
-    running = np.zeros(obs.num_envs, np.float64)
-    returns: list[float] = []
-    success: list[bool] = []
-    seen: set[int] = set()
     mode: Literal["mean", "sample"] = "mean" if deterministic else "sample"
-    for _ in range(max_decisions):
+    seen: set[int] = set()
+    budget = [max_decisions]
+
+    async def decide(obs: EnvObservation, running: np.ndarray) -> _Chunk:
+        if budget[0] <= 0:
+            raise InvalidRequestError(
+                f"evaluation of tenant {tenant_id!r}: {episodes} episodes did not end within "
+                f"{max_decisions} decisions",
+                tenant_id=tenant_id,
+            )
+        budget[0] -= 1
         res = await predict(to_batch(obs), tenant_id, version, mode=mode)
         seen.add(res.policy_version)
-        chunk = await _execute_chunk(env, session_id, session_tenant, res.actions, running)
-        returns += chunk.finished_returns
-        success += chunk.finished_success
-        obs = chunk.observation
-        if len(returns) >= episodes:
-            break
+        return await _execute_chunk(env, session_id, session_tenant, res.actions, running)
+
+    job = f"eval-{tenant_id}-v{version}"
+    returns: list[float] = []
+    success: list[bool] = []
+    if seed is None:
+        obs = await env.reset(session_id, job, None, tenant_id=session_tenant)
+        running = np.zeros(obs.num_envs, np.float64)
+        while len(returns) < episodes:
+            chunk = await decide(obs, running)
+            returns += chunk.finished_returns
+            success += chunk.finished_success
+            obs = chunk.observation
+        returns, success = returns[:episodes], success[:episodes]
     else:
-        raise InvalidRequestError(
-            f"evaluation of tenant {tenant_id!r}: only {len(returns)} of {episodes} episodes "
-            f"ended within {max_decisions} decisions",
-            tenant_id=tenant_id,
-        )
-    returns, success = returns[:episodes], success[:episodes]
+        while len(returns) < episodes:
+            first = seed + len(returns)
+            obs = await env.reset(session_id, f"{job}-s{first}", first, tenant_id=session_tenant)
+            wanted = min(obs.num_envs, episodes - len(returns))
+            ended: dict[int, tuple[float, bool]] = {}
+            running = np.zeros(obs.num_envs, np.float64)
+            while len(ended) < wanted:
+                chunk = await decide(obs, running)
+                for i, ret, ok in zip(
+                    chunk.finished_envs, chunk.finished_returns, chunk.finished_success, strict=True
+                ):
+                    if i < wanted and i not in ended:  # later episodes of a sub-env: uncounted
+                        ended[i] = (ret, ok)
+                obs = chunk.observation
+            returns += [ended[i][0] for i in range(wanted)]
+            success += [ended[i][1] for i in range(wanted)]
     return EvalResult(
         tenant_id=tenant_id,
         version=version,
@@ -311,4 +348,5 @@ async def run_evaluation(
         success_rate=float(np.mean(success)),
         mean_return=float(np.mean(returns)),
         versions_seen=seen,
+        seeds=() if seed is None else tuple(range(seed, seed + episodes)),
     )

@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from joynexus.envs.base import EnvSpec
+from joynexus.envs.seeds import EVAL_SEED_BASE, demo_seeds, eval_seeds, shared_seeds
 from joynexus.errors import SpecError
 from joynexus.models.heads import FlowMatchingHeadConfig, HeadConfig, OFTHeadConfig
 from joynexus.models.schema import PRESETS, DataSchema
@@ -129,6 +130,22 @@ class EvaluationSpec(BaseModel):
     deterministic: bool = True
 
 
+class SuccessEvalSpec(BaseModel):
+    """The success rate of a trainable tenant, measured before and after its training.
+
+    ``episodes`` episodes in the tenant's ``env`` on fixed seeds ``seed``,
+    ``seed + 1``, ...; they must not meet the seeds its demonstrations are recorded
+    with. The run summary reports each rate with its Wilson 95 % interval.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    episodes: int = Field(default=50, ge=1, le=10_000)
+    seed: int = Field(default=EVAL_SEED_BASE, ge=0, le=2**31 - 1)
+    deterministic: bool = Field(default=True, description="Policy mean (else sampled actions).")
+    initial: bool = Field(default=True, description="Also measure before training starts.")
+
+
 class WorkloadSpec(BaseModel):
     """One tenant's workload. See the module docstring."""
 
@@ -151,6 +168,10 @@ class WorkloadSpec(BaseModel):
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     evaluation: EvaluationSpec | None = None
+    success_eval: SuccessEvalSpec | None = Field(
+        default=None,
+        description="Measure the success rate in 'env' before and after training (rl, sft).",
+    )
     output_dir: Path = Field(
         default=Path("runs"),
         description="Deprecated, ignored by `joynexus run` and `serve`: a tenant's "
@@ -193,7 +214,27 @@ class WorkloadSpec(BaseModel):
                 raise ValueError("task 'eval' needs an 'env' and an 'evaluation' with targets")
         if self.evaluation is not None and self.task is not TaskKind.EVAL:
             raise ValueError("'evaluation' belongs to a task 'eval' workload")
+        if self.success_eval is not None:
+            self._check_success_eval(self.success_eval)
         return self
+
+    def _check_success_eval(self, ev: SuccessEvalSpec) -> None:
+        if self.task not in (TaskKind.RL, TaskKind.SFT):
+            raise ValueError("'success_eval' belongs to an rl or sft workload")
+        if self.env is None:
+            raise ValueError("'success_eval' needs an 'env' (the simulator to measure success in)")
+        if self.dataset is None:
+            return
+        shared = shared_seeds(
+            demo_seeds(self.seed, self.dataset.record_episodes), eval_seeds(ev.seed, ev.episodes)
+        )
+        if len(shared):
+            raise ValueError(
+                f"success_eval seeds {ev.seed}..{ev.seed + ev.episodes - 1} meet the seeds the "
+                f"demonstrations are recorded with ({self.seed}..."
+                f"{self.seed + self.dataset.record_episodes - 1}); move success_eval.seed "
+                "(evaluation on training initial states would overstate success)"
+            )
 
     @property
     def uses_value_head(self) -> bool:

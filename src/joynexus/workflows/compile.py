@@ -27,6 +27,7 @@ from joynexus.control.admission import AdmissionPolicy, GlobalLimit
 from joynexus.control.job import TaskType
 from joynexus.data.lerobot_format import FeatureSpec
 from joynexus.data.reader import LeRobotDataset
+from joynexus.data.record import SCRIPTED_EXPERT_KINDS
 from joynexus.data.sft import SFTBatchBuilder, SFTFeatureMap
 from joynexus.envs.registry import env_schema, unavailable_reason
 from joynexus.errors import DatasetError, JoyNexusError, SpecError
@@ -52,7 +53,6 @@ DOMAIN = "vla"
 #: §5.1 defaults: at most 3 rollouts being produced at once, at most 1 per tenant.
 DEFAULT_MAX_ACTIVE_ROLLOUTS = 3
 DEFAULT_MAX_ACTIVE_ROLLOUTS_PER_TENANT = 1
-_RECORDABLE_KINDS = ("pusht", "metaworld")
 
 
 def policy_key(tenant_id: str, task: TaskKind | TaskType | str) -> str:
@@ -191,12 +191,12 @@ def _check_dataset(spec: WorkloadSpec, schema: DataSchema) -> bool:
                 "(no meta/info.json)",
                 field="dataset.path",
             )
-        if spec.env is not None and spec.env.kind in _RECORDABLE_KINDS:
+        if spec.env is not None and spec.env.kind in SCRIPTED_EXPERT_KINDS:
             return True
         raise DatasetError(
             f"tenant {spec.tenant!r}: dataset {ds.path} does not exist; record one with "
             "`joynexus data record`, or give the spec an 'env' of a kind with a scripted "
-            f"expert ({', '.join(_RECORDABLE_KINDS)}) so `joynexus run` records it",
+            f"expert ({', '.join(SCRIPTED_EXPERT_KINDS)}) so `joynexus run` records it",
             field="dataset.path",
         )
     try:

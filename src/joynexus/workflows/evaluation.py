@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from joynexus.algorithms.intervals import wilson_interval
 from joynexus.workflows.context import WorkflowContext, WorkflowTenant, reason_of
 
 __all__ = ["EvalRun", "evaluator", "run_evaluation"]
@@ -63,6 +64,7 @@ async def run_evaluation(
         versions_seen=sorted(out.versions_seen),
         episodes=out.episodes,
         success_rate=out.success_rate,
+        success_ci95=list(wilson_interval(result.successes, out.episodes)),
         mean_return=out.mean_return,
     )
     return out

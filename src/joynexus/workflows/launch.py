@@ -75,10 +75,14 @@ class StartedTenant:
 async def open_session(env: EnvironmentServiceAPI, c: CompiledWorkload) -> str | None:
     """Create the simulator session an RL or evaluation workload rolls out in.
 
+    An SFT workload gets one when it measures its success rate (``success_eval``).
+
     Returns:
-        Its id; None for workloads that roll nothing out (SFT, custom) or have no env.
+        Its id; None for workloads that roll nothing out (SFT without
+        ``success_eval``, custom) or have no env.
     """
-    if c.spec.env is None or c.task not in (TaskKind.RL, TaskKind.EVAL):
+    measured = c.task is TaskKind.SFT and c.spec.success_eval is not None
+    if c.spec.env is None or (c.task not in (TaskKind.RL, TaskKind.EVAL) and not measured):
         return None
     return (await env.create_session(c.tenant_id, c.spec.env)).session_id
 

@@ -5,7 +5,12 @@ Every tenant has ``task``, ``jobs_completed``, ``jobs_dropped``, ``jobs_failed``
 absolute action error on held-out frames, normalised units), RL tenants
 ``rl_return_initial`` / ``_final`` (mean episode return of the first and last rollouts)
 and evaluation workloads ``eval_success_rate`` (mean over the targets of the last run)
-plus every run with the one version it saw.
+plus every run with the one version it saw and its Wilson 95 % interval.
+
+A trainable tenant with ``success_eval`` adds ``success_rate_initial`` /
+``success_rate_final`` (episodes succeeded ÷ ``eval_episodes``, on the fixed seeds
+``eval_first_seed + j``), ``success_rate_ci95`` (the final rate's Wilson 95 % interval)
+and ``success_rate_ci95_initial``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = ["EvalRunSummary", "RunSummary", "TenantProgress", "TenantSummary"]
 
 
+def _rounded(ci: tuple[float, float] | None) -> list[float] | None:
+    return None if ci is None else [round(ci[0], 4), round(ci[1], 4)]
+
+
 class EvalRunSummary(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -29,6 +38,7 @@ class EvalRunSummary(BaseModel):
     episodes: int
     success_rate: float
     mean_return: float
+    success_ci95: tuple[float, float] | None = None
 
 
 class TenantSummary(BaseModel):
@@ -47,6 +57,12 @@ class TenantSummary(BaseModel):
     rl_return_initial: float | None = None
     rl_return_final: float | None = None
     eval_success_rate: float | None = None
+    success_rate_initial: float | None = None
+    success_rate_final: float | None = None
+    success_rate_ci95: tuple[float, float] | None = None
+    success_rate_ci95_initial: tuple[float, float] | None = None
+    eval_episodes: int | None = None
+    eval_first_seed: int | None = None
     eval_runs: list[EvalRunSummary] = Field(default_factory=list)
     resumed_from_version: int | None = None
     errors: list[str] = Field(default_factory=list)
@@ -67,6 +83,9 @@ class RunSummary(BaseModel):
         doc: dict[str, Any] = {}
         for tenant, summary in sorted(self.tenants.items()):
             entry = summary.model_dump(exclude_none=True)
+            for key in ("success_rate_ci95", "success_rate_ci95_initial"):
+                if key in entry:
+                    entry[key] = _rounded(entry[key])
             for key in ("eval_runs", "errors"):
                 if not entry.get(key):
                     entry.pop(key, None)
