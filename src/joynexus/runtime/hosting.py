@@ -48,6 +48,7 @@ from joynexus.services.protocols import (
     TrainingQueueAPI,
 )
 from joynexus.services.training import TrainingModelService
+from joynexus.spec.workload import BaseModelSpec
 from joynexus.utils.clock import Clock
 
 __all__ = [
@@ -105,13 +106,18 @@ class RuntimeConfig:
 
 @dataclass
 class PlaneSettings:
-    """What every service of a plane is built with."""
+    """What every service of a plane is built with.
+
+    ``base_model`` is the spec the resident backbone was loaded from: a placement
+    whose services live in other processes (Ray) has each of them load it there.
+    """
 
     run_dir: Path
     config: RuntimeConfig
     clock: Clock
     metrics: MetricsService | None = None
     usage: UsageMeter | None = None
+    base_model: BaseModelSpec | None = None
 
 
 def new_environment(s: PlaneSettings) -> EnvironmentService:

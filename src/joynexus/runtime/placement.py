@@ -3,10 +3,13 @@
 A layout names the accelerators of the three resident roles as
 ``actor-inference-environment`` GPU counts: the paper's shared deployment is ``2-2-4``,
 its isolated single-tenant baseline ``1-1-2``. :func:`build_placement` reserves one
-placement group with one bundle per role (PACK: the roles of one deployment stay on as
-few nodes as possible) and :class:`ReservedGroup` hands out the scheduling options that
-put each service actor into its role's bundle (the
-:class:`~joynexus.runtime.ray_hosting.RayPlacement` of a plane uses them).
+placement group with one bundle per role (``PACK`` by default: the roles of one
+deployment stay on as few nodes as possible; ``SPREAD`` / ``STRICT_SPREAD`` put them on
+different nodes; a role's custom resource pins its bundle to the nodes that advertise
+it) and :class:`ReservedGroup` hands out the scheduling options that put each service
+actor into its role's bundle (the :class:`~joynexus.runtime.ray_hosting.RayPlacement`
+of a plane uses them). When a node dies, Ray re-places its bundles on the nodes left
+(if they can hold them) and the actors of those bundles are re-created there.
 
 The inference bundle is split evenly among ``max_engines`` rollout engines, so an
 elastic pool can grow to that many engines inside the reservation it already holds.
@@ -17,6 +20,7 @@ layout still pins where each role runs.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,9 +28,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from joynexus.errors import CapacityError, SpecError
 
-__all__ = ["LAYOUTS", "Layout", "ReservedGroup", "Role", "build_placement"]
+__all__ = [
+    "LAYOUTS",
+    "STRATEGIES",
+    "Layout",
+    "ReservedGroup",
+    "Role",
+    "Strategy",
+    "build_placement",
+]
 
 Role = Literal["actor", "inference", "environment"]
+Strategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+STRATEGIES: tuple[Strategy, ...] = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 ROLES: tuple[Role, ...] = ("actor", "inference", "environment")
 _CPU_ONLY_BUNDLE = 0.01  # a role without GPUs still needs a non-empty bundle
 
@@ -140,23 +154,67 @@ class ReservedGroup:
         remove_placement_group(self.group)
 
 
-def build_placement(layout: Layout, *, timeout_s: float = 30.0, name: str = "") -> ReservedGroup:
-    """Reserve ``layout``'s placement group and wait until it is placed.
+def bundles_of(
+    layout: Layout, role_resources: Mapping[Role, str] | None = None
+) -> list[dict[str, float]]:
+    """The layout's bundles, each role's with a sliver of its custom resource.
 
     Raises:
+        SpecError: a role that is not one of :data:`ROLES`.
+    """
+    bundles = layout.bundles()
+    for role, resource in (role_resources or {}).items():
+        if role not in ROLES:
+            raise SpecError(
+                f"role_resources: unknown role {role!r}; roles are {list(ROLES)}",
+                field="role_resources",
+            )
+        bundles[ROLES.index(role)][resource] = _CPU_ONLY_BUNDLE
+    return bundles
+
+
+def build_placement(
+    layout: Layout,
+    *,
+    timeout_s: float = 30.0,
+    name: str = "",
+    strategy: Strategy = "PACK",
+    role_resources: Mapping[Role, str] | None = None,
+) -> ReservedGroup:
+    """Reserve ``layout``'s placement group and wait until it is placed.
+
+    Args:
+        layout: GPUs per role.
+        timeout_s: How long to wait for the cluster to place the group.
+        name: The group's name.
+        strategy: How the bundles spread over nodes (see module docstring).
+        role_resources: A custom node resource per role (its bundle asks for a sliver).
+
+    Raises:
+        SpecError: an unknown strategy or role.
         CapacityError: the cluster cannot place it within ``timeout_s`` (for instance a
-            2-2-4 layout on a cluster with fewer than 8 GPUs).
+            2-2-4 layout on a cluster with fewer than 8 GPUs, or ``STRICT_SPREAD`` on
+            fewer nodes than roles).
     """
     import ray
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    group = placement_group(layout.bundles(), strategy="PACK", name=name)
+    if strategy not in STRATEGIES:
+        raise SpecError(
+            f"placement strategy {strategy!r}: expected one of {list(STRATEGIES)}",
+            field="strategy",
+        )
+    bundles = bundles_of(layout, role_resources)
+    group = placement_group(bundles, strategy=strategy, name=name)
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(group)
         available = ray.available_resources().get("GPU", 0.0)  # type: ignore[no-untyped-call]  # ray's API is untyped here
+        live: list[Any] = [n for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]  # ray's API is untyped here
+        nodes = len(live)
         raise CapacityError(
             f"layout {layout} needs {layout.total_gpus:g} GPUs in one placement group "
-            f"(bundles {layout.bundles()}); the cluster has {available:g} GPUs available"
+            f"(bundles {bundles}, strategy {strategy}); the cluster has {available:g} "
+            f"GPUs available on {nodes} live node(s)"
         )
     return ReservedGroup(layout=layout, group=group)

@@ -260,7 +260,9 @@ def build_plane(
         metrics, usage = new_monitoring(run_dir, clk)
     scheduler = open_scheduler(run_dir, cfg, clk, keep_in_flight=keep_in_flight)
     try:
-        hosting = placement.place(PlaneSettings(run_dir, cfg, clk, metrics, usage), base)
+        hosting = placement.place(
+            PlaneSettings(run_dir, cfg, clk, metrics, usage, base_model=base_model), base
+        )
     except BaseException:
         scheduler.close()
         raise

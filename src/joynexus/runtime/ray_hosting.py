@@ -20,10 +20,19 @@ whatever runs on the plane (the Master Service, a runtime's workflow loops) runs
 unchanged in the driver, with the Training Scheduler (SQLite; its leases are
 heartbeated by the proxies while a remote rollout or training job runs).
 
-Every actor receives the resident base model by reference (``ray.put`` once) and holds
-its own copy in its process, as a resident service would. The actors keep their own
-``SystemClock`` (a fake clock cannot be shared across processes) and report to no
-Metrics Service or usage meter of the driver.
+Across nodes: the layout's bundles go where the placement strategy puts them (``PACK``
+by default; ``SPREAD`` / ``STRICT_SPREAD`` put the roles on different nodes), and
+``role_resources`` pins a role's bundle to the nodes that advertise a custom resource
+(``{"actor": "trainer"}`` → only nodes started with ``--resources '{"trainer": 1}'``).
+Every model actor loads the resident backbone itself, on its own node, from the model
+path the plane was built from (:class:`BaseModelSource`; a tiny model is built once
+into the run directory, which the nodes must see; a hub id is fetched by each node) —
+nothing is shipped from the driver. The Training Queue actor is pinned to the driver's
+node, so the loss of a worker node never takes the queue's index with it; its columns
+are objects in the node's store, and a worker reading a microbatch pulls them into
+its own node's store. The actors keep their own ``SystemClock`` (a fake clock cannot
+be shared across processes) and report to no Metrics Service or usage meter of the
+driver.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from joynexus.errors import ServiceUnavailableError
@@ -38,15 +48,16 @@ from joynexus.models.backbone import ResidentBaseModel
 from joynexus.queues.ray_storage import RayObjectStorePartitionStorage
 from joynexus.queues.training import TrainingQueue
 from joynexus.runtime.hosting import Hosting, Placement, PlaneSettings, Probe, check_engines
-from joynexus.runtime.placement import Layout, ReservedGroup, build_placement
+from joynexus.runtime.placement import Layout, ReservedGroup, Role, Strategy, build_placement
 from joynexus.runtime.ray_proxy import ActorProxy, await_ref
 from joynexus.runtime.scaling import AutoscalePolicy, EngineHandle, EnginePool
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService
 from joynexus.services.training import TrainingModelService
+from joynexus.spec.workload import BaseModelSpec
 from joynexus.utils.clock import SystemClock
 
-__all__ = ["RayHosting", "RayPlacement", "connect"]
+__all__ = ["BaseModelSource", "RayHosting", "RayPlacement", "connect", "node_of"]
 
 
 def connect(address: str | None = None, **init_kwargs: Any) -> bool:
@@ -65,6 +76,48 @@ def connect(address: str | None = None, **init_kwargs: Any) -> bool:
         init_kwargs.setdefault("include_dashboard", False)
     ray.init(address=address, **init_kwargs)
     return True
+
+
+@dataclass(frozen=True)
+class BaseModelSource:
+    """Where an actor loads the resident backbone from, on its own node.
+
+    Attributes:
+        spec: The plane's base model (hub id, local path or ``tiny:<arch>``).
+        cache_dir: Where a tiny model was built (the run directory's ``models``).
+    """
+
+    spec: BaseModelSpec
+    cache_dir: Path
+
+    def load(self) -> ResidentBaseModel:
+        from joynexus.runtime.plane import load_base_model  # plane imports the placements
+
+        return load_base_model(self.spec, self.cache_dir)
+
+
+def _on_node(cls: type[Any]) -> type[Any]:
+    """``cls`` whose constructor takes a :class:`BaseModelSource` in place of the base
+    model and loads it in the actor's process. Only the constructor differs; the proxy
+    keeps ``cls`` as the class it mirrors."""
+
+    def __init__(self: Any, source: BaseModelSource, *args: Any, **kwargs: Any) -> None:
+        cls.__init__(self, source.load(), *args, **kwargs)
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": __name__})
+
+
+def _where(_svc: Any) -> str:
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id())
+
+
+def node_of(proxy: ActorProxy[Any]) -> str:
+    """The id of the node an actor runs on (waits for a restarting actor)."""
+    import ray
+
+    return str(ray.get(proxy.actor.__ray_call__.remote(_where)))
 
 
 def _running(svc: Any) -> bool:
@@ -151,6 +204,21 @@ class RayHosting(Hosting):
 
         return {"training": training, "training_queue": training_queue}
 
+    def role_nodes(self) -> dict[str, str]:
+        """Node id of every actor: ``training``, ``environment``, ``training_queue`` and
+        ``inference/<engine id>``."""
+        out = {
+            "training": node_of(self.training_proxy),
+            "environment": node_of(self.env),  # type: ignore[arg-type]  # an ActorProxy
+            "training_queue": node_of(self.queue_proxy),
+        }
+        if self.pool is not None:
+            for engine_id in self.pool.engine_ids():
+                engine = self.pool.engine(engine_id)
+                if isinstance(engine, ActorProxy):
+                    out[f"inference/{engine_id}"] = node_of(engine)
+        return out
+
     def kill_engine(self, engine_id: int) -> None:
         """Kill one rollout engine's actor (fault injection for tests and drills)."""
         import ray
@@ -180,6 +248,11 @@ class RayPlacement(Placement):
         ray_init: Extra ``ray.init`` arguments when Ray is started here.
         placement_timeout_s: How long to wait for the placement group.
         autoscale: Optional pressure-driven pool sizing (off by default).
+        strategy: How the layout's bundles spread over nodes (``PACK``: as few nodes
+            as possible; ``SPREAD``: over as many as possible; ``STRICT_SPREAD``: one
+            role per node, or the group is not placed).
+        role_resources: A custom node resource per role: the role's bundle asks for
+            a sliver of it, so it is placed only on nodes that advertise it.
 
     Raises:
         SpecError: an unknown layout.
@@ -193,6 +266,8 @@ class RayPlacement(Placement):
     ray_init: Mapping[str, Any] | None = None
     placement_timeout_s: float = 60.0
     autoscale: AutoscalePolicy | None = None
+    strategy: Strategy = "PACK"
+    role_resources: Mapping[Role, str] | None = None
 
     def __post_init__(self) -> None:
         check_engines(self.engines, self.resolved_layout().engines)
@@ -222,18 +297,28 @@ class RayPlacement(Placement):
         self, settings: PlaneSettings, base: ResidentBaseModel, reserved: _Reserved
     ) -> RayHosting:
         import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         layout = self.resolved_layout()
         group = build_placement(
-            layout, timeout_s=self.placement_timeout_s, name=f"joynexus-{id(reserved):x}"
+            layout,
+            timeout_s=self.placement_timeout_s,
+            name=f"joynexus-{id(reserved):x}",
+            strategy=self.strategy,
+            role_resources=self.role_resources,
         )
         reserved.group = group
-        base_ref = ray.put(base)
+        source = BaseModelSource(settings.base_model or _spec_of(base), settings.run_dir / "models")
         cfg = settings.config
 
+        driver_node = ray.get_runtime_context().get_node_id()
         queue_handle = (
             ray.remote(TrainingQueue)
-            .options(num_cpus=0, max_concurrency=64)
+            .options(
+                num_cpus=0,
+                max_concurrency=64,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(driver_node, soft=False),
+            )
             .remote(RayObjectStorePartitionStorage(), memory_cap_bytes=cfg.queue_memory_cap_bytes)
         )
         reserved.actors.append(queue_handle)
@@ -246,10 +331,10 @@ class RayPlacement(Placement):
         reserved.actors.append(env_handle)
         env = ActorProxy(env_handle, EnvironmentService)
         training_handle = (
-            ray.remote(TrainingModelService)
+            ray.remote(_on_node(TrainingModelService))
             .options(max_concurrency=64, **group.actor_options("actor"))
             .remote(
-                base_ref,
+                source,
                 queue,
                 output_dir=settings.run_dir / "outputs",
                 clock=SystemClock(),
@@ -261,10 +346,10 @@ class RayPlacement(Placement):
 
         async def make_engine(slot: int) -> EngineHandle:
             handle: Any = (
-                ray.remote(InferenceModelService)
+                ray.remote(_on_node(InferenceModelService))
                 .options(max_concurrency=256, **group.actor_options("inference"))
                 .remote(
-                    base_ref,
+                    source,
                     env,
                     queue,
                     max_batch_size=cfg.max_batch_size,
@@ -303,3 +388,13 @@ class RayPlacement(Placement):
             engines=self.engines,
             autoscale=self.autoscale,
         )
+
+
+def _spec_of(base: ResidentBaseModel) -> BaseModelSpec:
+    """A spec that reloads ``base`` from where it was loaded (a plane built around an
+    already loaded model)."""
+    return BaseModelSpec(
+        id=base.model_id,
+        device=str(base.device.type),
+        canonical_image_size=base.canonical_image_size,
+    )

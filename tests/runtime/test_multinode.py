@@ -1,0 +1,140 @@
+"""The Ray placement on a real multi-node cluster (a head and two workers on 127.0.0.1).
+
+Every node is its own raylet with its own resources and object store
+(``multinode_cluster`` in conftest). The layout's roles are pinned by custom node
+resources: training on the ``trainer`` worker, the rollout engines on the ``rollout``
+worker, the simulators on the head (with the driver and the Training Queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from joynexus.master.run import LocalRun
+from joynexus.models.backbone import ResidentBaseModel
+from joynexus.runtime.ray_cluster import LocalCluster, transfer_mb_per_s
+from joynexus.runtime.ray_hosting import RayHosting, RayPlacement
+from joynexus.spec.workload import WorkloadSpec
+from joynexus.workflows.compile import compile_workloads
+from joynexus.workflows.summary import RunSummary, TenantProgress
+from tests.runtime.conftest import MULTINODE_ROLES
+from tests.workflows.helpers import rl_spec, spec
+
+pytestmark = [pytest.mark.ray, pytest.mark.multinode]
+
+
+def run_checked(
+    specs: Sequence[WorkloadSpec],
+    run: LocalRun,
+    check: Callable[[LocalRun, RunSummary], None],
+    on_progress: Callable[[list[TenantProgress]], None] | None = None,
+) -> RunSummary:
+    """Run ``specs`` to their end and ``check`` the run while its actors still live."""
+    compiled = compile_workloads(list(specs))
+
+    async def body() -> RunSummary:
+        try:
+            await run.open(compiled, status=lambda _msg: None)
+            await run.submit_all(compiled)
+            await run.wait(on_progress)
+            summary = run.summary()
+            check(run, summary)
+            return summary
+        finally:
+            await run.close()
+
+    return asyncio.run(body())
+
+
+def sft_spec(tenant: str, base: str, demos: Path, out: Path, target: int) -> Any:
+    return spec(
+        {
+            "tenant": tenant,
+            "task": "sft",
+            "base_model": {"id": base},
+            "dataset": {"path": str(demos), "heldout_fraction": 0.2},
+            "action_module": {"type": "oft", "hidden_dim": 64, "num_blocks": 1},
+            "algorithm": {"name": "sft", "samples_per_job": 32, "microbatch_size": 16},
+            "scheduling": {"completion_target": target, "prefetch": 2},
+            "output_dir": str(out),
+        }
+    )
+
+
+def test_roles_run_on_their_own_nodes_and_load_the_backbone_there(
+    multinode_cluster: LocalCluster,
+    tmp_path: Path,
+    tiny_model: str,
+    reach2d_demos: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ray
+
+    cluster = multinode_cluster
+    trainer_node, rollout_node = cluster.worker_ids()
+    head = cluster.head_node_id
+
+    # The driver never serializes the backbone: each node loads it from the model path.
+    def refuse(*_: object) -> object:
+        raise AssertionError("the resident backbone was serialized by the driver")
+
+    monkeypatch.setattr(ResidentBaseModel, "__reduce_ex__", refuse, raising=False)
+    out = tmp_path / "out"
+    specs = [
+        rl_spec("reach-rl", tiny_model, out, target=2, horizon=6, num_envs=2, episode_steps=6),
+        sft_spec("reach-sft", tiny_model, reach2d_demos, out, target=2),
+    ]
+    placed: dict[str, str] = {}
+
+    def check(run: LocalRun, summary: RunSummary) -> None:
+        s = summary.tenants
+        assert {t.state for t in s.values()} == {"completed"}, {t: x.errors for t, x in s.items()}
+        assert run.plane is not None and isinstance(run.plane.hosting, RayHosting)
+        placed.update(run.plane.hosting.role_nodes())
+        # The actor loaded the model itself, from the same path the driver did.
+        training: Any = run.plane.training
+        model_id = ray.get(training.actor.__ray_call__.remote(lambda svc: svc.base.model_id))
+        assert model_id == run.plane.base.model_id
+        assert run.plane.queue.partitions() == [] and run.plane.queue.nbytes == 0
+        assert s["reach-rl"].final_version == s["reach-rl"].jobs_completed >= 2
+
+    run = LocalRun(
+        tmp_path / "run",
+        placement=RayPlacement(layout="cpu", role_resources=MULTINODE_ROLES),
+    )
+    run_checked(specs, run, check)
+    assert placed == {
+        "training": trainer_node,
+        "inference/0": rollout_node,
+        "environment": head,
+        "training_queue": head,
+    }
+
+
+def test_objects_move_between_node_stores(multinode_cluster: LocalCluster) -> None:
+    trainer_node, rollout_node = multinode_cluster.worker_ids()
+    rate = transfer_mb_per_s(multinode_cluster.head_node_id, trainer_node, mib=8, repeats=1)
+    assert rate > 0
+    assert transfer_mb_per_s(trainer_node, rollout_node, mib=8, repeats=1) > 0
+
+
+def test_a_strict_spread_that_does_not_fit_is_refused_with_the_reason(
+    multinode_cluster: LocalCluster,
+) -> None:
+    from joynexus.errors import CapacityError
+    from joynexus.runtime.placement import Layout, build_placement
+
+    # Three roles, one per node: fits the three nodes; a fourth role-sized bundle would
+    # not, so pin two roles to the one rollout node instead.
+    with pytest.raises(CapacityError, match=r"STRICT_SPREAD.*3 live node"):
+        build_placement(
+            Layout.parse("cpu"),
+            timeout_s=2,
+            strategy="STRICT_SPREAD",
+            role_resources={"actor": "rollout", "inference": "rollout"},
+        )
