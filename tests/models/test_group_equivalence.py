@@ -30,7 +30,7 @@ def _groups() -> list[tuple[str, object, ObservationBatch]]:
     ]
 
 
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "paligemma", "smolvlm"])
+@pytest.mark.parametrize("arch", ["qwen2_5_vl", "qwen3_vl", "paligemma", "smolvlm", "pi0"])
 def test_grouped_equals_serial(arch: str, tiny_backbone: TinyBackbone) -> None:
     base = tiny_backbone(arch)
     groups = _groups()

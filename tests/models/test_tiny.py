@@ -19,6 +19,7 @@ EXPECTED_CLASS = {
     "qwen3_vl": ("Qwen3VLForConditionalGeneration", "Qwen3VLProcessor"),
     "paligemma": ("PaliGemmaForConditionalGeneration", "PaliGemmaProcessor"),
     "smolvlm": ("SmolVLMForConditionalGeneration", "SmolVLMProcessor"),
+    "pi0": ("PI0ForConditionalGeneration", "PI0Processor"),
 }
 
 

@@ -23,6 +23,7 @@ from joynexus.models.batch import ObservationBatch
 from joynexus.models.canonicalize import CanonicalSpec, canonicalize
 from joynexus.models.feature import VLAFeature
 from joynexus.models.lora import LoRAHost
+from joynexus.models.pi0 import PI0_MODEL_TYPE, Pi0Checkpoint
 from joynexus.models.schema import DataSchema, prefix_key, schema_signature
 from joynexus.models.tiny import SIDECAR, quiet_transformers
 from joynexus.models.types import BackboneOutput
@@ -34,6 +35,7 @@ SUPPORTED_ARCHES: dict[str, str] = {
     "paligemma": "paligemma",
     "smolvlm": "smolvlm",
     "idefics3": "smolvlm",
+    PI0_MODEL_TYPE: "pi0",
 }
 DEFAULT_NUM_CAMERA_SLOTS = 2
 # StarVLA-style Qwen backbones see 224-px cameras; it is a multiple of 28 and of 32.
@@ -65,6 +67,11 @@ class ResidentBaseModel:
     :meth:`encode` builds an autograd graph only when asked (``grad=True``), and then
     only tenant LoRA adapters can receive gradients. ``lora`` is the
     :class:`~joynexus.models.lora.LoRAHost` of the language model's linear layers.
+
+    A π0 checkpoint (``arch == "pi0"``) is resident as its PaliGemma prefix (``model``);
+    ``pi0`` keeps its config and pretrained action expert, and :meth:`encode` also
+    returns the prefix KV cache that ``pi0_expert`` tenants attend to
+    (:mod:`joynexus.models.pi0`).
     """
 
     def __init__(
@@ -79,8 +86,10 @@ class ResidentBaseModel:
         canonical_image_size: int,
         num_camera_slots: int,
         output_layers: Sequence[int] | None = None,
+        pi0: Pi0Checkpoint | None = None,
     ) -> None:
         self.model_id = model_id
+        self.pi0 = pi0
         self.arch = arch
         self.model = model
         self.processor = processor
@@ -101,6 +110,12 @@ class ResidentBaseModel:
                     f"{self.num_layers}; 0 is the embedding output)",
                     field="output_layers",
                 )
+        if pi0 is not None and self.output_layers:
+            raise InvalidRequestError(
+                "output_layers: a π0 base model hands its experts the prefix KV cache, "
+                "not intermediate layers; leave output_layers empty",
+                field="output_layers",
+            )
         self._spec = CanonicalSpec(arch, num_camera_slots, canonical_image_size)
         self._check_canonical_size()
         model.requires_grad_(False)
@@ -170,8 +185,19 @@ class ResidentBaseModel:
             dtype = torch.bfloat16 if torch_device.type == "cuda" else torch.float32
         try:
             with quiet_transformers():
-                # The base model class (no LM head): a frozen encoder never decodes text.
-                model = hf.AutoModel.from_pretrained(path, dtype=dtype, local_files_only=local_only)
+                pi0: Pi0Checkpoint | None = None
+                if arch == "pi0":
+                    # The whole policy: its expert is the template of tenant experts.
+                    policy = hf.PI0ForConditionalGeneration.from_pretrained(
+                        path, dtype=dtype, local_files_only=local_only
+                    )
+                    pi0 = Pi0Checkpoint(policy)
+                    model = pi0.vlm
+                else:
+                    # The base model class (no LM head): a frozen encoder never decodes.
+                    model = hf.AutoModel.from_pretrained(
+                        path, dtype=dtype, local_files_only=local_only
+                    )
                 processor = hf.AutoProcessor.from_pretrained(path, local_files_only=local_only)
         except OSError as exc:
             raise ModelNotFoundError(
@@ -201,6 +227,7 @@ class ResidentBaseModel:
             canonical_image_size=canonical_image_size,
             num_camera_slots=num_camera_slots,
             output_layers=output_layers,
+            pi0=pi0,
         )
 
     def _check_canonical_size(self) -> None:
@@ -271,12 +298,16 @@ class ResidentBaseModel:
         return feature
 
     def encode(self, feature: VLAFeature, *, grad: bool = False) -> BackboneOutput:
-        """The shared frozen forward: last hidden state (+ chosen layers) and mask.
+        """The shared frozen forward: last hidden state (+ chosen layers) and mask
+        (and, on a π0 base, the prefix KV cache).
 
         Padded positions of the returned hidden states are zero. With ``grad=True`` the
         forward records autograd (base weights stay frozen: only adapters published
         with :func:`~joynexus.models.lora.lora_rows` get gradients).
         """
+        if self.pi0 is not None:
+            with torch.set_grad_enabled(grad):
+                return self.pi0.encode(feature.model_inputs)
         want_layers = bool(self.output_layers)
         with torch.set_grad_enabled(grad):
             out = self.model(
@@ -304,5 +335,7 @@ class ResidentBaseModel:
 def _default_size(arch: str, config: Any) -> int:
     if arch in ("qwen2_5_vl", "qwen3_vl"):
         return _QWEN_DEFAULT_SIZE
+    if arch == "pi0":
+        config = config.vlm_config
     image_size = config.vision_config.image_size
     return int(image_size[0] if isinstance(image_size, (list, tuple)) else image_size)

@@ -66,6 +66,9 @@ class CanonicalSpec:
 
 
 def _prompt(processor: Any, spec: CanonicalSpec, instruction: str) -> str:
+    if spec.arch == "pi0":
+        # π0's processor puts each present camera's image tokens and BOS in front itself.
+        return instruction
     if spec.arch in CHAT_TEMPLATE_ARCHES and getattr(processor, "chat_template", None):
         content: list[dict[str, str]] = [{"type": "image"}] * spec.num_camera_slots
         content = [*content, {"type": "text", "text": instruction}]
@@ -140,6 +143,10 @@ def canonicalize(
         row += n
 
     nested = [[images[i, s] for s in range(slots)] for i in range(total)]
+    if spec.arch == "pi0":
+        # π0 masks absent cameras (pixel_attention_mask) instead of showing blank images;
+        # a tenant's cameras fill the first slots, so its row keeps exactly those.
+        nested = [[images[i, s] for s in range(slots) if camera_mask[i, s]] for i in range(total)]
     kwargs: dict[str, Any] = {}
     if spec.arch == "smolvlm":
         # One global view per camera: tiling would give rows different token counts.
@@ -147,6 +154,8 @@ def canonicalize(
     with warnings.catch_warnings():
         # PaliGemma's processor builds (unused) labels via np.array on tensors.
         warnings.filterwarnings("ignore", message=".*__array__ implementation.*")
+        # π0's processor defaults to max_length padding, which ``padding=True`` replaces.
+        warnings.filterwarnings("ignore", message=".*max_length. is ignored.*")
         encoded = processor(
             text=texts,
             images=nested,

@@ -22,9 +22,8 @@ from torch import nn
 from joynexus.errors import InvalidRequestError
 from joynexus.models.heads import (
     ActionModule,
-    FlowMatchingHeadConfig,
+    AnyHeadConfig,
     OFTHead,
-    OFTHeadConfig,
     ValueHead,
     ValueHeadConfig,
     build_action_module,
@@ -113,7 +112,7 @@ class TenantSlot:
         tenant_id: The tenant (validated: it becomes a checkpoint directory name).
         schema: The tenant's data schema.
         base: The resident base model; referenced, never copied.
-        head: Action module config (OFT or flow matching).
+        head: Action module config (OFT, flow matching or π0 expert).
         optimizer: AdamW settings for this tenant alone.
         value_head: Optional critic config (RL).
         seed: Seeds the module initialisation and the tenant's own generator, so two
@@ -130,7 +129,7 @@ class TenantSlot:
         tenant_id: str,
         schema: DataSchema,
         base: BaseModelRef,
-        head: OFTHeadConfig | FlowMatchingHeadConfig,
+        head: AnyHeadConfig,
         *,
         optimizer: OptimizerConfig | None = None,
         value_head: ValueHeadConfig | None = None,
@@ -156,7 +155,9 @@ class TenantSlot:
         # neither influence nor observe this tenant's initial weights.
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            module = build_action_module(head, hidden_size=base.hidden_size, schema=schema)
+            module = build_action_module(
+                head, hidden_size=base.hidden_size, schema=schema, base=base
+            )
             critic = (
                 ValueHead(value_head, hidden_size=base.hidden_size, state_dim=schema.state_dim)
                 if value_head is not None

@@ -2,11 +2,12 @@
 
 Tests, benchmarks and demos need a backbone without downloading weights. :func:`make_tiny`
 builds the real ``transformers`` model class (Qwen2.5-VL, Qwen3-VL, PaliGemma,
-SmolVLM/Idefics3) from a small config, trains a small byte-level BPE tokenizer on
-built-in sentences (plus the special tokens the architecture needs), wraps it in the
-architecture's real processor class, and ``save_pretrained``s everything into one
-directory. The result loads through exactly the ``from_pretrained`` path a user's hub id
-takes (:meth:`joynexus.models.backbone.ResidentBaseModel.from_pretrained`).
+SmolVLM/Idefics3, and the π0 policy ``PI0ForConditionalGeneration``) from a small
+config, trains a small byte-level BPE tokenizer on built-in sentences (plus the special
+tokens the architecture needs), wraps it in the architecture's real processor class,
+and ``save_pretrained``s everything into one directory. The result loads through
+exactly the ``from_pretrained`` path a user's hub id takes
+(:meth:`joynexus.models.backbone.ResidentBaseModel.from_pretrained`).
 
 A ``joynexus.json`` sidecar records the preferred canonical image size and number of
 camera slots, so a tiny model does not default to a 224-px canvas meant for real models.
@@ -24,9 +25,9 @@ from typing import Any, Literal
 
 import torch
 
-TinyArch = Literal["qwen2_5_vl", "qwen3_vl", "paligemma", "smolvlm"]
+TinyArch = Literal["qwen2_5_vl", "qwen3_vl", "paligemma", "smolvlm", "pi0"]
 TinySize = Literal["tiny", "small", "3b"]
-ARCHES: tuple[TinyArch, ...] = ("qwen2_5_vl", "qwen3_vl", "paligemma", "smolvlm")
+ARCHES: tuple[TinyArch, ...] = ("qwen2_5_vl", "qwen3_vl", "paligemma", "smolvlm", "pi0")
 #: ``3b``: a Qwen2.5-VL-3B-shaped configuration (~3.4B parameters with random weights)
 #: for GPU benchmarks (scripts/gpu-bench.sh); building it on CPU takes ~14 GB of memory.
 SIZES: tuple[TinySize, ...] = ("tiny", "small", "3b")
@@ -147,9 +148,9 @@ _DIMS: dict[TinySize, _Dims] = {
 # Preferred canonical image side per arch: a multiple of patch × merge for the Qwen
 # families, the vision tower's fixed input size for PaliGemma and SmolVLM.
 _CANONICAL_SIZE: dict[TinySize, dict[TinyArch, int]] = {
-    "tiny": {"qwen2_5_vl": 56, "qwen3_vl": 64, "paligemma": 56, "smolvlm": 64},
-    "small": {"qwen2_5_vl": 112, "qwen3_vl": 128, "paligemma": 112, "smolvlm": 128},
-    "3b": {"qwen2_5_vl": 112, "qwen3_vl": 128, "paligemma": 112, "smolvlm": 128},
+    "tiny": {"qwen2_5_vl": 56, "qwen3_vl": 64, "paligemma": 56, "smolvlm": 64, "pi0": 56},
+    "small": {"qwen2_5_vl": 112, "qwen3_vl": 128, "paligemma": 112, "smolvlm": 128, "pi0": 112},
+    "3b": {"qwen2_5_vl": 112, "qwen3_vl": 128, "paligemma": 112, "smolvlm": 128, "pi0": 112},
 }
 
 
@@ -278,11 +279,8 @@ def _build_qwen(arch: TinyArch, d: _Dims, side: int) -> tuple[Any, Any]:
     return model, processor
 
 
-def _build_paligemma(d: _Dims, side: int) -> tuple[Any, Any]:
-    hf = _hf()
-    patch = 14
-    seq = (side // patch) ** 2
-    tok = _train_tokenizer(
+def _paligemma_tokenizer(d: _Dims) -> Any:
+    return _train_tokenizer(
         _PALIGEMMA_SPECIALS,
         d.vocab,
         pad_token="<pad>",
@@ -290,6 +288,43 @@ def _build_paligemma(d: _Dims, side: int) -> tuple[Any, Any]:
         bos_token="<bos>",
         unk_token="<unk>",
     )
+
+
+def _gemma_text_config(d: _Dims, tok: Any, vocab: int) -> dict[str, Any]:
+    return {
+        "model_type": "gemma",
+        "vocab_size": vocab,
+        "hidden_size": d.hidden,
+        "intermediate_size": d.ffn,
+        "num_hidden_layers": d.layers,
+        "num_attention_heads": d.heads,
+        "num_key_value_heads": d.kv_heads,
+        "head_dim": d.hidden // d.heads,
+        "pad_token_id": int(tok.convert_tokens_to_ids("<pad>")),
+        "bos_token_id": int(tok.convert_tokens_to_ids("<bos>")),
+        "eos_token_id": int(tok.convert_tokens_to_ids("<eos>")),
+    }
+
+
+def _siglip_config(d: _Dims, side: int, patch: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "model_type": "siglip_vision_model",
+        "hidden_size": d.v_hidden,
+        "intermediate_size": d.v_ffn,
+        "num_hidden_layers": d.v_layers,
+        "num_attention_heads": d.v_heads,
+        "image_size": side,
+        "patch_size": patch,
+        "projection_dim": d.hidden,
+        **extra,
+    }
+
+
+def _build_paligemma(d: _Dims, side: int) -> tuple[Any, Any]:
+    hf = _hf()
+    patch = 14
+    seq = (side // patch) ** 2
+    tok = _paligemma_tokenizer(d)
     image_processor = hf.SiglipImageProcessor(
         size={"height": side, "width": side}, image_seq_length=seq
     )
@@ -299,29 +334,8 @@ def _build_paligemma(d: _Dims, side: int) -> tuple[Any, Any]:
     processor = hf.PaliGemmaProcessor(image_processor=image_processor, tokenizer=tok)
     vocab = len(processor.tokenizer)
     config = hf.PaliGemmaConfig(
-        text_config={
-            "model_type": "gemma",
-            "vocab_size": vocab,
-            "hidden_size": d.hidden,
-            "intermediate_size": d.ffn,
-            "num_hidden_layers": d.layers,
-            "num_attention_heads": d.heads,
-            "num_key_value_heads": d.kv_heads,
-            "head_dim": d.hidden // d.heads,
-            "pad_token_id": int(tok.convert_tokens_to_ids("<pad>")),
-            "bos_token_id": int(tok.convert_tokens_to_ids("<bos>")),
-            "eos_token_id": int(tok.convert_tokens_to_ids("<eos>")),
-        },
-        vision_config={
-            "model_type": "siglip_vision_model",
-            "hidden_size": d.v_hidden,
-            "intermediate_size": d.v_ffn,
-            "num_hidden_layers": d.v_layers,
-            "num_attention_heads": d.v_heads,
-            "image_size": side,
-            "patch_size": patch,
-            "projection_dim": d.hidden,
-        },
+        text_config=_gemma_text_config(d, tok, vocab),
+        vision_config=_siglip_config(d, side, patch),
         image_token_index=int(processor.image_token_id),
         projection_dim=d.hidden,
         hidden_size=d.hidden,
@@ -330,6 +344,65 @@ def _build_paligemma(d: _Dims, side: int) -> tuple[Any, Any]:
     config.text_config.num_image_tokens = seq
     config.vision_config.num_image_tokens = seq
     model = hf.PaliGemmaForConditionalGeneration(config)
+    return model, processor
+
+
+# π0's action expert ("dit" in transformers) shares the VLM's layer count and attention
+# geometry (it attends to the VLM's per-layer keys and values) but is narrower.
+_PI0_EXPERT_WIDTH = {"tiny": (64, 128), "small": (256, 704)}
+#: Chunk length, padded state/action widths and denoising steps of the tiny π0 models.
+#: State is wider than π0's 32 so every preset schema (MetaWorld: 39) fits.
+PI0_TINY_CHUNK_SIZE = 16
+PI0_TINY_MAX_STATE_DIM = 48
+PI0_TINY_MAX_ACTION_DIM = 32
+PI0_TINY_INFERENCE_STEPS = 10
+
+
+def _build_pi0(d: _Dims, side: int) -> tuple[Any, Any]:
+    """A π0 policy: PaliGemma prefix (SigLIP + Gemma) and a narrower Gemma action expert."""
+    hf = _hf()
+    patch = 14
+    seq = (side // patch) ** 2
+    tok = _paligemma_tokenizer(d)
+    image_processor = hf.PI0ImageProcessor(
+        size={"max_height": side, "max_width": side},
+        pad_size={"height": side, "width": side},
+        image_seq_length=seq,
+    )
+    image_processor.image_seq_length = seq
+    processor = hf.PI0Processor(
+        image_processor=image_processor,
+        tokenizer=tok,
+        max_state_dim=PI0_TINY_MAX_STATE_DIM,
+        chunk_size=PI0_TINY_CHUNK_SIZE,
+    )
+    vocab = len(processor.tokenizer)
+    width, ffn = _PI0_EXPERT_WIDTH["tiny" if d.hidden <= 128 else "small"]
+    config = hf.PI0Config(
+        vlm_config={
+            "model_type": "paligemma",
+            "text_config": _gemma_text_config(d, tok, vocab),
+            "vision_config": _siglip_config(d, side, patch, vision_use_head=False),
+            "projection_dim": d.hidden,
+            "hidden_size": d.hidden,
+            "image_token_id": int(processor.image_token_id),
+            "vocab_size": vocab,
+        },
+        dit_config={
+            "model_type": "gemma",
+            "hidden_size": width,
+            "intermediate_size": ffn,
+            "num_hidden_layers": d.layers,
+            "num_attention_heads": d.heads,
+            "num_key_value_heads": d.kv_heads,
+            "head_dim": d.hidden // d.heads,
+        },
+        chunk_size=PI0_TINY_CHUNK_SIZE,
+        max_state_dim=PI0_TINY_MAX_STATE_DIM,
+        max_action_dim=PI0_TINY_MAX_ACTION_DIM,
+        num_inference_steps=PI0_TINY_INFERENCE_STEPS,
+    )
+    model = hf.PI0ForConditionalGeneration(config)
     return model, processor
 
 
@@ -395,6 +468,7 @@ _BUILDERS: dict[TinyArch, Callable[[_Dims, int], tuple[Any, Any]]] = {
     "qwen3_vl": lambda d, side: _build_qwen("qwen3_vl", d, side),
     "paligemma": _build_paligemma,
     "smolvlm": _build_smolvlm,
+    "pi0": _build_pi0,
 }
 
 
@@ -409,7 +483,8 @@ def make_tiny(
     """Build a randomly initialised model of a real VLM architecture and save it.
 
     Args:
-        arch: One of ``qwen2_5_vl``, ``qwen3_vl``, ``paligemma``, ``smolvlm``.
+        arch: One of ``qwen2_5_vl``, ``qwen3_vl``, ``paligemma``, ``smolvlm``, ``pi0``
+            (a whole π0 policy: PaliGemma prefix + action expert; sizes tiny, small).
         out_dir: Directory to write (created if missing); holds model, processor and
             the ``joynexus.json`` sidecar.
         size: ``tiny`` (~1M parameters, for tests), ``small`` (tens of millions, for
@@ -428,6 +503,8 @@ def make_tiny(
         raise ValueError(f"arch must be one of {list(ARCHES)}, got {arch!r}")
     if size not in SIZES:
         raise ValueError(f"size must be one of {list(SIZES)}, got {size!r}")
+    if arch == "pi0" and size not in _PI0_EXPERT_WIDTH:
+        raise ValueError(f"pi0 comes in sizes {list(_PI0_EXPERT_WIDTH)}, got {size!r}")
     if num_camera_slots < 1:
         raise ValueError(f"num_camera_slots must be >= 1, got {num_camera_slots}")
     out = Path(out_dir)

@@ -17,11 +17,15 @@ class BackboneOutput:
             padding. Heads must ignore padded positions.
         layers: Optional chosen intermediate layers, each ``[B, L, D]``, keyed by
             layer index (for heads that read more than the last layer).
+        prefix_kv: A π0 prefix's KV cache, one ``(keys, values)`` pair per decoder
+            layer, each ``[B, kv_heads, L, head_dim]`` (positions aligned with
+            ``attention_mask``), for action experts that attend to it; else ``None``.
     """
 
     hidden_states: torch.Tensor
     attention_mask: torch.Tensor
     layers: dict[int, torch.Tensor] | None = None
+    prefix_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -36,10 +40,14 @@ class BackboneOutput:
         layers = None
         if self.layers is not None:
             layers = {k: v[start:stop] for k, v in self.layers.items()}
+        kv = None
+        if self.prefix_kv is not None:
+            kv = tuple((k[start:stop], v[start:stop]) for k, v in self.prefix_kv)
         return BackboneOutput(
             hidden_states=self.hidden_states[start:stop],
             attention_mask=self.attention_mask[start:stop],
             layers=layers,
+            prefix_kv=kv,
         )
 
     def detach(self) -> BackboneOutput:
@@ -47,8 +55,12 @@ class BackboneOutput:
         layers = None
         if self.layers is not None:
             layers = {k: v.detach() for k, v in self.layers.items()}
+        kv = None
+        if self.prefix_kv is not None:
+            kv = tuple((k.detach(), v.detach()) for k, v in self.prefix_kv)
         return BackboneOutput(
             hidden_states=self.hidden_states.detach(),
             attention_mask=self.attention_mask.detach(),
             layers=layers,
+            prefix_kv=kv,
         )

@@ -174,10 +174,20 @@ def features_as(features: BackboneOutput, module: nn.Module) -> BackboneOutput:
     hs = features.hidden_states
     if hs.device == param.device and hs.dtype == param.dtype:
         return features
+    kv = features.prefix_kv
     return BackboneOutput(
         hidden_states=hs.to(device=param.device, dtype=param.dtype),
         attention_mask=features.attention_mask.to(param.device),
         layers=None
         if features.layers is None
         else {k: v.to(device=param.device, dtype=param.dtype) for k, v in features.layers.items()},
+        prefix_kv=None
+        if kv is None
+        else tuple(
+            (
+                k.to(device=param.device, dtype=param.dtype),
+                v.to(device=param.device, dtype=param.dtype),
+            )
+            for k, v in kv
+        ),
     )
