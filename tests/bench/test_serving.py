@@ -49,6 +49,12 @@ def test_tiny_run_reports_ratios_and_leaves_no_process(tmp_path: Path) -> None:
         assert r["errors"] == 0 and r["requests"] > 0, r
         assert r["req_per_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"], r
         assert r["rss_peak_mb"] > 50 and r["pss_after_mb"] > 0, r
+        # Every request was metered through every stage by the server itself.
+        st = r["stages"]
+        assert st["requests_metered"] >= r["requests"], st
+        for stage in ("http_decode", "admission", "queue_wait", "backbone", "head"):
+            assert st["per_request"][f"{stage}_ms"] > 0, (side, stage, st)
+        assert 0 < st["overhead_ms"] < st["client_mean_ms"], st
     # Two backbone copies take more memory than one.
     assert data["memory_ratio"] > 1.2
     assert _children() <= before, "a server the bench started is still running"

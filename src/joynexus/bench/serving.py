@@ -40,6 +40,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from joynexus.metrics.stages import PER_BATCH_STAGES, PREDICT_STAGES
 from joynexus.wire import MSGPACK_MEDIA_TYPE, packb
 
 if TYPE_CHECKING:
@@ -320,6 +321,11 @@ _SCRAPED = {
     "rows_sum": "joynexus_system_inference_batch_size_sum",
     "tenants_sum": "joynexus_system_inference_batch_tenants_sum",
 }
+for _stage in PREDICT_STAGES:
+    _SCRAPED[f"{_stage}_s"] = f'joynexus_predict_stage_seconds_total{{stage="{_stage}"}}'
+    _SCRAPED[f"{_stage}_n"] = f'joynexus_predict_stage_events_total{{stage="{_stage}"}}'
+#: Stages that are the service's own work (not the model's, not waiting).
+OVERHEAD_STAGES = ("http_decode", "admission", "canonicalize", "http_encode")
 
 
 def _scrape(servers: Sequence[_Server]) -> dict[str, float]:
@@ -330,7 +336,7 @@ def _scrape(servers: Sequence[_Server]) -> dict[str, float]:
         with suppress(httpx.HTTPError):
             text = httpx.get(f"{s.url}/metrics", timeout=10).text
             for line in text.splitlines():
-                name, _, value = line.partition(" ")
+                name, _, value = line.rpartition(" ")
                 if name in names:
                     with suppress(ValueError):
                         out[names[name]] += float(value)
@@ -340,24 +346,41 @@ def _scrape(servers: Sequence[_Server]) -> dict[str, float]:
 def _stages(
     before: dict[str, float], after: dict[str, float], lat: np.ndarray, servers: int, elapsed: float
 ) -> dict[str, Any]:
-    """Where a request's time went, as far as the servers' own metrics tell.
+    """Where a request's time went, from the servers' own stage meters.
 
-    ``device_ms_per_batch`` is one grouped forward (canonicalize + backbone + heads,
-    timed inside the backbone lock); ``other_ms`` is the rest of the mean client latency:
-    HTTP decode and encode, queue and lock wait, the event loop, loopback and the client.
+    Each stage of :data:`~joynexus.metrics.stages.PREDICT_STAGES` is given in ms per
+    request (``<stage>_ms``): per-request stages directly, per-batch stages (lock wait,
+    canonicalize, backbone, head) as the batch's time divided by the requests it
+    answered, i.e. the device time each request costs. ``overhead_ms`` sums the
+    service's own work (HTTP decode and encode, admission, canonicalize: everything but
+    the backbone, the heads and waiting); ``device_ms_per_batch`` is one grouped
+    forward (canonicalize + backbone + heads); ``other_ms`` is the rest of the mean
+    client latency (queue and lock wait, the event loop, loopback and the client).
     """
     d = {k: after[k] - before[k] for k in _SCRAPED}
     batches = d["batches"]
     device_ms = d["batch_s_sum"] / batches * 1e3 if batches > 0 else float("nan")
     mean_ms = float(lat.mean() * 1e3) if lat.size else float("nan")
+    requests = d["admission_n"]
+    per_request: dict[str, float] = {}
+    per_batch: dict[str, float] = {}
+    for stage in PREDICT_STAGES:
+        seconds, events = d[f"{stage}_s"], d[f"{stage}_n"]
+        per_request[f"{stage}_ms"] = seconds / requests * 1e3 if requests > 0 else float("nan")
+        if stage in PER_BATCH_STAGES:
+            per_batch[f"{stage}_ms"] = seconds / events * 1e3 if events > 0 else float("nan")
     return {
         "batches": int(batches),
+        "requests_metered": int(requests),
         "mean_batch_rows": d["rows_sum"] / batches if batches > 0 else float("nan"),
         "mean_batch_tenants": d["tenants_sum"] / batches if batches > 0 else float("nan"),
         "client_mean_ms": mean_ms,
         "device_ms_per_batch": device_ms,
         "other_ms": mean_ms - device_ms,
         "device_busy_fraction": d["batch_s_sum"] / (elapsed * servers) if elapsed > 0 else 0.0,
+        "per_request": per_request,
+        "per_batch": per_batch,
+        "overhead_ms": sum(per_request[f"{s}_ms"] for s in OVERHEAD_STAGES),
     }
 
 
@@ -613,6 +636,21 @@ def print_report(result: dict[str, Any], console: Console) -> None:
             f"{st['device_busy_fraction']:.0%}",
         )
     console.print(stages)
+    breakdown = Table(
+        "side",
+        *PREDICT_STAGES,
+        "overhead",
+        title="ms per request by stage (per-batch stages divided by the batch's requests; "
+        "overhead = http_decode + admission + canonicalize + http_encode)",
+    )
+    for side in ("ours", "baseline"):
+        st = result[side]["stages"]
+        breakdown.add_row(
+            side,
+            *(f"{st['per_request'][f'{stage}_ms']:.2f}" for stage in PREDICT_STAGES),
+            f"{st['overhead_ms']:.2f}",
+        )
+    console.print(breakdown)
     console.print(
         f"throughput_ratio {result['throughput_ratio']:.2f} (target >= 2), "
         f"memory_ratio {result['memory_ratio']:.2f} (target >= 4; "

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from joynexus.metrics.stages import StageMeter
+
 if TYPE_CHECKING:
     from joynexus.metrics.prometheus import PrometheusSink
 
@@ -171,10 +173,13 @@ class MetricsService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.prometheus: PrometheusSink | None = None
+        # Predict-path stage times: metered on every call, so kept out of the event bus.
+        self.stages = StageMeter()
         if prometheus:
-            from joynexus.metrics.prometheus import PrometheusSink
+            from joynexus.metrics.prometheus import PrometheusSink, StageCollector
 
             self.prometheus = PrometheusSink(stats=self.stats)
+            self.prometheus.registry.register(StageCollector(self.stages))
             self.subscribe(self.prometheus, name="prometheus")
 
     # --- emit (hot path) -----------------------------------------------------------------

@@ -17,6 +17,10 @@ Event names (category):
 * ``rollout.mean_return``, ``rollout.success_rate``, ``eval.mean_return``,
   ``eval.success_rate`` (learning, per tenant).
 * ``env.step_latency_s`` (system, per tenant).
+
+Predict-path stage times (admission, queue wait, lock wait, canonicalize, backbone,
+head) go to the Metrics Service's :class:`~joynexus.metrics.stages.StageMeter`, not the
+event bus: they are metered on every call.
 """
 
 from __future__ import annotations
@@ -74,6 +78,16 @@ class Instruments:
             self._emit("system", "inference.batch_tenants", float(len(rows)))
         except Exception:
             log.exception("metering an inference batch failed")
+
+    def stage(self, stage: str, seconds: float, count: int = 1) -> None:
+        """Predict-path stage time (:mod:`joynexus.metrics.stages`)."""
+        if self.metrics is not None:
+            self.metrics.stages.add(stage, seconds, count)
+
+    def batch_stages(self, seconds: Mapping[str, float]) -> None:
+        """One grouped batch's per-batch stage times."""
+        if self.metrics is not None:
+            self.metrics.stages.add_many(seconds)
 
     def weight_sync(self, tenant_id: str, seconds: float, version: int) -> None:
         self._emit("system", "inference.weight_sync_s", seconds, tenant_id, version)

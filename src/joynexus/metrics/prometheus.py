@@ -42,6 +42,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from joynexus.metrics.stages import StageMeter
     from joynexus.metrics.usage import UsageMeter
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "EventCounters",
     "EventLike",
     "PrometheusSink",
+    "StageCollector",
     "UsageCollector",
     "metric_kind",
     "prometheus_name",
@@ -277,3 +279,30 @@ class UsageCollector(Collector):
                 family.add_metric([tid], float(getattr(usage, name)))
         yield device
         yield from counts.values()
+
+
+class StageCollector(Collector):
+    """Exposes a :class:`StageMeter` at scrape time as
+    ``<ns>_predict_stage_seconds_total{stage}`` and ``<ns>_predict_stage_events_total{stage}``.
+    """
+
+    def __init__(self, meter: StageMeter, namespace: str = "joynexus") -> None:
+        self._meter = meter
+        self._ns = namespace
+
+    def collect(self) -> Iterator[Metric]:
+        seconds = CounterMetricFamily(
+            f"{self._ns}_predict_stage_seconds",
+            "Seconds spent in each stage of predict calls (see joynexus.metrics.stages)",
+            labels=["stage"],
+        )
+        events = CounterMetricFamily(
+            f"{self._ns}_predict_stage_events",
+            "Requests (per-request stages) or batches (per-batch stages) metered per stage",
+            labels=["stage"],
+        )
+        for stage, (total, count) in sorted(self._meter.snapshot().items()):
+            seconds.add_metric([stage], total)
+            events.add_metric([stage], float(count))
+        yield seconds
+        yield events

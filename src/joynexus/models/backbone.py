@@ -274,10 +274,15 @@ class ResidentBaseModel:
     # -- forward ----------------------------------------------------------------
 
     def canonicalize(
-        self, groups: Sequence[tuple[str, DataSchema, ObservationBatch]]
+        self,
+        groups: Sequence[tuple[str, DataSchema, ObservationBatch]],
+        *,
+        validated: bool = False,
     ) -> VLAFeature:
         """Validate and canonicalize ``(tenant_id, schema, batch)`` groups into one
         left-padded :class:`VLAFeature` on this backbone's device.
+
+        ``validated=True`` skips the schema check of batches the caller already checked.
 
         Raises:
             SchemaMismatchError: A batch does not match its schema, or a schema has
@@ -285,7 +290,9 @@ class ResidentBaseModel:
             InvalidRequestError: No groups, or a tenant appears twice.
         """
         signatures = [self.signature_for(schema) for _, schema, _ in groups]
-        feature = canonicalize(self.processor, self._spec, groups, signatures=signatures)
+        feature = canonicalize(
+            self.processor, self._spec, groups, signatures=signatures, validated=validated
+        )
         inputs = {}
         for key, value in feature.model_inputs.items():
             if value.is_floating_point():

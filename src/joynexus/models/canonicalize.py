@@ -9,7 +9,9 @@ a row's real tokens (and hence its features) do not depend on its batch-mates.
 
 from __future__ import annotations
 
+import threading
 import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +67,33 @@ class CanonicalSpec:
     canonical_image_size: int
 
 
+# Prompts by processor: the chat template is pure in (spec, instruction), and a policy's
+# requests repeat one instruction, so each prompt is rendered once (bounded per processor).
+_PROMPTS: weakref.WeakKeyDictionary[Any, dict[tuple[CanonicalSpec, str], str]] = (
+    weakref.WeakKeyDictionary()
+)
+_PROMPTS_LOCK = threading.Lock()
+_MAX_PROMPTS = 1024
+
+
+def _cached_prompt(processor: Any, spec: CanonicalSpec, instruction: str) -> str:
+    key = (spec, instruction)
+    try:
+        with _PROMPTS_LOCK:
+            cache = _PROMPTS.setdefault(processor, {})
+            hit = cache.get(key)
+    except TypeError:  # a processor that cannot be weakly referenced: no cache
+        return _prompt(processor, spec, instruction)
+    if hit is not None:
+        return hit
+    text = _prompt(processor, spec, instruction)
+    with _PROMPTS_LOCK:
+        if len(cache) >= _MAX_PROMPTS:
+            cache.clear()
+        cache[key] = text
+    return text
+
+
 def _prompt(processor: Any, spec: CanonicalSpec, instruction: str) -> str:
     if spec.arch == "pi0":
         # π0's processor puts each present camera's image tokens and BOS in front itself.
@@ -85,6 +114,7 @@ def canonicalize(
     groups: Sequence[tuple[str, DataSchema, ObservationBatch]],
     *,
     signatures: Sequence[str],
+    validated: bool = False,
 ) -> VLAFeature:
     """Build one :class:`VLAFeature` from ``(tenant_id, schema, batch)`` groups (CPU).
 
@@ -93,6 +123,8 @@ def canonicalize(
         spec: The backbone's canonical prototype.
         groups: One entry per tenant, in the row order wanted.
         signatures: Schema signature of each group (same order), for the slice table.
+        validated: Every batch was already checked against its schema (the Inference
+            Model Service validates a request once, at admission); skip that check.
 
     Raises:
         InvalidRequestError: No groups, or a tenant id appears twice.
@@ -119,7 +151,8 @@ def canonicalize(
                 tenant_id=tenant_id,
                 num_camera_slots=spec.num_camera_slots,
             )
-        batch.validate(schema)
+        if not validated:
+            batch.validate(schema)
 
     size, slots = spec.canonical_image_size, spec.num_camera_slots
     total = sum(b.batch_size for _, _, b in groups)
@@ -130,17 +163,28 @@ def canonicalize(
     state_mask = torch.zeros((total, max_state), dtype=torch.bool)
     texts: list[str] = []
     slices: list[SliceEntry] = []
+    # Cameras of one source shape are resized in one call whatever tenant they belong
+    # to (each image's result depends on that image alone).
+    by_shape: dict[tuple[int, ...], list[tuple[int, int, int, np.ndarray]]] = {}
     row = 0
     for (tenant_id, schema, batch), signature in zip(groups, signatures, strict=True):
         n = batch.batch_size
         for slot, name in enumerate(schema.camera_names):
-            images[row : row + n, slot] = resize_with_pad(batch.cameras[name], size)
+            img = batch.cameras[name]
+            by_shape.setdefault(tuple(img.shape[1:]), []).append((row, n, slot, img))
             camera_mask[row : row + n, slot] = True
         state[row : row + n, : schema.state_dim] = torch.from_numpy(batch.state)
         state_mask[row : row + n, : schema.state_dim] = True
-        texts.extend(_prompt(processor, spec, text) for text in batch.instructions)
+        texts.extend(_cached_prompt(processor, spec, text) for text in batch.instructions)
         slices.append(SliceEntry(tenant_id, signature, row, row + n))
         row += n
+    for parts in by_shape.values():
+        arrays = [img for _, _, _, img in parts]
+        resized = resize_with_pad(arrays[0] if len(arrays) == 1 else np.concatenate(arrays), size)
+        offset = 0
+        for start, n, slot, _ in parts:
+            images[start : start + n, slot] = resized[offset : offset + n]
+            offset += n
 
     nested = [[images[i, s] for s in range(slots)] for i in range(total)]
     if spec.arch == "pi0":

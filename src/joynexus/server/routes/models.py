@@ -15,6 +15,7 @@ once the tenant submitted a workload (task ``custom`` gives a slot and nothing e
 
 from __future__ import annotations
 
+import time
 from contextlib import AbstractContextManager
 from typing import Annotated, Any, Literal
 
@@ -23,10 +24,12 @@ from fastapi import APIRouter, Depends, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from joynexus.errors import JobNotFoundError, PermissionDeniedError, SchemaMismatchError
+from joynexus.metrics.stages import StageMeter
 from joynexus.models.batch import ObservationBatch
 from joynexus.server.futures import FutureRef
 from joynexus.server.names import Name, PathName
 from joynexus.server.ownership import unknown_if_foreign
+from joynexus.server.routes.metrics import METRICS
 from joynexus.server.routes.workloads import master_of
 from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
 from joynexus.server.wire import Tensor, decode_body, respond, tensor_body, tensor_response
@@ -198,17 +201,33 @@ def _f32(value: Any) -> Any:
 )
 async def predict(tenant: OwnSlot, request: Request, state: State) -> Any:
     """``predict``: actions (and log-probs in ``sample`` mode, values with a critic)."""
+    started = time.perf_counter()
     body: PredictIn = await _body(request, state, PredictIn)
+    observations = body.observations.batch()
+    decoded = time.perf_counter()
     result = await master_of(state).predict(
-        tenant, body.observations.batch(), body.policy_version, body.mode
+        tenant, observations, body.policy_version, body.mode
     )
+    answered = time.perf_counter()
     out = PredictOut.model_construct(
         actions=np.asarray(result.actions, dtype=np.float32),
         log_probs=_f32(result.log_probs),
         values=_f32(result.values),
         policy_version=int(result.policy_version),
     )
-    return respond(request, out)
+    response = respond(request, out)
+    stages = _stage_meter(state)
+    if stages is not None:
+        stages.add("http_decode", decoded - started)
+        stages.add("http_encode", time.perf_counter() - answered)
+    return response
+
+
+def _stage_meter(state: ServerState) -> StageMeter | None:
+    """The Metrics Service's predict-stage meter, when this server has one."""
+    metrics = state.services.extras.get(METRICS)
+    stages = getattr(metrics, "stages", None)
+    return stages if isinstance(stages, StageMeter) else None
 
 
 @router.post("/train_batch", response_model=StepOut, openapi_extra=tensor_body(TrainBatchIn))
