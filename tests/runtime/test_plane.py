@@ -250,3 +250,40 @@ def test_training_role_escalates_unless_a_restart_is_given(
             plane.close()
 
     asyncio.run(main())
+
+
+def test_an_inference_copy_has_its_own_backbone_and_lock(
+    tmp_path: Path, base: ResidentBaseModel
+) -> None:
+    """``inference_backbone="copy"``: inference runs on its own resident copy (loaded
+    from the model spec), so holding the training backbone's lock never blocks a
+    predict; published weights serve the same actions as on the shared backbone."""
+    from joynexus.services.tenancy import backbone_lock
+
+    async def main() -> None:
+        shared = _plane(tmp_path / "shared", base, InProcess())
+        plane = build_plane(
+            tmp_path / "copy" / "run",
+            BaseModelSpec(id="tiny:qwen2_5_vl"),
+            config=RuntimeConfig(max_wait_s=0.001, inference_backbone="copy"),
+            base=base,
+        )
+        try:
+            assert isinstance(plane.inference, InferenceModelService)
+            assert isinstance(shared.inference, InferenceModelService)
+            assert shared.inference.base is base
+            assert plane.inference.base is not base
+            assert backbone_lock(plane.inference.base) is not backbone_lock(base)
+            await shared.start()
+            await plane.start()
+            with backbone_lock(base):  # the training role busy on its backbone
+                answers = await asyncio.wait_for(_serve_two_tenants(plane), timeout=60)
+            reference = await _serve_two_tenants(shared)
+            for tid in ("a", "b"):
+                np.testing.assert_allclose(answers[tid].actions, reference[tid].actions, atol=1e-5)
+        finally:
+            for p in (plane, shared):
+                await p.stop()
+                p.close()
+
+    asyncio.run(main())

@@ -1,4 +1,5 @@
-"""``joynexus bench group-batching`` (Figures 10–11), ``figure12`` and ``lora``."""
+"""``joynexus bench group-batching`` (Figures 10–11), ``figure12``, ``lora``, ``serving``
+and ``backbone-lock``."""
 
 from __future__ import annotations
 
@@ -210,6 +211,44 @@ def bench_serving(
         duration_s=duration_s,
         requests=requests,
         size=size,
+        threads=threads,
+        progress=lambda line: console.print(f"[dim]{line}[/dim]"),
+    )
+    print_report(result, console)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=2, sort_keys=True))
+        console.print(f"wrote {json_path}")
+
+
+@bench_app.command("backbone-lock")
+def bench_backbone_lock(
+    size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
+    clients: Annotated[
+        int, typer.Option("--clients", min=1, help="Closed-loop predict clients.")
+    ] = 4,
+    batch: Annotated[int, typer.Option("--batch", min=1, help="Rows of each SFT step.")] = 8,
+    duration_s: Annotated[
+        float, typer.Option("--duration-s", min=0.1, help="Timed mixture per side.")
+    ] = 10.0,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="torch intra-op threads.")
+    ] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
+    ] = None,
+) -> None:
+    """Training and inference on one shared backbone (one lock) vs an inference copy."""
+    from joynexus.bench.backbone_lock import print_report, run_backbone_lock_bench
+    from joynexus.models.tiny import SIZES
+
+    if size not in SIZES:
+        raise typer.BadParameter(f"must be one of {', '.join(SIZES)}", param_hint="--size")
+    result = run_backbone_lock_bench(
+        size=size,
+        clients=clients,
+        batch=batch,
+        duration_s=duration_s,
         threads=threads,
         progress=lambda line: console.print(f"[dim]{line}[/dim]"),
     )

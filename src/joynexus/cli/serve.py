@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -139,6 +139,16 @@ def serve(
             "state) may take; a tenant that does not fit is refused (default: no bound).",
         ),
     ] = None,
+    inference_backbone: Annotated[
+        str,
+        typer.Option(
+            "--inference-backbone",
+            help="'shared': inference runs on the training role's resident backbone and "
+            "the two take turns on it; 'copy': inference gets its own resident copy (one "
+            "more backbone of memory) so training steps never block predicts. See "
+            "docs/RESULTS.md for what each costs.",
+        ),
+    ] = "shared",
     recovery_budget: Annotated[
         int,
         typer.Option(
@@ -230,6 +240,7 @@ def serve(
         tenant_memory_budget_bytes=None
         if tenant_memory_gib is None
         else int(tenant_memory_gib * 2**30),
+        inference_backbone=_inference_backbone(inference_backbone),
     )
     run_dir.mkdir(parents=True, exist_ok=True)
     key_file = admin_key_file or run_dir / "admin.key"
@@ -460,3 +471,13 @@ def cancel(workload: str, url: Url = None, api_key: Key = None) -> None:
     except APIError as exc:
         raise _fail(exc) from None
     console.print(f"{st.workload_id}: {st.state.value}")
+
+
+def _inference_backbone(value: str) -> Literal["shared", "copy"]:
+    if value == "shared":
+        return "shared"
+    if value == "copy":
+        return "copy"
+    raise typer.BadParameter(
+        f"{value!r}: expected 'shared' or 'copy'", param_hint="--inference-backbone"
+    )

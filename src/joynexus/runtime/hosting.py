@@ -26,6 +26,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from joynexus.errors import ConflictError, InvalidRequestError, ServiceUnavailableError
 from joynexus.metrics.events import MetricsService
@@ -88,6 +89,12 @@ class RuntimeConfig:
             adapters, optimizer state) may take; a tenant that does not fit is refused
             (None: no bound).
         env: Environment Service limits.
+        inference_backbone: ``"shared"`` (default): the Inference Model Service runs on
+            the training role's resident backbone, and the two roles take turns on its
+            one lock; ``"copy"``: in-process placements load a second resident copy for
+            inference, with its own lock, so a training step never blocks a predict
+            (the paper's separate services; costs one more backbone of memory). Ray
+            placements always load one per role.
     """
 
     lease_ttl_s: float = 120.0
@@ -102,6 +109,7 @@ class RuntimeConfig:
     queue_memory_cap_bytes: int | None = None
     tenant_memory_budget_bytes: int | None = None
     env: EnvironmentServiceConfig = field(default_factory=EnvironmentServiceConfig)
+    inference_backbone: Literal["shared", "copy"] = "shared"
 
 
 @dataclass
@@ -110,6 +118,8 @@ class PlaneSettings:
 
     ``base_model`` is the spec the resident backbone was loaded from: a placement
     whose services live in other processes (Ray) has each of them load it there.
+    ``inference_base`` is the inference role's own resident copy
+    (``RuntimeConfig.inference_backbone == "copy"``); None: it shares the plane's.
     """
 
     run_dir: Path
@@ -118,6 +128,7 @@ class PlaneSettings:
     metrics: MetricsService | None = None
     usage: UsageMeter | None = None
     base_model: BaseModelSpec | None = None
+    inference_base: ResidentBaseModel | None = None
 
 
 def new_environment(s: PlaneSettings) -> EnvironmentService:
@@ -146,9 +157,10 @@ def new_inference(
     env: EnvironmentService,
     queue: TrainingQueue,
 ) -> InferenceModelService:
-    """An Inference Model Service (one rollout engine) in this process, not started."""
+    """An Inference Model Service (one rollout engine) in this process, not started;
+    on the settings' own inference copy of the backbone when there is one."""
     return InferenceModelService(
-        base,
+        s.inference_base if s.inference_base is not None else base,
         env,
         queue,
         max_batch_size=s.config.max_batch_size,

@@ -258,11 +258,22 @@ def build_plane(
         base = load_base_model(base_model, run_dir / "models")
     if metrics is None and usage is None:
         metrics, usage = new_monitoring(run_dir, clk)
+    inference_base = None
+    if cfg.inference_backbone == "copy" and isinstance(placement, InProcess | EnginePoolPlacement):
+        # The inference role's own resident copy: loaded as a separate process would.
+        inference_base = load_base_model(base_model, run_dir / "models")
     scheduler = open_scheduler(run_dir, cfg, clk, keep_in_flight=keep_in_flight)
     try:
-        hosting = placement.place(
-            PlaneSettings(run_dir, cfg, clk, metrics, usage, base_model=base_model), base
+        settings = PlaneSettings(
+            run_dir,
+            cfg,
+            clk,
+            metrics,
+            usage,
+            base_model=base_model,
+            inference_base=inference_base,
         )
+        hosting = placement.place(settings, base)
     except BaseException:
         scheduler.close()
         raise
