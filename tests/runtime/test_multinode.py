@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from joynexus.master.run import LocalRun
@@ -138,3 +139,48 @@ def test_a_strict_spread_that_does_not_fit_is_refused_with_the_reason(
             strategy="STRICT_SPREAD",
             role_resources={"actor": "rollout", "inference": "rollout"},
         )
+
+
+def test_a_two_rank_training_role_trains_what_one_process_trains(
+    multinode_cluster: LocalCluster, tmp_path: Path, tiny_model: str
+) -> None:
+    from joynexus.control.job import TaskType
+    from joynexus.queues.training import TrainingQueue
+    from joynexus.runtime.plane import build_plane
+    from joynexus.runtime.ranks import DataParallelRole
+    from joynexus.services.training import TrainingModelService
+    from joynexus.spec.workload import BaseModelSpec
+    from tests.services.test_training_service import config, make_job, put_rl, put_sft
+
+    async def train(svc: Any, queue: Any, out: Path) -> dict[str, list[float]]:
+        sig = (await svc.add_tenant(config("s", out))).schema_signature
+        await svc.add_tenant(config("r", out, algo="grpo", mb=3))
+        put_sft(queue, "ps", "s", sig, 8)
+        put_rl(queue, "pr", "r", sig, 9)
+        jobs = [
+            make_job("s", "ps", 8, sig, job_id="js"),
+            make_job("r", "pr", 9, sig, TaskType.RL, "jr"),
+        ]
+        results = await svc.train_jobs_isolated(jobs)
+        return {r.tenant_id: r.losses for r in results}  # type: ignore[union-attr]
+
+    plane = build_plane(
+        tmp_path / "run",
+        BaseModelSpec(id=tiny_model),
+        placement=RayPlacement(layout="cpu", role_resources=MULTINODE_ROLES, training_ranks=2),
+    )
+    try:
+        assert isinstance(plane.training, DataParallelRole) and plane.training.world_size == 2
+        assert isinstance(plane.hosting, RayHosting)
+        nodes = plane.hosting.role_nodes()
+        assert nodes["training"] == nodes["training/1"] == multinode_cluster.worker_ids()[0]
+        ranked = asyncio.run(train(plane.training, plane.queue, tmp_path))
+        local = TrainingModelService(plane.base, TrainingQueue(), output_dir=tmp_path / "one")
+        alone = asyncio.run(train(local, local.queue, tmp_path / "one"))
+    finally:
+        asyncio.run(plane.stop())
+        plane.close()
+    assert set(ranked) == {"s", "r"}
+    for tenant in ("s", "r"):
+        assert len(ranked[tenant]) == len(alone[tenant]) >= 2
+        np.testing.assert_allclose(ranked[tenant], alone[tenant], rtol=1e-5, atol=1e-7)

@@ -43,16 +43,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from joynexus.errors import ServiceUnavailableError
+from joynexus.errors import ServiceUnavailableError, SpecError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.queues.ray_storage import RayObjectStorePartitionStorage
 from joynexus.queues.training import TrainingQueue
 from joynexus.runtime.hosting import Hosting, Placement, PlaneSettings, Probe, check_engines
 from joynexus.runtime.placement import Layout, ReservedGroup, Role, Strategy, build_placement
+from joynexus.runtime.ranks import DataParallelRole
 from joynexus.runtime.ray_proxy import ActorProxy, await_ref
 from joynexus.runtime.scaling import AutoscalePolicy, EngineHandle, EnginePool
+from joynexus.services.data_parallel import DataParallelTrainingService, RankGroup
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService
+from joynexus.services.protocols import TrainingModelServiceAPI
 from joynexus.services.training import TrainingModelService
 from joynexus.spec.workload import BaseModelSpec
 from joynexus.utils.clock import SystemClock
@@ -120,6 +123,18 @@ def node_of(proxy: ActorProxy[Any]) -> str:
     return str(ray.get(proxy.actor.__ray_call__.remote(_where)))
 
 
+def _rendezvous() -> tuple[str, int]:
+    """A free TCP port on this node, for rank 0's process-group rendezvous."""
+    import socket
+
+    import ray
+
+    host = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]  # untyped in ray
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return host, int(sock.getsockname()[1])
+
+
 def _running(svc: Any) -> bool:
     return bool(svc.inference_queue.running)
 
@@ -172,7 +187,8 @@ class RayHosting(Hosting):
         *,
         queue: ActorProxy[TrainingQueue],
         env: ActorProxy[EnvironmentService],
-        training: ActorProxy[TrainingModelService],
+        training: TrainingModelServiceAPI,
+        training_ranks: list[ActorProxy[TrainingModelService]],
         pool: EnginePool,
         engines: int,
         autoscale: AutoscalePolicy | None,
@@ -187,7 +203,7 @@ class RayHosting(Hosting):
             autoscale=autoscale,
         )
         self.reserved = reserved
-        self.training_proxy = training
+        self.training_ranks = training_ranks
         self.queue_proxy = queue
 
     @property
@@ -197,7 +213,8 @@ class RayHosting(Hosting):
 
     def probes(self) -> dict[str, Probe]:
         async def training() -> None:
-            await await_ref(self.training_proxy.actor.__ray_call__.remote(_alive))
+            for rank in self.training_ranks:
+                await await_ref(rank.actor.__ray_call__.remote(_alive))
 
         async def training_queue() -> None:
             await await_ref(self.queue_proxy.actor.__ray_call__.remote(_alive))
@@ -205,10 +222,12 @@ class RayHosting(Hosting):
         return {"training": training, "training_queue": training_queue}
 
     def role_nodes(self) -> dict[str, str]:
-        """Node id of every actor: ``training``, ``environment``, ``training_queue`` and
+        """Node id of every actor: ``training`` (rank 0; ``training/<rank>`` for the
+        others of a data-parallel role), ``environment``, ``training_queue`` and
         ``inference/<engine id>``."""
         out = {
-            "training": node_of(self.training_proxy),
+            "training": node_of(self.training_ranks[0]),
+            **{f"training/{i}": node_of(r) for i, r in enumerate(self.training_ranks) if i},
             "environment": node_of(self.env),  # type: ignore[arg-type]  # an ActorProxy
             "training_queue": node_of(self.queue_proxy),
         }
@@ -253,6 +272,9 @@ class RayPlacement(Placement):
             role per node, or the group is not placed).
         role_resources: A custom node resource per role: the role's bundle asks for
             a sliver of it, so it is placed only on nodes that advertise it.
+        training_ranks: Data-parallel ranks of the training role (1: one Training
+            Model Service); the ranks share the actor bundle and its GPUs, one GPU
+            or more each.
 
     Raises:
         SpecError: an unknown layout.
@@ -268,9 +290,19 @@ class RayPlacement(Placement):
     autoscale: AutoscalePolicy | None = None
     strategy: Strategy = "PACK"
     role_resources: Mapping[Role, str] | None = None
+    training_ranks: int = 1
 
     def __post_init__(self) -> None:
-        check_engines(self.engines, self.resolved_layout().engines)
+        layout = self.resolved_layout()
+        check_engines(self.engines, layout.engines)
+        if self.training_ranks < 1 or (
+            layout.actor_gpus > 0 and layout.actor_gpus / self.training_ranks < 1
+        ):
+            raise SpecError(
+                f"training_ranks={self.training_ranks}: expected at least 1, and at most "
+                f"one rank per actor GPU (layout {layout} has {layout.actor_gpus:g})",
+                field="training_ranks",
+            )
 
     def resolved_layout(self) -> Layout:
         """The layout, with ``max_engines`` applied."""
@@ -330,19 +362,9 @@ class RayPlacement(Placement):
         )
         reserved.actors.append(env_handle)
         env = ActorProxy(env_handle, EnvironmentService)
-        training_handle = (
-            ray.remote(_on_node(TrainingModelService))
-            .options(max_concurrency=64, **group.actor_options("actor"))
-            .remote(
-                source,
-                queue,
-                output_dir=settings.run_dir / "outputs",
-                clock=SystemClock(),
-                tenant_memory_budget=cfg.tenant_memory_budget_bytes,
-            )
-        )
-        reserved.actors.append(training_handle)
-        training = ActorProxy(training_handle, TrainingModelService)
+        ranks = self._training_ranks(group, source, queue, settings)
+        reserved.actors.extend(rank.actor for rank in ranks)
+        training: TrainingModelServiceAPI = ranks[0] if len(ranks) == 1 else DataParallelRole(ranks)
 
         async def make_engine(slot: int) -> EngineHandle:
             handle: Any = (
@@ -384,10 +406,51 @@ class RayPlacement(Placement):
             queue=queue,
             env=env,
             training=training,
+            training_ranks=ranks,
             pool=pool,
             engines=self.engines,
             autoscale=self.autoscale,
         )
+
+    def _training_ranks(
+        self,
+        group: ReservedGroup,
+        source: BaseModelSource,
+        queue: ActorProxy[TrainingQueue],
+        settings: PlaneSettings,
+    ) -> list[ActorProxy[TrainingModelService]]:
+        """The training role's actors in the actor bundle: one Training Model Service,
+        or ``training_ranks`` data-parallel ranks sharing the bundle's GPUs (one
+        process group, rendezvous on rank 0's node)."""
+        import ray
+
+        k = self.training_ranks
+        options = group.actor_options("actor")
+        kwargs: dict[str, Any] = {
+            "output_dir": settings.run_dir / "outputs",
+            "clock": SystemClock(),
+            "tenant_memory_budget": settings.config.tenant_memory_budget_bytes,
+        }
+        if k == 1:
+            handle = (
+                ray.remote(_on_node(TrainingModelService))
+                .options(max_concurrency=64, **options)
+                .remote(source, queue, **kwargs)
+            )
+            return [ActorProxy(handle, TrainingModelService)]
+        if "num_gpus" in options:
+            options["num_gpus"] = options["num_gpus"] / k
+        host, port = ray.get(ray.remote(_rendezvous).options(**{**options, "num_gpus": 0}).remote())
+        ranks: list[ActorProxy[TrainingModelService]] = []
+        for rank in range(k):
+            group_of_rank = RankGroup(rank, k, f"tcp://{host}:{port}")
+            handle = (
+                ray.remote(_on_node(DataParallelTrainingService))
+                .options(max_concurrency=64, **options)
+                .remote(source, queue, ranks=group_of_rank, **kwargs)
+            )
+            ranks.append(ActorProxy(handle, TrainingModelService))
+        return ranks
 
 
 def _spec_of(base: ResidentBaseModel) -> BaseModelSpec:
