@@ -172,14 +172,14 @@ def test_flow_matching_sampling_is_seeded_and_uses_n_steps() -> None:
     assert torch.equal(a, head.predict(f, state, generator=_gen(5)))
     assert not torch.equal(a, head.predict(f, state, generator=_gen(6)))
     calls = 0
-    original = head.velocity
+    original = head.conditioned_velocity  # one call per Euler step
 
     def counting(*args: object, **kwargs: object) -> torch.Tensor:
         nonlocal calls
         calls += 1
         return original(*args, **kwargs)  # type: ignore[arg-type]
 
-    head.velocity = counting  # type: ignore[method-assign]
+    head.conditioned_velocity = counting  # type: ignore[method-assign]
     head.predict(f, state, generator=_gen(5))
     assert calls == 3
     head.predict(f, state, generator=_gen(5), num_steps=7)

@@ -123,12 +123,16 @@ def test_value_head_and_sampling(base: ResidentBaseModel) -> None:
     state, _ = _batch(slot, b=3)
     values = slot.value(f, state)
     assert values is not None and values.shape == (3,)
-    actions, logp = slot.sample(f, state, generator=torch.Generator().manual_seed(0))
+    actions, logp, chain = slot.sample(f, state, generator=torch.Generator().manual_seed(0))
     assert actions.shape == (3, 8, 7) and logp is not None and logp.shape == (3,)
+    assert chain is None  # a Gaussian head's sample is its own record
     fm = TenantSlot("fm", LIBERO, base, FM)
     assert fm.value(f, state) is None
-    fm_actions, fm_logp = fm.sample(f, state)
-    assert fm_actions.shape == (3, 8, 7) and fm_logp is None
+    fm_actions, fm_logp, fm_chain = fm.sample(f, state)
+    steps = FM.num_inference_steps
+    assert fm_actions.shape == (3, 8, 7) and fm_logp is not None and fm_logp.shape == (3,)
+    assert fm_chain is not None and fm_chain.shape == (3, steps + 1, 8, 7)
+    assert torch.equal(fm_chain[:, -1], fm_actions)
 
 
 @pytest.mark.parametrize("bad", ["", "../x", "a/b", ".hidden", "a..b", "x" * 200, "sp ace"])

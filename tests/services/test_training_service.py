@@ -195,20 +195,47 @@ def test_critic_free_rl_variants_update_the_policy(
     asyncio.run(main())
 
 
-def test_flow_matching_heads_train_sft_but_refuse_rl(
+def test_flow_matching_heads_train_sft_and_rl_from_recorded_chains(
     base: ResidentBaseModel, tmp_path: Path
 ) -> None:
     async def main() -> None:
         svc = service(base, tmp_path)
         info = await svc.add_tenant(config("fm", tmp_path, head=FM))
-        await svc.add_tenant(config("fmrl", tmp_path, head=FM, algo="ppo"))
+        await svc.add_tenant(config("fmrl", tmp_path, head=FM, algo="ppo", value_head=True))
         sig = info.schema_signature
         put_sft(svc.queue, "p", "fm", sig, 4)
         assert (await svc.train_job(make_job("fm", "p", 4, sig))).policy_version == 1
+        # RL samples as a rollout writes them: the behaviour policy's own chains.
+        slot = svc.slot("fmrl")
+        batch = ObservationBatch.synthetic(SCHEMA, 4, seed=0)
+        features = svc._executor.shared_forward({"fmrl": batch})["fmrl"]
+        drawn = slot.sample(
+            features, torch.from_numpy(batch.state), generator=torch.Generator().manual_seed(0)
+        )
+        assert drawn.log_probs is not None and drawn.chain is not None
         put_rl(svc.queue, "r", "fmrl", sig, 4)
-        with pytest.raises(InvalidRequestError, match="Gaussian 'oft'"):
-            await svc.train_job(make_job("fmrl", "r", 4, sig, TaskType.RL))
-        assert svc.policy_version("fmrl") == 0
+        meta = svc.queue.get_meta("r", ["actions"], 4, "overwrite")
+        svc.queue.put(
+            {
+                "actions": drawn.actions.numpy(),
+                "log_probs": drawn.log_probs.numpy(),
+                "flow_chain": drawn.chain.numpy(),
+            },
+            meta,
+        )
+        job = make_job("fmrl", "r", 4, sig, TaskType.RL)
+        # The actor's recomputation at the behaviour weights: importance ratio 1.
+        await svc.actor_forward(job)
+        got = svc.queue.get_data(svc.queue.get_meta("r", ["actor_log_probs"], 4, "check"))
+        ratio = np.exp(np.asarray(got["actor_log_probs"]) - drawn.log_probs.numpy())
+        np.testing.assert_allclose(ratio, 1.0, atol=1e-4)
+        res = await svc.train_job(job)
+        assert res.policy_version == 1 and "value_loss" in res.metrics
+        # Samples without their chains cannot be trained on a flow head.
+        put_rl(svc.queue, "bare", "fmrl", sig, 4)
+        with pytest.raises(InvalidRequestError, match="flow_chain"):
+            await svc.train_job(make_job("fmrl", "bare", 4, sig, TaskType.RL, job_id="job-2"))
+        assert svc.policy_version("fmrl") == 1
 
     asyncio.run(main())
 

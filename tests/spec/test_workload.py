@@ -32,7 +32,17 @@ def test_rl_spec_defaults_and_value_head() -> None:
     [
         ({"env": None}, "needs an 'env'"),
         ({"algorithm": {"name": "sft"}}, "algorithm.name in"),
-        ({"action_module": {"type": "flow_matching"}}, "flow_matching"),
+        (
+            {"action_module": {"type": "flow_matching", "num_inference_steps": 65}},
+            "num_inference_steps must be <= 64 for rl",
+        ),
+        (
+            {
+                "action_module": {"type": "flow_matching"},
+                "algorithm": {"name": "ppo", "entropy_coef": 0.01},
+            },
+            "entropy_coef must be 0 with a 'flow_matching' head",
+        ),
         ({"tenant": "../etc"}, "tenant"),
         ({"schema": "nonexistent"}, "presets"),
         ({"colour": "blue"}, "colour"),
@@ -42,6 +52,18 @@ def test_rl_spec_defaults_and_value_head() -> None:
 def test_bad_specs_say_what_is_wrong(over: dict[str, object], message: str) -> None:
     with pytest.raises(SpecError, match=message.replace("(", r"\(")):
         parse_spec(rl_spec(**over))
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "grpo", "reinforce"])
+def test_rl_on_flow_matching_heads_is_accepted(algorithm: str) -> None:
+    spec = parse_spec(
+        rl_spec(
+            action_module={"type": "flow_matching", "num_inference_steps": 64},
+            algorithm={"name": algorithm, "horizon": 16},
+        )
+    )
+    assert spec.action_module.type == "flow_matching"
+    assert spec.uses_value_head == (algorithm == "ppo")  # the critic is PPO's, any head
 
 
 def test_sft_and_eval_rules() -> None:

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from joynexus.cli.app import app
-from joynexus.errors import JoyNexusError
+from joynexus.errors import DatasetError, JoyNexusError
 
 console = Console()
 
@@ -47,14 +47,26 @@ def record(
         bool,
         typer.Option(
             "--allow-failures",
-            help="Keep the recording even when the expert succeeded in no episode.",
+            help="Keep the recording even when the expert succeeded in no episode "
+            "(implies --keep-failures).",
+        ),
+    ] = False,
+    keep_failures: Annotated[
+        bool,
+        typer.Option(
+            "--keep-failures",
+            help="Also write the episodes in which the expert failed (default: only "
+            "successful demonstrations).",
         ),
     ] = False,
 ) -> None:
     """Record scripted expert demonstrations into a LeRobot v3.0 dataset.
 
-    Exits 1 and deletes the recording when the expert succeeded in none of the episodes
-    (demonstrations that never succeed teach nothing), unless ``--allow-failures``.
+    Writes the episodes in which the expert succeeded (all of them with
+    ``--keep-failures``; episode k always resets with seed + k) and prints the expert's
+    success rate. Exits 1 and writes nothing when the expert succeeded in none of the
+    episodes (demonstrations that never succeed teach nothing), unless
+    ``--allow-failures``.
     """
 
     from joynexus.data.record import record_episodes, refuse_failed_expert
@@ -76,12 +88,17 @@ def record(
             use_videos=videos,
             repo_id=repo_id,
             on_episode=report,
+            keep_failures=keep_failures or allow_failures,
         )
+    except DatasetError as exc:  # no episode succeeded: nothing was written
+        console.print(f"[red]error:[/red] {exc.message}; or pass --allow-failures")
+        raise typer.Exit(code=1) from None
     except JoyNexusError as exc:
         console.print(f"[red]error:[/red] {exc.message}")
         raise typer.Exit(code=2) from exc
     rate = (
-        f"success rate {summary.success_rate:.0%} ({summary.successes}/{summary.episodes} episodes)"
+        f"expert success rate {summary.success_rate:.0%} "
+        f"({summary.successes}/{summary.episodes} episodes)"
     )
     if not allow_failures:
         try:
@@ -89,9 +106,7 @@ def record(
         except JoyNexusError as exc:
             console.print(f"[red]error:[/red] {exc.message} ({rate}); or pass --allow-failures")
             raise typer.Exit(code=1) from None
-    console.print(
-        f"wrote {summary.root}: {summary.episodes} episodes, {summary.frames} frames, {rate}"
-    )
+    console.print(f"wrote {summary.root}: {summary.kept} episodes, {summary.frames} frames; {rate}")
     if summary.successes == 0:
         console.print(
             "[yellow]warning:[/yellow] the expert never succeeded: these episodes are "

@@ -433,6 +433,9 @@ class PushTScriptedPolicy:
         return best
 
 
+_METAWORLD_FULL_STATE = 39
+
+
 class MetaWorldScriptedPolicy:
     """MetaWorld's shipped expert for ``task`` (``metaworld.policies.ENV_POLICY_MAP``),
     applied to each sub-env's 39-D state."""
@@ -453,6 +456,11 @@ class MetaWorldScriptedPolicy:
         """MetaWorld experts are stateless."""
 
     def act(self, env: EnvAdapter, obs: EnvObservation) -> np.ndarray:
+        if obs.state.shape[1] != _METAWORLD_FULL_STATE:
+            raise SpecError(
+                "MetaWorld's scripted expert reads the full 39-D observation; record with "
+                "observation.state 'default' or 'privileged'"
+            )
         rows = [self._policy.get_action(np.asarray(s, dtype=np.float64)) for s in obs.state]
         return np.clip(np.asarray(rows, dtype=np.float32), -1.0, 1.0)
 
@@ -507,12 +515,25 @@ def dataset_features(schema: DataSchema, *, use_videos: bool = True) -> dict[str
 
 @dataclass(frozen=True)
 class RecordSummary:
-    """What :func:`record_episodes` wrote."""
+    """What :func:`record_episodes` wrote.
+
+    Attributes:
+        root: The dataset directory.
+        episodes: Episodes the expert ran (seeds ``seed .. seed + episodes - 1``).
+        frames: Frames written.
+        successes: Episodes in which the expert succeeded.
+        kept: Episodes written (all of them, or the successful ones only).
+    """
 
     root: Path
     episodes: int
     frames: int
     successes: int
+    kept: int = -1
+
+    def __post_init__(self) -> None:
+        if self.kept < 0:  # every episode was written
+            object.__setattr__(self, "kept", self.episodes)
 
     @property
     def success_rate(self) -> float:
@@ -530,6 +551,7 @@ def record_episodes(
     use_videos: bool = True,
     repo_id: str | None = None,
     on_episode: Callable[[int, int, bool], None] | None = None,
+    keep_failures: bool = True,
 ) -> RecordSummary:
     """Roll out the expert for ``episodes`` episodes and write them to ``out``.
 
@@ -544,9 +566,14 @@ def record_episodes(
         use_videos: Cameras as mp4 videos (else PNG images in parquet).
         repo_id: Dataset id for ``info.json`` (default ``local/<kind>_scripted``).
         on_episode: Called as ``(episode_index, length, success)`` after each episode.
+        keep_failures: Also write the episodes in which the expert did not succeed
+            (False: only successful ones; the episode index counts attempts, so the
+            seeds stay ``seed + k``).
 
     Raises:
         SpecError: unknown policy or env kind without an expert.
+        DatasetError: ``keep_failures`` is False and no episode succeeded (nothing is
+            written).
     """
     if policy != "scripted":
         raise SpecError(f"unknown policy {policy!r}; only 'scripted' is available")
@@ -557,7 +584,7 @@ def record_episodes(
     expert = make_scripted_policy(spec)
     env = make_env(spec)
     schema = env.schema
-    frames = successes = 0
+    frames = successes = kept = 0
     writer = LeRobotDatasetWriter.create(
         out,
         repo_id=repo_id or f"local/{spec.kind}_scripted",
@@ -592,14 +619,26 @@ def record_episodes(
                     if done:
                         break
                 length = writer.episode_buffer_size
-                writer.save_episode()
-                frames += length
+                if success or keep_failures:
+                    writer.save_episode()
+                    frames += length
+                    kept += 1
+                else:  # a failed attempt is no demonstration
+                    writer.clear_episode_buffer()
                 successes += int(success)
                 if on_episode is not None:
                     on_episode(ep, length, success)
+            if kept == 0:
+                raise DatasetError(
+                    f"the {policy} expert succeeded in none of the {episodes} episodes, so "
+                    f"nothing was written to {out}; give the episodes more steps (env "
+                    "max_episode_steps) or keep failures"
+                )
     finally:
         env.close()
-    return RecordSummary(root=Path(out), episodes=episodes, frames=frames, successes=successes)
+    return RecordSummary(
+        root=Path(out), episodes=episodes, frames=frames, successes=successes, kept=kept
+    )
 
 
 def refuse_failed_expert(summary: RecordSummary, expert: str = "scripted") -> None:
@@ -625,8 +664,13 @@ def record_missing_dataset(
 ) -> RecordSummary:
     """Record ``spec.dataset.record_episodes`` expert episodes into the missing dataset.
 
-    A recording in which the expert never succeeded is kept (the workload asked for
-    it) but logged as a warning; callers show :attr:`RecordSummary.success_rate`.
+    With ``dataset.record_failures`` (the default) every episode is written, and a
+    recording in which the expert never succeeded is kept (the workload asked for it)
+    but logged as a warning; without it only successful episodes are written.
+    Callers show :attr:`RecordSummary.success_rate`.
+
+    Raises:
+        DatasetError: ``record_failures`` is off and the expert never succeeded.
 
     Returns:
         What was recorded (``root`` is ``spec.dataset.path``).
@@ -638,6 +682,7 @@ def record_missing_dataset(
         episodes=spec.dataset.record_episodes,
         seed=spec.seed,
         on_episode=on_episode,
+        keep_failures=spec.dataset.record_failures,
     )
     if summary.successes == 0:
         log.warning(

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -41,9 +41,29 @@ __all__ = [
     "EnvObservation",
     "EnvSpec",
     "EnvStep",
+    "ObservationSpec",
     "check_actions",
     "stack_observations",
 ]
+
+
+class ObservationSpec(BaseModel):
+    """What a session observes, where the simulator offers a choice (docs/OBSERVATIONS.md).
+
+    Args:
+        images: Render the cameras (default). ``False``: the simulator renders nothing
+            and every camera of the schema carries a constant black frame (the backbone
+            keeps its image slot), so a policy learns from ``state`` at a fraction of
+            the cost; kinds that cannot skip rendering refuse it.
+        state: ``default`` (the kind's usual state), ``proprio`` (the robot's own
+            state only) or ``privileged`` (the robot's state plus the simulator's object
+            state: ManiSkill3's ``state`` observation, MetaWorld's full observation).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    images: bool = True
+    state: Literal["default", "proprio", "privileged"] = "default"
 
 
 class EnvSpec(BaseModel):
@@ -60,6 +80,7 @@ class EnvSpec(BaseModel):
         max_episode_steps: Truncate episodes after this many steps; ``None`` keeps the
             simulator's own limit.
         options: Kind-specific settings (remote: ``url``; see each adapter's docs).
+        observation: Images and which state, where the kind offers a choice.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -71,6 +92,7 @@ class EnvSpec(BaseModel):
     fast_render: bool = True
     max_episode_steps: int | None = Field(default=None, gt=0, le=10_000_000)
     options: dict[str, Any] = Field(default_factory=dict)
+    observation: ObservationSpec = Field(default_factory=ObservationSpec)
 
 
 @dataclass

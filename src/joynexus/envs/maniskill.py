@@ -21,6 +21,13 @@ Options:
 
 ``fast_render`` (default on) uses ManiSkill's ``minimal`` shader for the cameras; off
 uses the ``default`` shader pack (lighting and shadows; ~15 % slower on software Vulkan).
+
+Observation choices (``EnvSpec.observation``): ``state`` ``default`` is the above,
+``proprio`` the Panda's joints only (18), ``privileged`` ManiSkill's ``state``
+observation (joints plus every extra, the objects' poses included: PickCube 42,
+PushCube 35, PullCube 35, StackCube 48). ``images: false`` renders nothing (the
+simulator runs with ``obs_mode="state_dict"``; a black frame fills each camera), about
+5× cheaper per step on a CPU; ``privileged`` needs it.
 """
 
 from __future__ import annotations
@@ -55,22 +62,43 @@ _OPTIONS = {"control_mode", "reward_mode"}
 
 @dataclass(frozen=True)
 class ManiSkillTask:
-    """A supported ManiSkill task: its cameras, extra-state size and instruction."""
+    """A supported ManiSkill task: its cameras, extra state and instruction.
+
+    Attributes:
+        extra_keys: The extra observations ManiSkill gives with ``obs_mode="rgb"``
+            (the ``default`` state), in its order.
+        extra_dim: Their total size.
+        privileged_extra_dim: The size of every extra of ``obs_mode="state_dict"``.
+    """
 
     cameras: tuple[str, ...]
+    extra_keys: tuple[str, ...]
     extra_dim: int
+    privileged_extra_dim: int
     instruction: str
 
 
-# Extra-state sizes as ManiSkill 3.0 reports them with obs_mode="rgb" (a test checks them).
+# Extra-state sizes as ManiSkill 3.0 reports them (a test checks them).
 TASKS: dict[str, ManiSkillTask] = {
     "PickCube-v1": ManiSkillTask(
-        ("base_camera",), 11, "pick up the red cube and move it to the goal position"
+        ("base_camera",),
+        ("is_grasped", "tcp_pose", "goal_pos"),
+        11,
+        24,
+        "pick up the red cube and move it to the goal position",
     ),
-    "PushCube-v1": ManiSkillTask(("base_camera",), 7, "push the cube onto the target"),
-    "PullCube-v1": ManiSkillTask(("base_camera",), 10, "pull the cube onto the target"),
+    "PushCube-v1": ManiSkillTask(
+        ("base_camera",), ("tcp_pose",), 7, 17, "push the cube onto the target"
+    ),
+    "PullCube-v1": ManiSkillTask(
+        ("base_camera",), ("tcp_pose", "goal_pos"), 10, 17, "pull the cube onto the target"
+    ),
     "StackCube-v1": ManiSkillTask(
-        ("base_camera", "hand_camera"), 7, "stack the red cube on top of the green cube"
+        ("base_camera", "hand_camera"),
+        ("tcp_pose",),
+        7,
+        30,
+        "stack the red cube on top of the green cube",
     ),
 }
 CONTROL_MODES: dict[str, int] = {
@@ -115,12 +143,25 @@ def maniskill_schema(spec: EnvSpec) -> DataSchema:
     return DataSchema(
         name=f"maniskill-{name.lower()}",
         cameras={cam: CameraSpec(height=size, width=size) for cam in task.cameras},
-        state_dim=_AGENT_STATE_DIM + task.extra_dim,
+        state_dim=_AGENT_STATE_DIM + _extra_dim(spec, task),
         action_dim=CONTROL_MODES[control_mode],
         action_chunk=8,
         fps=20.0,
         instruction=task.instruction,
     )
+
+
+def _extra_dim(spec: EnvSpec, task: ManiSkillTask) -> int:
+    choice = spec.observation.state
+    if choice == "privileged" and spec.observation.images:
+        raise SpecError(
+            "maniskill observation.state 'privileged' is ManiSkill's state observation, "
+            "which renders no camera: set observation.images to false",
+            field="env.observation",
+        )
+    if choice == "proprio":
+        return 0
+    return task.privileged_extra_dim if choice == "privileged" else task.extra_dim
 
 
 def _flatten(tree: Any) -> list[np.ndarray]:
@@ -144,32 +185,45 @@ class _ManiSkillSingle:
         self.cameras = task.cameras
         self.size = schema.cameras[task.cameras[0]].height
         self.state_dim = schema.state_dim
+        self.images = spec.observation.images
+        # Which extras the state holds: none (proprio), the rgb-mode ones, or all.
+        choice = spec.observation.state
+        self.extra_keys: tuple[str, ...] | None = (
+            () if choice == "proprio" else None if choice == "privileged" else task.extra_keys
+        )
         kwargs: dict[str, Any] = {}
         if spec.max_episode_steps is not None:
             kwargs["max_episode_steps"] = spec.max_episode_steps
+        if self.images:
+            kwargs["sensor_configs"] = {
+                "width": self.size,
+                "height": self.size,
+                "shader_pack": "minimal" if spec.fast_render else "default",
+            }
         self.env: Any = gym.make(
             name,
-            obs_mode="rgb",
+            obs_mode="rgb" if self.images else "state_dict",
             num_envs=1,
             sim_backend="cpu",
             render_backend="cpu",
             control_mode=control_mode,
             reward_mode=reward_mode,
-            sensor_configs={
-                "width": self.size,
-                "height": self.size,
-                "shader_pack": "minimal" if spec.fast_render else "default",
-            },
             **kwargs,
         )
 
     def _obs(self, raw: dict[str, Any]) -> SingleObservation:
         cameras = {}
         for cam in self.cameras:
+            if not self.images:  # nothing rendered: the camera slot carries a constant frame
+                cameras[cam] = np.zeros((self.size, self.size, 3), np.uint8)
+                continue
             rgb = raw["sensor_data"][cam]["rgb"]
             frame = np.asarray(rgb.cpu().numpy() if hasattr(rgb, "cpu") else rgb)[0]
             cameras[cam] = resize_image(frame[..., :3].astype(np.uint8), self.size, self.size)
-        state = np.concatenate(_flatten(raw["agent"]) + _flatten(raw.get("extra", {})), axis=1)[0]
+        extra = raw.get("extra", {})
+        if self.extra_keys is not None:
+            extra = {k: extra[k] for k in self.extra_keys}
+        state = np.concatenate(_flatten(raw["agent"]) + _flatten(extra), axis=1)[0]
         if state.shape[0] != self.state_dim:
             raise SpecError(
                 f"ManiSkill returned a state of {state.shape[0]} values, expected "
@@ -219,4 +273,6 @@ register_env(
     schema="joynexus.envs.maniskill:maniskill_schema",
     description="ManiSkill3 tabletop tasks (PickCube-v1, PushCube-v1, ...) on the CPU backend",
     requires=["mani_skill", "sapien", "gymnasium"],
+    states=("default", "proprio", "privileged"),
+    images_optional=True,
 )

@@ -11,6 +11,11 @@ goal variations each sub-env starts with from ``s`` (MetaWorld ignores gym seeds
 
 Options: ``camera`` (default ``"corner"``; also ``corner2``, ``corner3``, ``topview``,
 ``behindGripper``, ``gripperPOV``), ``terminate_on_success`` (default true).
+
+Observation choices (``EnvSpec.observation``): ``state`` ``default`` / ``privileged``
+is the full 39-D observation (it holds the objects' poses and the goal), ``proprio``
+the hand position and gripper opening (4); ``images: false`` renders nothing (a black
+frame fills the camera), which makes a step ~50× cheaper on a CPU.
 """
 
 from __future__ import annotations
@@ -53,18 +58,24 @@ def _task(spec: EnvSpec) -> str:
     return spec.task
 
 
+#: The robot's own part of MetaWorld's observation: hand xyz and gripper opening.
+_PROPRIO_DIM = 4
+
+
 def metaworld_schema(spec: EnvSpec) -> DataSchema:
-    """The MetaWorld schema: one camera at ``spec.image_size`` (default 224), state 39."""
+    """The MetaWorld schema: one camera at ``spec.image_size`` (default 224), state 39
+    (4 with ``observation.state: proprio``)."""
     camera, _ = _options(spec)
     task = _task(spec)
     size = spec.image_size or DEFAULT_IMAGE_SIZE
     instruction = task.rsplit("-v", 1)[0].replace("-", " ")
-    return METAWORLD.model_copy(
-        update={
-            "cameras": {camera: CameraSpec(height=size, width=size)},
-            "instruction": instruction,
-        }
-    )
+    update: dict[str, Any] = {
+        "cameras": {camera: CameraSpec(height=size, width=size)},
+        "instruction": instruction,
+    }
+    if spec.observation.state == "proprio":
+        update["state_dim"] = _PROPRIO_DIM
+    return METAWORLD.model_copy(update=update)
 
 
 class _MetaWorldSingle:
@@ -80,9 +91,11 @@ class _MetaWorldSingle:
                 f"unknown MetaWorld MT1 task {task!r}; known: {', '.join(metaworld.MT1.ENV_NAMES)}"
             )
         self.camera = camera
+        self.images = spec.observation.images
+        self.state_dim = schema.state_dim
         self.fast = spec.fast_render
         self.terminate_on_success = terminate_on_success
-        size = schema.cameras[camera].height
+        size = self.size = schema.cameras[camera].height
         self.benchmark = metaworld.MT1(task, seed=0)  # type: ignore[no-untyped-call]  # untyped
         self.env: Any = self.benchmark.train_classes[task](
             render_mode="rgb_array", camera_name=camera, width=size, height=size
@@ -95,11 +108,15 @@ class _MetaWorldSingle:
         self.rng = np.random.default_rng()
 
     def _obs(self, state: np.ndarray) -> SingleObservation:
-        frame = mujoco_render_rgb(self.env, fast=self.fast)
-        if self.camera in _UPSIDE_DOWN:
-            frame = np.ascontiguousarray(frame[::-1, ::-1])
+        if self.images:
+            frame = mujoco_render_rgb(self.env, fast=self.fast)
+            if self.camera in _UPSIDE_DOWN:
+                frame = np.ascontiguousarray(frame[::-1, ::-1])
+        else:  # nothing rendered: the camera slot carries a constant frame
+            frame = np.zeros((self.size, self.size, 3), np.uint8)
         return SingleObservation(
-            cameras={self.camera: frame}, state=np.asarray(state, dtype=np.float32)
+            cameras={self.camera: frame},
+            state=np.asarray(state, dtype=np.float32)[: self.state_dim],
         )
 
     def reset(self, seed: int | None) -> SingleObservation:
@@ -142,4 +159,6 @@ register_env(
     schema="joynexus.envs.metaworld:metaworld_schema",
     description="MetaWorld MT1 tasks (e.g. reach-v3) with one camera, state 39, action 4",
     requires=["metaworld", "mujoco"],
+    states=("default", "proprio", "privileged"),
+    images_optional=True,
 )

@@ -66,6 +66,9 @@ class EnvRegistration:
     description: str
     requires: tuple[str, ...]
     ready: ReadyFn | str | None = None
+    #: ``observation.state`` choices the kind offers, and whether it can skip images.
+    states: tuple[str, ...] = ("default",)
+    images_optional: bool = False
 
 
 _REGISTRY: dict[str, EnvRegistration] = {}
@@ -102,6 +105,8 @@ def register_env(
     requires: list[str] | tuple[str, ...] = (),
     ready: ReadyFn | str | None = None,
     replace: bool = False,
+    states: tuple[str, ...] = ("default",),
+    images_optional: bool = False,
 ) -> None:
     """Declare an env kind.
 
@@ -118,6 +123,8 @@ def register_env(
             called by :func:`list_envs`, :func:`unavailable_reason` (spec validation)
             and :func:`make_env`, so it must be cheap and import no simulator.
         replace: Allow re-registering an existing kind.
+        states: The ``observation.state`` values the kind offers.
+        images_optional: The kind can run without rendering (``observation.images``).
 
     Raises:
         SpecError: ``kind`` is already registered and ``replace`` is false.
@@ -133,6 +140,8 @@ def register_env(
         description=description,
         requires=tuple(requires),
         ready=ready,
+        states=tuple(states),
+        images_optional=images_optional,
     )
 
 
@@ -195,6 +204,24 @@ def unavailable_reason(kind: str) -> str | None:
     return _unavailable(get_registration(kind))[1]
 
 
+def _check_observation(reg: EnvRegistration, spec: EnvSpec) -> None:
+    """Refuse an ``observation`` choice the kind does not offer."""
+    obs = spec.observation
+    if obs.state not in reg.states:
+        raise SpecError(
+            f"env kind {spec.kind!r} offers observation.state {list(reg.states)}, "
+            f"got {obs.state!r}",
+            field="env.observation.state",
+        )
+    if not obs.images and not reg.images_optional:
+        raise SpecError(
+            f"env kind {spec.kind!r} always renders its cameras; observation.images: false "
+            "is offered by "
+            + ", ".join(sorted(k for k, r in _REGISTRY.items() if r.images_optional)),
+            field="env.observation.images",
+        )
+
+
 def env_schema(spec: EnvSpec) -> DataSchema:
     """The DataSchema an env built from ``spec`` produces (starts no simulator).
 
@@ -202,6 +229,7 @@ def env_schema(spec: EnvSpec) -> DataSchema:
         SpecError: Unknown kind, or the spec is invalid for that kind.
     """
     reg = get_registration(spec.kind)
+    _check_observation(reg, spec)
     fn = resolve_callable(reg.schema)
     result: DataSchema = fn(spec)
     return result
@@ -214,6 +242,7 @@ def make_env(spec: EnvSpec) -> EnvAdapter:
         SpecError: Unknown kind, invalid spec, or the simulator package is not installed.
     """
     reg = get_registration(spec.kind)
+    _check_observation(reg, spec)
     missing, reason = _unavailable(reg)
     if missing:
         raise SpecError(

@@ -76,9 +76,11 @@ class InferenceResult:
         tenant_id: The requesting tenant.
         policy_version: The version of the tenant's action module that answered.
         actions: ``float32 [b, chunk, action_dim]`` for the request's ``b`` rows.
-        log_probs: ``float32 [b]`` log-density of sampled actions (Gaussian OFT heads
-            in ``"sample"`` mode), else ``None``.
+        log_probs: ``float32 [b]`` log-density of sampled actions (``"sample"`` mode:
+            Gaussian OFT heads, Flow-SDE chains of flow heads), else ``None``.
         values: ``float32 [b]`` critic values when the tenant has a value head.
+        chain: ``float32 [b, steps + 1, chunk, action_dim]`` Flow-SDE chain of a
+            flow-matching head in ``"sample"`` mode (recorded by rollouts), else None.
     """
 
     tenant_id: str
@@ -86,6 +88,7 @@ class InferenceResult:
     actions: np.ndarray
     log_probs: np.ndarray | None = None
     values: np.ndarray | None = None
+    chain: np.ndarray | None = None
 
 
 def _to_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -363,8 +366,8 @@ class GroupedExecutor:
         batches: Mapping[str, ObservationBatch],
         mode: Literal["mean", "sample"],
         generators: Mapping[str, torch.Generator] | None,
-    ) -> dict[str, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
-        out: dict[str, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = {}
+    ) -> dict[str, Decoded]:
+        out: dict[str, Decoded] = {}
         device = self.base.device
         for tid, batch in batches.items():
             slot = self.slot(tid)
@@ -384,8 +387,8 @@ class GroupedExecutor:
 
         Args:
             batches: tenant id → observations.
-            mode: ``"mean"`` = deterministic OFT mean; ``"sample"`` = draw from the
-                Gaussian policy. Flow-matching heads always integrate from noise.
+            mode: ``"mean"`` = deterministic OFT mean / flow ODE from noise;
+                ``"sample"`` = draw from the Gaussian policy / a Flow-SDE chain.
             generators: Optional per-tenant generators (default: each slot's own
                 inference generator).
 
@@ -395,7 +398,7 @@ class GroupedExecutor:
         with self._lock:
             features = self.shared_forward(batches)
             decoded = self._decode(features, batches, mode, generators)
-        return {tid: d[0] for tid, d in decoded.items()}
+        return {tid: d.actions for tid, d in decoded.items()}
 
     def serial_predict(
         self,
@@ -408,7 +411,7 @@ class GroupedExecutor:
         with self._lock:
             features = self.serial_forward(batches)
             decoded = self._decode(features, batches, mode, generators)
-        return {tid: d[0] for tid, d in decoded.items()}
+        return {tid: d.actions for tid, d in decoded.items()}
 
     def _current_slot(self, tenant_id: str, policy_version: int | None) -> TenantSlot:
         slot = self.slot(tenant_id)
@@ -496,13 +499,15 @@ class GroupedExecutor:
                         end += 1
                     group = idx[k:end]
                     rows = sum(requests[i].observation.batch_size for i in group)
-                    actions, log_probs, values = _decode_slot(
+                    decoded = _decode_slot(
                         slot,
                         features[key].rows(row, row + rows),
                         state[row : row + rows],
                         req_mode,
                         slot.inference_generator,
                     )
+                    actions, log_probs, values = decoded.actions, decoded.log_probs, decoded.values
+                    chain = decoded.chain
                     version = slot.policy_version
                     offset = 0
                     for i in group:
@@ -516,6 +521,7 @@ class GroupedExecutor:
                             if log_probs is None
                             else log_probs[sl].float().cpu().numpy(),
                             values=None if values is None else values[sl].float().cpu().numpy(),
+                            chain=None if chain is None else chain[sl].float().cpu().numpy(),
                         )
                         offset += n
                     row += rows
@@ -556,20 +562,30 @@ class InferenceBatchFn:
         )
 
 
+@dataclass(frozen=True)
+class Decoded:
+    """One slot's decode of its rows (tensors; ``InferenceResult`` holds numpy)."""
+
+    actions: torch.Tensor
+    log_probs: torch.Tensor | None
+    values: torch.Tensor | None
+    chain: torch.Tensor | None = None
+
+
 def _decode_slot(
     slot: TenantSlot,
     features: BackboneOutput,
     state: torch.Tensor,
     mode: Literal["mean", "sample"],
     generator: torch.Generator | None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """One slot decodes its rows: ``(actions, log_probs or None, values or None)``."""
-    log_probs: torch.Tensor | None = None
+) -> Decoded:
+    """One slot decodes its rows: actions, log-probs and chain in ``"sample"`` mode,
+    values with a critic."""
     if mode == "sample":
-        actions, log_probs = slot.sample(features, state, generator=generator)
-    else:
-        actions = slot.predict(features, state, generator=generator)
-    return actions, log_probs, slot.value(features, state)
+        drawn = slot.sample(features, state, generator=generator)
+        return Decoded(drawn.actions, drawn.log_probs, slot.value(features, state), drawn.chain)
+    actions = slot.predict(features, state, generator=generator)
+    return Decoded(actions, None, slot.value(features, state))
 
 
 def resident_bytes(base_parameters: Iterable[torch.Tensor], slots: Iterable[TenantSlot]) -> int:

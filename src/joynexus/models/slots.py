@@ -13,7 +13,7 @@ import math
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,6 +23,7 @@ from joynexus.errors import InvalidRequestError
 from joynexus.models.heads import (
     ActionModule,
     AnyHeadConfig,
+    FlowMatchingHead,
     OFTHead,
     ValueHead,
     ValueHeadConfig,
@@ -103,6 +104,21 @@ class StepResult:
     loss: float
     policy_version: int
     grad_norm: float
+
+
+class PolicySample(NamedTuple):
+    """Stochastic actions of one decode (``TenantSlot.sample``).
+
+    Attributes:
+        actions: ``[B, chunk, A]``.
+        log_probs: ``[B]`` log-probability of each sample, or None (no density).
+        chain: ``[B, steps + 1, chunk, A]`` Flow-SDE chain of a flow head (what the
+            actor needs to recompute ``log_probs``), else None.
+    """
+
+    actions: torch.Tensor
+    log_probs: torch.Tensor | None
+    chain: torch.Tensor | None = None
 
 
 class TenantSlot:
@@ -336,17 +352,21 @@ class TenantSlot:
         state: torch.Tensor,
         *,
         generator: torch.Generator | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Stochastic actions for RL rollouts: ``(actions, log_probs [B] or None)``.
+    ) -> PolicySample:
+        """Stochastic actions for RL rollouts with their log-probs.
 
-        Gaussian OFT heads sample their policy and return log-probs; other heads return
-        their (already stochastic) prediction and no log-probs.
+        Gaussian OFT heads sample their policy; flow-matching heads sample a Flow-SDE
+        chain (and return it, see :mod:`joynexus.models.heads.flow_policy`); any other
+        head returns its prediction and no log-probs.
         """
         self.action_module.eval()
         state = self._state_tensor(state)
-        if isinstance(self.action_module, OFTHead):
-            return self.action_module.sample(features, state, generator=generator)
-        return self.action_module.predict(features, state, generator=generator), None
+        module = self.action_module
+        if isinstance(module, OFTHead):
+            return PolicySample(*module.sample(features, state, generator=generator))
+        if isinstance(module, FlowMatchingHead):
+            return PolicySample(*module.sample(features, state, generator=generator))
+        return PolicySample(module.predict(features, state, generator=generator), None)
 
     @torch.no_grad()
     def value(self, features: BackboneOutput, state: torch.Tensor) -> torch.Tensor | None:

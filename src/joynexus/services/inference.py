@@ -309,6 +309,7 @@ class InferenceModelService:
             log_probs=result.log_probs,
             values=result.values,
             policy_version=result.policy_version,
+            chain=result.chain,
         )
         _check_finite_prediction(tenant_id, out)
         return out

@@ -26,7 +26,7 @@ from joynexus.models.batch import ObservationBatch
 from joynexus.models.slots import TenantSlot
 from joynexus.queues.meta import BatchMeta
 from joynexus.queues.training import TrainingQueue
-from joynexus.services.rl_loss import gaussian_head
+from joynexus.services.rl_loss import rl_fields
 from joynexus.services.samples import observation_batch, observation_fields
 from joynexus.services.tenancy import TenantConfig
 
@@ -97,7 +97,7 @@ async def plan_job(
     Raises:
         SchemaMismatchError: the job declares another schema signature than the tenant's.
         InvalidRequestError: a non-positive sample count, or RL on an SFT-configured or
-            non-Gaussian tenant.
+            tenant whose head has no policy log-density.
     """
     if job.schema_signature is not None and job.schema_signature != slot.schema_signature:
         raise SchemaMismatchError(
@@ -127,7 +127,7 @@ async def plan_job(
                 job_id=job.job_id,
             )
         loss = algo.name
-        gaussian_head(slot)
+        fields.extend(rl_fields(slot))
         fields.append("advantages")
         if loss != "reinforce":
             fields.append("actor_log_probs" if "actor_log_probs" in available else "log_probs")

@@ -1,4 +1,8 @@
-"""Per-tenant policy-gradient losses on top of a slot's Gaussian OFT head.
+"""Per-tenant policy-gradient losses on a slot's stochastic policy.
+
+The policy is the slot's Gaussian OFT head (log-density of the action chunk) or its
+flow-matching head as a Flow-SDE policy (log-density of the recorded denoising chain,
+:mod:`joynexus.models.heads.flow_policy`). The losses only see log-probabilities:
 
 * ``ppo``: clipped surrogate, value loss (when the tenant has a critic and returns are
   given) and entropy bonus (:func:`joynexus.algorithms.losses.ppo_loss`).
@@ -7,8 +11,10 @@
   normalised again per microbatch).
 * ``reinforce``: ``-mean(A · log π(a|o))`` minus the entropy bonus, no critic, no ratio.
 
-Flow-matching heads have no tractable log-density here, so RL on them is refused with
-a clear error; they support SFT and evaluation.
+A flow head's log-probabilities need the chain its rollout recorded (partition field
+``flow_chain``); it has no entropy bonus (the SDE's noise schedule is fixed, see the spec
+check), and its critic is the same :class:`~joynexus.models.heads.ValueHead` on the
+shared prefix features as the OFT head's.
 """
 
 from __future__ import annotations
@@ -19,29 +25,69 @@ import torch
 
 from joynexus.algorithms.losses import PPOConfig, ppo_loss
 from joynexus.errors import InvalidRequestError
-from joynexus.models.heads import OFTHead
+from joynexus.models.heads import FlowMatchingHead, OFTHead
 from joynexus.models.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
+from joynexus.services.samples import FLOW_CHAIN
 from joynexus.spec.workload import AlgorithmSpec
 
 RLAlgorithm = Literal["ppo", "grpo", "reinforce"]
 
 
-def gaussian_head(slot: TenantSlot) -> OFTHead:
-    """The slot's OFT head, or an error saying RL needs one.
+RLHead = OFTHead | FlowMatchingHead
+"""An action module with a policy log-density (what RL trains)."""
+
+
+def rl_head(slot: TenantSlot) -> RLHead:
+    """The slot's action module if RL can train it, else an error saying what can.
 
     Raises:
-        InvalidRequestError: the tenant's action module is not a Gaussian OFT head.
+        InvalidRequestError: the tenant's action module has no policy log-density.
     """
     head = slot.action_module
-    if not isinstance(head, OFTHead):
+    if not isinstance(head, OFTHead | FlowMatchingHead):
         raise InvalidRequestError(
-            f"tenant {slot.tenant_id!r}: RL (ppo/grpo/reinforce) needs a Gaussian 'oft' "
-            f"action module; {type(head).__name__} supports sft and evaluation only",
+            f"tenant {slot.tenant_id!r}: RL (ppo/grpo/reinforce) needs an 'oft' (Gaussian) "
+            f"or 'flow_matching' (Flow-SDE) action module; {type(head).__name__} supports "
+            "sft and evaluation only",
             tenant_id=slot.tenant_id,
             field="action_module",
         )
     return head
+
+
+def rl_fields(slot: TenantSlot) -> list[str]:
+    """Partition fields the slot's policy needs besides observations and actions."""
+    return [FLOW_CHAIN] if isinstance(rl_head(slot), FlowMatchingHead) else []
+
+
+def behaviour_log_probs(
+    slot: TenantSlot,
+    features: BackboneOutput,
+    state: torch.Tensor,
+    actions: torch.Tensor,
+    chain: torch.Tensor | None,
+) -> torch.Tensor:
+    """Log-probabilities ``[B]`` of the behaviour samples under the slot's current policy.
+
+    Args:
+        chain: ``[B, steps + 1, chunk, A]`` recorded Flow-SDE chains (flow heads).
+
+    Raises:
+        InvalidRequestError: a flow head without its recorded chains.
+    """
+    head = rl_head(slot)
+    if isinstance(head, OFTHead):
+        return head.log_prob(features, state, actions)
+    if chain is None:
+        raise InvalidRequestError(
+            f"tenant {slot.tenant_id!r}: RL on a 'flow_matching' head needs the Flow-SDE "
+            f"chain of each sample (field {FLOW_CHAIN!r}, recorded by rollouts); these "
+            "samples carry none",
+            tenant_id=slot.tenant_id,
+            field=FLOW_CHAIN,
+        )
+    return head.log_prob(features, state, chain)
 
 
 def policy_loss(
@@ -55,6 +101,7 @@ def policy_loss(
     old_log_probs: torch.Tensor | None,
     returns: torch.Tensor | None = None,
     config: AlgorithmSpec | None = None,
+    chain: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The tenant's RL loss on its rows (with grad through its head and critic).
 
@@ -68,23 +115,28 @@ def policy_loss(
         old_log_probs: ``[B]`` behaviour log-probs (required for ppo / grpo).
         returns: ``[B]`` value targets (ppo with a critic).
         config: Clip ratio and loss coefficients.
+        chain: ``[B, steps + 1, chunk, A]`` recorded Flow-SDE chains (flow heads).
 
     Raises:
-        InvalidRequestError: a non-Gaussian head, or ppo/grpo without old log-probs.
+        InvalidRequestError: a head without a policy log-density, a flow head without
+            its chains, or ppo/grpo without old log-probs.
     """
     cfg = config or AlgorithmSpec(name=algorithm)
-    head = gaussian_head(slot)
+    head = rl_head(slot)
     head.train()
     p = next(head.parameters())
     state = state.to(device=p.device, dtype=p.dtype)
     actions = actions.to(device=p.device, dtype=p.dtype)
     advantages = advantages.to(device=p.device, dtype=p.dtype)
-    new_log_probs = head.log_prob(features, state, actions)
-    entropy = head.entropy()
+    new_log_probs = behaviour_log_probs(slot, features, state, actions, chain)
+    entropy = head.entropy() if isinstance(head, OFTHead) else None
     if algorithm == "reinforce":
         pg = -(advantages.detach() * new_log_probs).mean()
-        loss = pg - cfg.entropy_coef * entropy
-        return loss, {"policy_loss": float(pg.detach()), "entropy": float(entropy.detach())}
+        stats = {"policy_loss": float(pg.detach())}
+        if entropy is None:
+            return pg, stats
+        stats["entropy"] = float(entropy.detach())
+        return pg - cfg.entropy_coef * entropy, stats
     if old_log_probs is None:
         raise InvalidRequestError(
             f"tenant {slot.tenant_id!r}: {algorithm} needs old (behaviour) log-probs",

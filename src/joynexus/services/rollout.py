@@ -35,6 +35,7 @@ from joynexus.queues.meta import SampleMeta
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.samples import (
+    FLOW_CHAIN,
     camera_field,
     instructions_array,
     model_actions,
@@ -57,15 +58,19 @@ class PredictResult:
 
     Attributes:
         actions: ``float32 [B, chunk, A]``.
-        log_probs: ``float32 [B]`` in ``"sample"`` mode with a Gaussian head, else None.
+        log_probs: ``float32 [B]`` in ``"sample"`` mode (Gaussian OFT head, Flow-SDE
+            chain of a flow head), else None.
         values: ``float32 [B]`` when the tenant has a critic, else None.
         policy_version: The version that answered.
+        chain: ``float32 [B, steps + 1, chunk, A]`` a flow head's Flow-SDE chain in
+            model units (``"sample"`` mode), else None.
     """
 
     actions: np.ndarray
     log_probs: np.ndarray | None
     values: np.ndarray | None
     policy_version: int
+    chain: np.ndarray | None = None
 
 
 class RolloutConfig(BaseModel):
@@ -227,7 +232,7 @@ async def collect_rollout(
         if res.log_probs is None:
             raise InvalidRequestError(
                 f"tenant {tid!r}: rollout needs log-probs of sampled actions; its action "
-                "module gives none (RL needs a Gaussian 'oft' head)",
+                "module gives none (RL needs a Gaussian 'oft' or a 'flow_matching' head)",
                 tenant_id=tid,
             )
         chunk = await _execute_chunk(env, sid, tid, res.actions, running)
@@ -239,6 +244,8 @@ async def collect_rollout(
         cols["log_probs"].append(res.log_probs.astype(np.float32))
         values = res.values if res.values is not None else np.zeros(num_envs, np.float32)
         cols["values"].append(values.astype(np.float32))
+        if res.chain is not None:
+            cols.setdefault(FLOW_CHAIN, []).append(res.chain.astype(np.float32))
         cols["rewards"].append(chunk.rewards)
         cols["dones"].append(chunk.dones)
         returns += chunk.finished_returns

@@ -9,7 +9,8 @@ is the contract between producers (rollout, SFT producer), preprocessing stages
 * SFT: ``actions`` float32 ``[chunk, A]``, ``action_is_pad`` bool ``[chunk]``;
 * RL: ``actions``, ``log_probs``, ``values``, ``rewards``, ``dones``, ``t``, ``env``,
   ``bootstrap_values`` (scalars per sample), derived ``advantages`` / ``returns`` and
-  optionally ``actor_log_probs`` / ``actor_values``.
+  optionally ``actor_log_probs`` / ``actor_values``; a flow-matching head's rollouts add
+  ``flow_chain`` float32 ``[steps + 1, chunk, A]`` (its Flow-SDE chain, model units).
 
 ``state`` and ``actions`` are in the tenant's model units: normalized for a tenant with
 ``NormalizationStats`` (:func:`model_state`, :func:`model_actions`), env units otherwise.
@@ -31,6 +32,7 @@ from joynexus.models.schema import DataSchema
 
 INSTRUCTION_DTYPE = "<U256"
 SFT_FIELDS = ("actions", "action_is_pad")
+FLOW_CHAIN = "flow_chain"
 RL_FIELDS = (
     "actions",
     "log_probs",

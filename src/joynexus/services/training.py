@@ -67,8 +67,14 @@ from joynexus.services.job_plan import (
     plan_job,
     read_microbatch,
 )
-from joynexus.services.rl_loss import gaussian_head, policy_loss
-from joynexus.services.samples import as_numpy, float_tensor, observation_batch, observation_fields
+from joynexus.services.rl_loss import behaviour_log_probs, policy_loss, rl_fields
+from joynexus.services.samples import (
+    FLOW_CHAIN,
+    as_numpy,
+    float_tensor,
+    observation_batch,
+    observation_fields,
+)
 from joynexus.services.tenancy import TenantConfig, TenantInfo, backbone_lock, build_slot
 from joynexus.utils.clock import Clock, SystemClock
 
@@ -109,6 +115,8 @@ class TrainBatch:
         old_log_probs: ``float32 [B]`` behaviour log-probs (ppo, grpo).
         returns: ``float32 [B]`` value targets (ppo with a critic).
         action_is_pad: Optional ``bool [B, chunk]``; padded chunk steps do not count (SFT).
+        flow_chain: ``float32 [B, steps + 1, chunk, A]`` the Flow-SDE chains that
+            ``predict(mode="sample")`` drew (RL on a flow-matching head).
     """
 
     observations: ObservationBatch
@@ -117,6 +125,7 @@ class TrainBatch:
     old_log_probs: np.ndarray | None = None
     returns: np.ndarray | None = None
     action_is_pad: np.ndarray | None = None
+    flow_chain: np.ndarray | None = None
 
     def check(self) -> None:
         """Check every field against the batch before anything runs (no schema needed).
@@ -163,6 +172,12 @@ class TrainBatch:
         if self.action_is_pad is not None:
             chunk = int(obs.actions.shape[1]) if obs.actions.ndim > 1 else 1
             _check_field("action_is_pad", self.action_is_pad, (b, chunk), "bool [B, chunk]")
+        if self.flow_chain is not None:
+            chain = self.flow_chain
+            shape = (b, *chain.shape[1:]) if isinstance(chain, np.ndarray) else (b,)
+            _check_field(
+                "flow_chain", chain, shape, "float32 [B, steps + 1, chunk, A]", float_kind=True
+            )
 
 
 #: The fields each loss cannot do without (ppo and grpo: advantages and old_log_probs).
@@ -589,6 +604,7 @@ class TrainingModelService:
             old_log_probs=None if old is None else float_tensor(old, device),
             returns=float_tensor(data["returns"], device) if "returns" in data else None,
             config=item.config.algorithm,
+            chain=float_tensor(data[FLOW_CHAIN], device) if FLOW_CHAIN in data else None,
         )
         return loss, stats
 
@@ -636,6 +652,8 @@ class TrainingModelService:
                 data["log_probs"] = batch.old_log_probs
             if batch.returns is not None:
                 data["returns"] = batch.returns
+            if batch.flow_chain is not None:
+                data[FLOW_CHAIN] = batch.flow_chain
         item = Microbatch(batch.loss, config, slot, obs, data)
         outcomes = await asyncio.to_thread(self._grouped_step, [item])
         outcome = outcomes[0]
@@ -654,8 +672,7 @@ class TrainingModelService:
             InvalidRequestError: as :meth:`train_job`.
         """
         plan = await self._plan(job)
-        gaussian_head(plan.slot)
-        fields = [*observation_fields(plan.slot.schema), "actions"]
+        fields = [*observation_fields(plan.slot.schema), "actions", *rl_fields(plan.slot)]
         pid = job.partition_id
         await asyncio.to_thread(self.queue.reset_consumption, pid, ACTOR_FORWARD_TASK)
         done = 0
@@ -671,22 +688,30 @@ class TrainingModelService:
             check_annotations(plan, meta)
             data = await self.queue.async_get_data(meta)
             batch = observation_batch(plan.slot.schema, data, with_actions=True)
-            log_probs, values = await asyncio.to_thread(self._evaluate_actions, plan.slot, batch)
+            chain = data.get(FLOW_CHAIN)
+            log_probs, values = await asyncio.to_thread(
+                self._evaluate_actions, plan.slot, batch, chain
+            )
             await self.queue.async_put({"actor_log_probs": log_probs, "actor_values": values}, meta)
             done += size
 
     def _evaluate_actions(
-        self, slot: TenantSlot, batch: ObservationBatch
+        self, slot: TenantSlot, batch: ObservationBatch, chain: Any | None
     ) -> tuple[np.ndarray, np.ndarray]:
-        head = gaussian_head(slot)
         device = self.base.device
         with self._lock, torch.no_grad():
             start = time.perf_counter()
             features = self._executor.shared_forward({slot.tenant_id: batch})[slot.tenant_id]
             state = torch.from_numpy(batch.state).to(device)
             assert batch.actions is not None
-            head.eval()
-            lp = head.log_prob(features, state, torch.from_numpy(batch.actions).to(device))
+            slot.action_module.eval()
+            lp = behaviour_log_probs(
+                slot,
+                features,
+                state,
+                torch.from_numpy(batch.actions).to(device),
+                None if chain is None else float_tensor(chain, device),
+            )
             values = slot.value(features, state)
             seconds = time.perf_counter() - start
         # Forward-only work of one tenant: device time, but no samples trained.

@@ -76,6 +76,11 @@ class DatasetBinding(BaseModel):
         description="Episodes `joynexus run` records with the env's scripted expert "
         "when the dataset folder does not exist yet.",
     )
+    record_failures: bool = Field(
+        default=True,
+        description="Also keep the recorded episodes in which the expert failed "
+        "(false: successful demonstrations only).",
+    )
 
 
 class AlgorithmSpec(BaseModel):

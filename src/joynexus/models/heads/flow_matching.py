@@ -10,6 +10,11 @@ Time convention (used by the loss and the sampler alike):
 * Sampling integrates ``dx/dt = v(x_t, t)`` from ``t = 0`` (noise) to ``t = 1`` with
   ``num_inference_steps`` explicit Euler steps of size ``1/N``.
 
+For RL the same network is a stochastic policy through Flow-SDE
+(:mod:`joynexus.models.heads.flow_policy`): :meth:`FlowMatchingHead.sample` draws a
+chain of Gaussian denoising steps (``sde_noise_level``) and returns its log-probability,
+:meth:`FlowMatchingHead.log_prob` recomputes it from the recorded chain.
+
 Training times are drawn either uniformly or, as GR00T does, skewed towards the noisy
 end: ``t = s·(1 − u)`` with ``u ~ Beta(1.5, 1)`` and ``s = 0.999``.
 
@@ -21,6 +26,7 @@ grouped batch never changes the result.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -28,7 +34,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 from torch.nn import functional as F
 
+from joynexus.errors import SchemaMismatchError
 from joynexus.models.heads.base import ActionModule, expand_mask, features_as, masked_reduce
+from joynexus.models.heads.flow_policy import (
+    MAX_RL_FLOW_STEPS,
+    chain_log_prob,
+    repeat_rows,
+    sample_chain,
+)
 from joynexus.models.lora import LoRAConfig
 from joynexus.models.types import BackboneOutput
 
@@ -50,6 +63,13 @@ class FlowMatchingHeadConfig(BaseModel):
     time_sampling: Literal["uniform", "beta"] = "beta"
     timestep_scale: float = Field(
         default=1000.0, gt=0, description="t is multiplied by this before the sinusoid."
+    )
+    sde_noise_level: float = Field(
+        default=0.5,
+        gt=0,
+        le=4.0,
+        description="Flow-SDE noise level η of RL sampling (mode 'sample'): step k adds "
+        "Gaussian noise of std η·sqrt((1 − t_k)/steps); see models.heads.flow_policy.",
     )
     lora: LoRAConfig | None = Field(
         default=None,
@@ -146,6 +166,29 @@ class _DiTBlock(nn.Module):
         return x + gate3 * mlp_out
 
 
+@dataclass(frozen=True)
+class FlowConditioning:
+    """What the velocity reads besides ``(x_t, t)``, computed once per observation.
+
+    Attributes:
+        memory: ``[B, L, w]`` projected backbone tokens (cross-attention memory).
+        memory_mask: ``[B, L]`` bool, True = attend.
+        state_token: ``[B, 1, w]`` encoded robot state, or None without state.
+    """
+
+    memory: torch.Tensor
+    memory_mask: torch.Tensor
+    state_token: torch.Tensor | None
+
+    def repeat(self, times: int) -> FlowConditioning:
+        """Each row repeated ``times`` times in place (for a whole chain in one call)."""
+        return FlowConditioning(
+            repeat_rows(self.memory, times),
+            repeat_rows(self.memory_mask, times),
+            None if self.state_token is None else repeat_rows(self.state_token, times),
+        )
+
+
 class FlowMatchingHead(ActionModule):
     """Flow-matching DiT action expert (see the module docstring for the time convention).
 
@@ -192,6 +235,39 @@ class FlowMatchingHead(ActionModule):
         nn.init.zeros_(self.out_ada.bias)
         self.out_proj = nn.Linear(w, action_dim)
 
+    def condition(self, features: BackboneOutput, state: torch.Tensor) -> FlowConditioning:
+        """The per-observation inputs of the velocity (memory and state token)."""
+        features = features_as(features, self)
+        memory = self.memory_proj(features.hidden_states)
+        memory_mask = features.attention_mask.bool()
+        # A row without any valid token would make softmax NaN; let it attend to all.
+        memory_mask = memory_mask | ~memory_mask.any(dim=-1, keepdim=True)
+        state_token = (
+            None
+            if self.state_encoder is None
+            else self.state_encoder(state.to(memory)).unsqueeze(1)
+        )
+        return FlowConditioning(memory, memory_mask, state_token)
+
+    def conditioned_velocity(
+        self, cond: FlowConditioning, noisy_actions: torch.Tensor, t: torch.Tensor
+    ) -> torch.Tensor:
+        """Predicted velocity ``[B, chunk, A]`` under precomputed conditioning."""
+        t_emb = self.time_mlp(
+            timestep_embedding(t, self.config.hidden_dim, self.config.timestep_scale)
+        )
+        a = self.action_in(noisy_actions)
+        a = self.action_fuse(torch.cat([a, t_emb.unsqueeze(1).expand_as(a)], dim=-1))
+        tokens = a + self.action_pos
+        if cond.state_token is not None:
+            tokens = torch.cat([cond.state_token, tokens], dim=1)
+        for block in self.blocks:
+            tokens = block(tokens, t_emb, cond.memory, cond.memory_mask)
+        shift, scale = self.out_ada(F.silu(t_emb)).unsqueeze(1).chunk(2, dim=-1)
+        tokens = self.out_norm(tokens) * (1 + scale) + shift
+        out: torch.Tensor = self.out_proj(tokens[:, -self.action_chunk :])
+        return out
+
     def velocity(
         self,
         features: BackboneOutput,
@@ -200,25 +276,7 @@ class FlowMatchingHead(ActionModule):
         t: torch.Tensor,
     ) -> torch.Tensor:
         """Predicted velocity ``[B, chunk, A]`` at ``noisy_actions`` and times ``t [B]``."""
-        features = features_as(features, self)
-        memory = self.memory_proj(features.hidden_states)
-        memory_mask = features.attention_mask.bool()
-        # A row without any valid token would make softmax NaN; let it attend to all.
-        memory_mask = memory_mask | ~memory_mask.any(dim=-1, keepdim=True)
-        t_emb = self.time_mlp(
-            timestep_embedding(t, self.config.hidden_dim, self.config.timestep_scale)
-        )
-        a = self.action_in(noisy_actions)
-        a = self.action_fuse(torch.cat([a, t_emb.unsqueeze(1).expand_as(a)], dim=-1))
-        tokens = a + self.action_pos
-        if self.state_encoder is not None:
-            tokens = torch.cat([self.state_encoder(state).unsqueeze(1), tokens], dim=1)
-        for block in self.blocks:
-            tokens = block(tokens, t_emb, memory, memory_mask)
-        shift, scale = self.out_ada(F.silu(t_emb)).unsqueeze(1).chunk(2, dim=-1)
-        tokens = self.out_norm(tokens) * (1 + scale) + shift
-        out: torch.Tensor = self.out_proj(tokens[:, -self.action_chunk :])
-        return out
+        return self.conditioned_velocity(self.condition(features, state), noisy_actions, t)
 
     def sample_times(
         self,
@@ -263,6 +321,15 @@ class FlowMatchingHead(ActionModule):
         pred = self.velocity(features, state.to(ref), noisy, t)
         return masked_reduce((pred - (actions - noise)).pow(2), action_mask)
 
+    def _start_noise(self, batch: int, generator: torch.Generator | None) -> torch.Tensor:
+        ref = self.out_proj.weight
+        return torch.randn(
+            (batch, self.action_chunk, self.action_dim),
+            generator=generator,
+            device=ref.device,
+            dtype=ref.dtype,
+        )
+
     @torch.no_grad()
     def predict(
         self,
@@ -272,21 +339,93 @@ class FlowMatchingHead(ActionModule):
         generator: torch.Generator | None = None,
         num_steps: int | None = None,
     ) -> torch.Tensor:
-        """Euler-integrate from noise (t=0) to an action chunk (t=1)."""
+        """Euler-integrate the ODE from noise (t=0) to an action chunk (t=1)."""
         self.check_inputs(features, state)
-        features = features_as(features, self)
         ref = self.out_proj.weight
         b = features.hidden_states.shape[0]
         steps = num_steps or self.config.num_inference_steps
-        x = torch.randn(
-            (b, self.action_chunk, self.action_dim),
-            generator=generator,
-            device=ref.device,
-            dtype=ref.dtype,
-        )
-        state = state.to(ref)
+        x = self._start_noise(b, generator)
+        cond = self.condition(features, state.to(ref))
         dt = 1.0 / steps
         for k in range(steps):
             t = torch.full((b,), k * dt, device=ref.device, dtype=ref.dtype)
-            x = x + dt * self.velocity(features, state, x, t)
+            x = x + dt * self.conditioned_velocity(cond, x, t)
         return x
+
+    # --- Flow-SDE policy (RL) -------------------------------------------------------
+
+    @torch.no_grad()
+    def sample(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draw a Flow-SDE chain: ``(actions [B, chunk, A], log_prob [B], chain)``.
+
+        ``chain`` is ``[B, steps + 1, chunk, A]`` (``chain[:, -1]`` is ``actions``); a
+        rollout records it so :meth:`log_prob` can recompute the log-probability.
+
+        Raises:
+            SchemaMismatchError: inputs that do not fit the head.
+            ValueError: ``num_inference_steps`` above
+                :data:`~joynexus.models.heads.flow_policy.MAX_RL_FLOW_STEPS`.
+        """
+        self.check_inputs(features, state)
+        steps = self.config.num_inference_steps
+        if steps > MAX_RL_FLOW_STEPS:
+            raise ValueError(
+                f"RL sampling records every denoising step; num_inference_steps {steps} is "
+                f"above {MAX_RL_FLOW_STEPS}"
+            )
+        ref = self.out_proj.weight
+        cond = self.condition(features, state.to(ref))
+        chain, log_prob = sample_chain(
+            lambda x, t: self.conditioned_velocity(cond, x, t),
+            self._start_noise(features.hidden_states.shape[0], generator),
+            steps=steps,
+            noise_level=self.config.sde_noise_level,
+            generator=generator,
+        )
+        return chain[:, -1], log_prob, chain
+
+    def log_prob(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        chain: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Log-probability ``[B]`` of recorded chains under the current weights (with grad).
+
+        Args:
+            features: Backbone output of the chains' observations.
+            state: ``[B, state_dim]``.
+            chain: ``[B, steps + 1, chunk, A]`` from :meth:`sample`.
+            action_mask: Optional mask broadcastable to ``[B, chunk, A]``; masked-out
+                entries contribute nothing.
+
+        Raises:
+            SchemaMismatchError: a chain of another shape than this head samples.
+        """
+        self.check_inputs(features, state)
+        ref = self.out_proj.weight
+        chain = chain.to(ref)
+        b = features.hidden_states.shape[0]
+        expected = (b, self.action_chunk, self.action_dim)
+        if chain.dim() != 4 or (chain.shape[0], *chain.shape[2:]) != expected:
+            raise SchemaMismatchError(
+                f"flow_chain: expected [{b}, steps + 1, {self.action_chunk}, "
+                f"{self.action_dim}], got {list(chain.shape)}",
+                field="flow_chain",
+            )
+        steps = chain.shape[1] - 1
+        cond = self.condition(features, state.to(ref)).repeat(steps)
+        mask = None if action_mask is None else expand_mask(action_mask, chain[:, 0])
+        return chain_log_prob(
+            lambda x, t: self.conditioned_velocity(cond, x, t),
+            chain,
+            noise_level=self.config.sde_noise_level,
+            mask=mask,
+        )

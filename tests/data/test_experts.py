@@ -1,0 +1,87 @@
+"""Scripted experts succeed, and a recording keeps their successful episodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from joynexus.cli.main import app
+from joynexus.data.reader import LeRobotDataset
+from joynexus.data.record import make_scripted_policy, record_episodes
+from joynexus.envs import EnvSpec, make_env
+from joynexus.errors import DatasetError
+
+
+@pytest.mark.filterwarnings("ignore:Constant:UserWarning")  # metaworld's own expert warns
+@pytest.mark.parametrize("task", ["reach-v3", "push-v3", "pick-place-v3"])
+def test_metaworld_experts_succeed(task: str) -> None:
+    pytest.importorskip("metaworld")
+    # Without rendering: the expert reads the 39-D state, and a step costs milliseconds.
+    spec = EnvSpec(kind="metaworld", task=task, image_size=8, observation={"images": False})
+    env, expert = make_env(spec), make_scripted_policy(spec)
+    try:
+        for seed in (11, 12):
+            obs, succeeded = env.reset(seed=seed), False
+            for _ in range(300):
+                step = env.step(expert.act(env, obs))
+                obs, succeeded = step.observation, bool(step.success[0])
+                if step.terminated[0] or step.truncated[0]:
+                    break
+            assert succeeded, f"{task} expert failed on seed {seed}"
+    finally:
+        env.close()
+
+
+def test_only_successful_episodes_are_kept_unless_asked(tmp_path: Path) -> None:
+    # 4 steps reach the goal only from the closest starts: some episodes fail.
+    spec = EnvSpec(kind="reach2d", image_size=8)
+    seen: list[bool] = []
+    kept = record_episodes(
+        spec,
+        tmp_path / "ok",
+        episodes=8,
+        max_steps=4,
+        use_videos=False,
+        keep_failures=False,
+        on_episode=lambda _ep, _n, ok: seen.append(ok),
+    )
+    assert 0 < kept.successes < 8 and kept.episodes == 8
+    assert kept.kept == kept.successes == sum(seen)
+    ds = LeRobotDataset(tmp_path / "ok")
+    assert ds.num_episodes == kept.kept and len(ds) == kept.frames
+    episodes = np.asarray(ds.column("episode_index"))
+    success = np.asarray(ds.column("next.success")).reshape(-1)
+    assert {int(e) for e in episodes[success]} == set(range(kept.kept))  # each one succeeds
+    every = record_episodes(spec, tmp_path / "all", episodes=8, max_steps=4, use_videos=False)
+    assert every.kept == 8 and every.successes == kept.successes
+
+
+def test_a_recording_of_only_failures_writes_nothing(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="none of the 2 episodes"):
+        record_episodes(
+            EnvSpec(kind="reach2d", image_size=8),
+            tmp_path / "none",
+            episodes=2,
+            max_steps=1,
+            seed=3,
+            use_videos=False,
+            keep_failures=False,
+        )
+    assert not (tmp_path / "none").exists()
+
+
+def test_cli_prints_the_expert_success_rate_and_keeps_successes(tmp_path: Path) -> None:
+    args = ["data", "record", "--env", "reach2d", "--episodes", "8", "--max-steps", "4"]
+    args += ["--image-size", "8", "--images", "--out"]
+    result = CliRunner().invoke(app, [*args, str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    ds = LeRobotDataset(tmp_path / "a")
+    assert f"wrote {tmp_path / 'a'}: {ds.num_episodes} episodes" in text
+    assert f"expert success rate {ds.num_episodes / 8:.0%} ({ds.num_episodes}/8" in text
+    result = CliRunner().invoke(app, [*args, str(tmp_path / "b"), "--keep-failures"])
+    assert result.exit_code == 0, result.output
+    assert LeRobotDataset(tmp_path / "b").num_episodes == 8
