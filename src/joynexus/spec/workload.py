@@ -28,6 +28,7 @@ from joynexus.envs.base import EnvSpec
 from joynexus.envs.seeds import EVAL_SEED_BASE, demo_seeds, eval_seeds, shared_seeds
 from joynexus.errors import SpecError
 from joynexus.models.heads import FlowMatchingHeadConfig, HeadConfig, OFTHeadConfig
+from joynexus.models.heads.flow_policy import MAX_RL_FLOW_STEPS
 from joynexus.models.schema import PRESETS, DataSchema
 from joynexus.models.slots import OptimizerConfig
 
@@ -198,10 +199,7 @@ class WorkloadSpec(BaseModel):
                     f"got {self.algorithm.name!r}"
                 )
             if isinstance(self.action_module, FlowMatchingHeadConfig):
-                raise ValueError(
-                    "action_module type 'flow_matching' supports sft and eval; "
-                    "use type 'oft' (Gaussian policy) for rl"
-                )
+                self._check_flow_rl(self.action_module)
         elif self.task is TaskKind.SFT:
             if self.dataset is None:
                 raise ValueError("task 'sft' needs a 'dataset' (a LeRobot dataset path)")
@@ -239,6 +237,23 @@ class WorkloadSpec(BaseModel):
                 f"demonstrations are recorded with ({self.seed}..."
                 f"{self.seed + self.dataset.record_episodes - 1}); move success_eval.seed "
                 "(evaluation on training initial states would overstate success)"
+            )
+
+    def _check_flow_rl(self, head: FlowMatchingHeadConfig) -> None:
+        # RL on a flow head is Flow-SDE (models.heads.flow_policy): refuse what it
+        # cannot honour rather than silently ignore it.
+        if head.num_inference_steps > MAX_RL_FLOW_STEPS:
+            raise ValueError(
+                f"rl with a 'flow_matching' head records every denoising step of each "
+                f"sample and the actor re-runs them all; action_module.num_inference_steps "
+                f"must be <= {MAX_RL_FLOW_STEPS} for rl, got {head.num_inference_steps}"
+            )
+        if self.algorithm.entropy_coef > 0:
+            raise ValueError(
+                "algorithm.entropy_coef must be 0 with a 'flow_matching' head: its Flow-SDE "
+                "steps have a fixed noise schedule, so the policy's entropy does not depend "
+                "on the weights and a bonus would do nothing; set exploration with "
+                "action_module.sde_noise_level"
             )
 
     @property
