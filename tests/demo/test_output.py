@@ -180,3 +180,36 @@ def test_the_multi_tenant_bar_has_no_tenants_colour(n_tenants: int) -> None:
         assert labels[1:] == [f"isolated: t{i}" for i in range(n_tenants)]
     finally:
         plt.close(fig)
+
+
+def test_the_report_gives_what_sharing_the_backbone_cost_inference(tmp_path: Path) -> None:
+    tenants = ["rl-a"]
+    multi = _trace("multi-tenant", tenants, 20.0, tmp_path)
+    multi.predict_stages = {
+        "lock_wait": (0.5, 10),
+        "canonicalize": (0.2, 10),
+        "backbone": (1.5, 10),
+        "head": (0.3, 10),
+    }
+    isolated = [_trace("isolated:rl-a", tenants, 10.0, tmp_path)]
+    report = build_report(
+        multi,
+        isolated,
+        profile="paper",
+        reason="test",
+        knobs={},
+        rl_tenants=tenants,
+        sft_tenant="sft-demos",
+        eval_tenant="eval-sft",
+    )
+    lock = report["multi_tenant"]["inference_lock_wait"]  # type: ignore[index]
+    assert lock == {
+        "batches": 10,
+        "wait_s": 0.5,
+        "ms_per_batch": 50.0,
+        "fraction_of_device_s": 0.25,
+    }
+    console = Console(width=200, record=True)
+    for table in report_tables(report):
+        console.print(table)
+    assert "waited 50.0 ms each" in console.export_text()

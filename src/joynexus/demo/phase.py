@@ -84,6 +84,9 @@ class PhaseTrace:
         usage: The usage meter's final report.
         records: Per-tenant workflow records (``train``, ``rollout``, ``eval`` ...).
         summary: The run summary.
+        predict_stages: Seconds and events per predict stage
+            (:mod:`joynexus.metrics.stages`), e.g. how long inference batches waited
+            for the backbone lock while training held it.
     """
 
     name: str
@@ -97,6 +100,7 @@ class PhaseTrace:
     records: dict[str, list[dict[str, Any]]]
     summary: RunSummary
     matched: dict[str, int] = field(default_factory=dict)
+    predict_stages: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     @property
     def window_s(self) -> float:
@@ -266,6 +270,7 @@ async def run_phase(
             wt = run.master.tenant_of(wid)
             records[tenant] = list(wt.metrics.records) if wt is not None else []
         loops_started = _loops_started(run)
+        predict_stages = run.plane.metrics.stages.snapshot()
     finally:
         await run.close()  # delivers the buffered events to the busy sink
     usage = meter.snapshot()  # after close: the services are stopped, nothing more lands
@@ -308,4 +313,5 @@ async def run_phase(
         records=records,
         summary=summary,
         matched=dict(matched),
+        predict_stages=predict_stages,
     )

@@ -141,7 +141,24 @@ def _phase(trace: PhaseTrace) -> dict[str, Any]:
         "environment_busy_s": _r(trace.busy_seconds("environment"), 2),
         "busy_seconds": {s: _r(trace.busy_seconds(s), 3) for s in SERVICES},
         "usage_service_seconds": {k: _r(v, 3) for k, v in trace.usage.service_seconds.items()},
+        "inference_lock_wait": _lock_wait(trace),
     }
+
+
+def _lock_wait(trace: PhaseTrace) -> dict[str, Any]:
+    """What sharing the backbone with training cost inference in this phase: the time
+    its batches waited for the backbone lock, per batch and against their device time."""
+    wait_s, batches = trace.predict_stages.get("lock_wait", (0.0, 0))
+    device_s = sum(trace.predict_stages.get(s, (0.0, 0))[0] for s in _DEVICE_STAGES)
+    return {
+        "batches": batches,
+        "wait_s": _r(wait_s, 3),
+        "ms_per_batch": _r(wait_s / batches * 1e3, 2) if batches else None,
+        "fraction_of_device_s": _r(wait_s / device_s) if device_s > 0 else None,
+    }
+
+
+_DEVICE_STAGES = ("canonicalize", "backbone", "head")
 
 
 def build_report(
@@ -289,6 +306,13 @@ def report_tables(report: dict[str, Any]) -> list[Table]:
         _num(mt["window_s"], 1),
         _num(mt["wall_s"], 1),
     )
+    lock = mt.get("inference_lock_wait") or {}
+    if lock.get("batches"):
+        util.caption = f"{util.caption}" + (
+            f" Multi-tenant inference batches waited {_num(lock['ms_per_batch'], 1)} ms each "
+            f"for the backbone lock training shares ({_pct(lock['fraction_of_device_s'])} "
+            "of their device time; serve --inference-backbone copy removes the wait)."
+        )
     imp = report["improvement"]
     util.add_row(
         "Relative improvement",
