@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -19,7 +18,7 @@ from joynexus.errors import (
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import VLAFeature
-from joynexus.models.grouped import GroupedExecutor, resident_bytes
+from joynexus.models.grouped import GroupedExecutor, ServeRequest, resident_bytes
 from joynexus.models.heads import FlowMatchingHeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.schema import CALVIN, LIBERO, PUSHT, CameraSpec, DataSchema
 from joynexus.models.slots import TenantSlot
@@ -56,8 +55,10 @@ class CountingBase:
     def signature_for(self, schema: DataSchema) -> str:
         return self.inner.signature_for(schema)
 
-    def canonicalize(self, groups: list[tuple[str, DataSchema, ObservationBatch]]) -> VLAFeature:
-        return self.inner.canonicalize(groups)
+    def canonicalize(
+        self, groups: list[tuple[str, DataSchema, ObservationBatch]], *, validated: bool = False
+    ) -> VLAFeature:
+        return self.inner.canonicalize(groups, validated=validated)
 
     def encode(self, feature: VLAFeature) -> BackboneOutput:
         self.encoded_rows.append(feature.batch_size)
@@ -155,13 +156,6 @@ def test_grouped_predict_equals_serial_predict(base: ResidentBaseModel) -> None:
         torch.testing.assert_close(grouped[tid], serial[tid], rtol=0, atol=1e-5)
 
 
-@dataclass
-class Request:
-    tenant_id: str
-    observation: ObservationBatch
-    policy_version: int | None = None
-
-
 def test_inference_batch_fn_answers_each_request_with_its_rows(base: ResidentBaseModel) -> None:
     ex = _executor(base, {"lib": (LIB, OFT), "pt": (PT, OFT)})
     obs = [
@@ -169,7 +163,11 @@ def test_inference_batch_fn_answers_each_request_with_its_rows(base: ResidentBas
         ObservationBatch.synthetic(PT, 1, seed=2, with_actions=False),
         ObservationBatch.synthetic(LIB, 1, seed=3, with_actions=False),
     ]
-    requests = [Request("lib", obs[0], 0), Request("pt", obs[1]), Request("lib", obs[2])]
+    requests = [
+        ServeRequest("lib", obs[0], 0),
+        ServeRequest("pt", obs[1]),
+        ServeRequest("lib", obs[2]),
+    ]
     fn = ex.inference_batch_fn()
     results = asyncio.run(fn(requests))
     assert [r.tenant_id for r in results] == ["lib", "pt", "lib"]
@@ -180,18 +178,18 @@ def test_inference_batch_fn_answers_each_request_with_its_rows(base: ResidentBas
         np.testing.assert_allclose(res.actions, alone.numpy(), atol=1e-5, rtol=0)
 
     with pytest.raises(ConflictError, match="pins policy version 3"):
-        asyncio.run(fn([Request("lib", obs[0], 3)]))
+        asyncio.run(fn([ServeRequest("lib", obs[0], 3)]))
     with pytest.raises(NotFoundError):
-        asyncio.run(fn([Request("nobody", obs[0])]))
+        asyncio.run(fn([ServeRequest("nobody", obs[0])]))
     with pytest.raises(SchemaMismatchError):
-        asyncio.run(fn([Request("pt", obs[0])]))
+        asyncio.run(fn([ServeRequest("pt", obs[0])]))
 
 
 def test_sample_mode_returns_log_probs_and_values(base: ResidentBaseModel) -> None:
     slot = TenantSlot("rl", LIB, base, OFT, value_head=ValueHeadConfig(hidden_dim=16))
     ex = GroupedExecutor(base, [slot])
     obs = ObservationBatch.synthetic(LIB, 3, seed=4, with_actions=False)
-    (res,) = asyncio.run(ex.inference_batch_fn("sample")([Request("rl", obs)]))
+    (res,) = asyncio.run(ex.inference_batch_fn("sample")([ServeRequest("rl", obs)]))
     assert res.log_probs is not None and res.log_probs.shape == (3,)
     assert res.values is not None and res.values.shape == (3,)
     mean = ex.predict({"rl": obs})["rl"].numpy()

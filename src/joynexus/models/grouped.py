@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -41,7 +42,10 @@ class GroupableBackbone(BaseModelRef, Protocol):
     """The resident base model as the executor uses it (see ``models/backbone.py``)."""
 
     def canonicalize(
-        self, groups: Sequence[tuple[str, DataSchema, ObservationBatch]]
+        self,
+        groups: Sequence[tuple[str, DataSchema, ObservationBatch]],
+        *,
+        validated: bool = False,
     ) -> VLAFeature: ...
 
     def encode(self, feature: VLAFeature) -> BackboneOutput:
@@ -55,17 +59,47 @@ SlotResolver = Callable[[str, "int | None"], TenantSlot]
 """``(tenant_id, policy_version) -> TenantSlot``: which slot decodes a request."""
 
 
-class InferenceRequestLike(Protocol):
-    """What the executor needs from an Inference Queue request."""
+@dataclass(frozen=True, slots=True)
+class ServeRequest:
+    """One predict request as the executor runs it (the Inference Queue's payload).
+
+    The Inference Model Service builds it once, at admission: it resolves the slot that
+    will decode it and validates the observations against that slot's schema there, so
+    the batch path neither resolves nor validates again.
+
+    Attributes:
+        tenant_id: The requesting tenant.
+        observation: Its observations (model units).
+        policy_version: The version asked for (``None``: latest).
+        mode: ``"mean"`` | ``"sample"``; ``None`` takes the batch call's default.
+        slot: The slot resolved at admission, with ``observation`` already validated
+            against its schema; ``None``: resolve (and validate) when the batch runs.
+        enqueued_at: ``time.perf_counter()`` at admission (queue-wait metering).
+    """
+
+    tenant_id: str
+    observation: ObservationBatch
+    policy_version: int | None = None
+    mode: Literal["mean", "sample"] | None = None
+    slot: TenantSlot | None = None
+    enqueued_at: float = 0.0
+
+
+@dataclass(slots=True)
+class StageTimes:
+    """Where one grouped inference batch spent its time, in seconds (filled by the
+    executor): waiting for the backbone lock, canonicalization (resize, processor,
+    padding), the backbone forward, and the tenants' heads (decode + copy out)."""
+
+    lock_wait_s: float = 0.0
+    canonicalize_s: float = 0.0
+    backbone_s: float = 0.0
+    head_s: float = 0.0
 
     @property
-    def tenant_id(self) -> str: ...
-
-    @property
-    def observation(self) -> ObservationBatch: ...
-
-    @property
-    def policy_version(self) -> int | None: ...
+    def device_s(self) -> float:
+        """Canonicalize + backbone + heads: the batch's work under the lock."""
+        return self.canonicalize_s + self.backbone_s + self.head_s
 
 
 @dataclass(frozen=True)
@@ -91,6 +125,10 @@ class InferenceResult:
     chain: np.ndarray | None = None
 
 
+def _numpy(tensor: torch.Tensor | None) -> np.ndarray | None:
+    return None if tensor is None else tensor.float().cpu().numpy()
+
+
 def _to_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array)).to(device)
 
@@ -98,8 +136,8 @@ def _to_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
 class GroupedExecutor:
     """Runs tenant slots over one shared base model, grouped or serially.
 
-    Thread-safe: torch work is serialised by an internal lock, so an inference thread
-    and a training thread can share one executor.
+    Thread-safe: torch work is serialised by one lock, so an inference thread and a
+    training thread can share one executor (or two executors the same lock).
 
     Args:
         base: The resident base model (shared by reference).
@@ -107,6 +145,9 @@ class GroupedExecutor:
         tenant_memory_budget: Optional cap, in bytes, on the summed training footprint
             (:meth:`TenantSlot.training_bytes`: adapter + head + AdamW state) of all
             slots; the base is not counted (it is shared once).
+        lock: The lock that serialises torch work on ``base`` (the services pass the
+            backbone's one lock, :func:`joynexus.services.tenancy.backbone_lock`, so a
+            batch takes exactly one lock); default: a private one.
 
     Raises:
         InvalidRequestError: a slot is attached to another base model, or two slots
@@ -120,11 +161,12 @@ class GroupedExecutor:
         slots: Iterable[TenantSlot] = (),
         *,
         tenant_memory_budget: int | None = None,
+        lock: threading.RLock | None = None,
     ):
         self.base = base
         self.slots: dict[str, TenantSlot] = {}
         self.tenant_memory_budget = tenant_memory_budget
-        self._lock = threading.Lock()
+        self._lock = lock if lock is not None else threading.RLock()
         for slot in slots:
             self.add_slot(slot)
 
@@ -192,6 +234,8 @@ class GroupedExecutor:
         schemas: Mapping[str, DataSchema] | None = None,
         adapters: Mapping[str, LoRAAdapter | None] | None = None,
         grad: bool = False,
+        validated: bool = False,
+        times: StageTimes | None = None,
     ) -> dict[str, BackboneOutput]:
         """ONE backbone forward over all ``batches``, split back per tenant.
 
@@ -208,6 +252,8 @@ class GroupedExecutor:
                 registered slot's adapter.
             grad: Record autograd through the adapters (LoRA training). Without any
                 adapter in the batch the forward stays graph-free.
+            validated: The batches were already checked against their schemas.
+            times: Filled with the canonicalization and backbone seconds.
 
         Returns:
             key → those rows of the backbone output (detached unless ``grad`` and an
@@ -219,7 +265,9 @@ class GroupedExecutor:
         ]
         if not groups:
             raise InvalidRequestError("expected at least one tenant batch", field="batches")
-        feature = self.base.canonicalize(groups)
+        t0 = time.perf_counter()
+        feature = self.base.canonicalize(groups, validated=validated)
+        t1 = time.perf_counter()
         segments: list[LoRASegment] = []
         for entry in feature.slices:
             key = entry.tenant_id
@@ -245,6 +293,9 @@ class GroupedExecutor:
         else:
             with torch.no_grad():
                 out = self.base.encode(feature).detach()
+        if times is not None:
+            times.canonicalize_s += t1 - t0
+            times.backbone_s += time.perf_counter() - t1
         result: dict[str, BackboneOutput] = {}
         for tid in batches:
             entry = feature.slice_of(tid)
@@ -427,27 +478,30 @@ class GroupedExecutor:
 
     def run_requests(
         self,
-        requests: Sequence[InferenceRequestLike],
+        requests: Sequence[ServeRequest],
         mode: Literal["mean", "sample"] = "mean",
         *,
         resolve_slot: SlotResolver | None = None,
+        times: StageTimes | None = None,
     ) -> list[InferenceResult]:
         """Answer a batch of inference requests with one grouped forward (synchronous).
 
         Requests of the same tenant are concatenated before canonicalization and split
-        again afterwards, so each request gets exactly its own rows. A request object
-        may carry its own ``mode`` attribute ("mean" | "sample"), overriding ``mode``.
-        Requests of LoRA tenants batch with everyone's (mixed-adapter forward); their
-        rows are grouped per served version, since each version has its own adapter.
+        again afterwards, so each request gets exactly its own rows. A request's own
+        ``mode`` overrides ``mode``. Requests of LoRA tenants batch with everyone's
+        (mixed-adapter forward); their rows are grouped per served version, since each
+        version has its own adapter. A request that carries its ``slot`` was resolved
+        and validated at admission and is neither resolved nor validated here.
 
         Args:
             requests: The batch.
             mode: Default decode mode.
             resolve_slot: ``(tenant_id, policy_version) -> TenantSlot`` picking the slot
-                that decodes a request (versioned serving: requests of one tenant may
-                name different versions; they share the tenant's rows of the forward
-                and are decoded by their own version's slot). Default: the registered
-                slot, which must hold the requested version.
+                that decodes a request without one (versioned serving: requests of one
+                tenant may name different versions; they share the tenant's rows of the
+                forward and are decoded by their own version's slot). Default: the
+                registered slot, which must hold the requested version.
+            times: Filled with the batch's lock wait and stage seconds.
 
         Raises:
             NotFoundError: a request names an unknown tenant.
@@ -462,10 +516,12 @@ class GroupedExecutor:
         slots: list[TenantSlot] = []
         modes: list[Literal["mean", "sample"]] = []
         for i, req in enumerate(requests):
-            slot = resolve(req.tenant_id, req.policy_version)
-            req.observation.validate(slot.schema)
+            slot = req.slot
+            if slot is None:
+                slot = resolve(req.tenant_id, req.policy_version)
+                req.observation.validate(slot.schema)
             slots.append(slot)
-            modes.append(getattr(req, "mode", None) or mode)
+            modes.append(req.mode or mode)
             key = req.tenant_id
             if slot.lora is not None:
                 key = f"{req.tenant_id}@v{slot.policy_version}#{id(slot)}"
@@ -483,8 +539,15 @@ class GroupedExecutor:
         adapters = {tid: slots[idx[0]].lora for tid, idx in per_tenant.items()}
         results: list[InferenceResult | None] = [None] * len(requests)
         device = self.base.device
+        waited = time.perf_counter()
         with self._lock:
-            features = self.shared_forward(batches, schemas=schemas, adapters=adapters)
+            if times is not None:
+                times.lock_wait_s += time.perf_counter() - waited
+            # Every request was validated, at admission or in the loop above.
+            features = self.shared_forward(
+                batches, schemas=schemas, adapters=adapters, validated=True, times=times
+            )
+            heads = time.perf_counter()
             for key, idx in per_tenant.items():
                 tid = group_tenant[key]
                 state = _to_tensor(batches[key].state, device)
@@ -506,9 +569,13 @@ class GroupedExecutor:
                         req_mode,
                         slot.inference_generator,
                     )
-                    actions, log_probs, values = decoded.actions, decoded.log_probs, decoded.values
-                    chain = decoded.chain
                     version = slot.policy_version
+                    # One host copy per decode group; each request gets a view of it.
+                    actions_np = _numpy(decoded.actions)
+                    assert actions_np is not None
+                    log_probs_np = _numpy(decoded.log_probs)
+                    values_np = _numpy(decoded.values)
+                    chain_np = _numpy(decoded.chain)
                     offset = 0
                     for i in group:
                         n = requests[i].observation.batch_size
@@ -516,16 +583,16 @@ class GroupedExecutor:
                         results[i] = InferenceResult(
                             tenant_id=tid,
                             policy_version=version,
-                            actions=actions[sl].float().cpu().numpy(),
-                            log_probs=None
-                            if log_probs is None
-                            else log_probs[sl].float().cpu().numpy(),
-                            values=None if values is None else values[sl].float().cpu().numpy(),
-                            chain=None if chain is None else chain[sl].float().cpu().numpy(),
+                            actions=actions_np[sl],
+                            log_probs=None if log_probs_np is None else log_probs_np[sl],
+                            values=None if values_np is None else values_np[sl],
+                            chain=None if chain_np is None else chain_np[sl],
                         )
                         offset += n
                     row += rows
                     k = end
+            if times is not None:
+                times.head_s += time.perf_counter() - heads
         return [r for r in results if r is not None]
 
     def inference_batch_fn(
@@ -556,7 +623,7 @@ class InferenceBatchFn:
         self.mode: Literal["mean", "sample"] = mode
         self.resolve_slot = resolve_slot
 
-    async def __call__(self, requests: Sequence[InferenceRequestLike]) -> list[InferenceResult]:
+    async def __call__(self, requests: Sequence[ServeRequest]) -> list[InferenceResult]:
         return await asyncio.to_thread(
             self.executor.run_requests, list(requests), self.mode, resolve_slot=self.resolve_slot
         )

@@ -29,7 +29,6 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
@@ -42,7 +41,7 @@ from joynexus.metrics.hooks import Instruments
 from joynexus.metrics.usage import UsageMeter
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.grouped import GroupedExecutor, InferenceResult
+from joynexus.models.grouped import GroupedExecutor, InferenceResult, ServeRequest, StageTimes
 from joynexus.models.payload import TenantPayload
 from joynexus.models.slots import TenantSlot
 from joynexus.queues.inference import InferenceQueue, InferenceQueueMetrics, InferenceRequest
@@ -68,22 +67,6 @@ __all__ = [
     "RolloutConfig",
     "RolloutStats",
 ]
-
-
-@dataclass(frozen=True)
-class _Payload:
-    """What one queued predict carries to the batch function."""
-
-    observations: ObservationBatch
-    mode: Literal["mean", "sample"]
-
-
-@dataclass(frozen=True)
-class _ServeRequest:
-    tenant_id: str
-    policy_version: int | None
-    observation: ObservationBatch
-    mode: Literal["mean", "sample"]
 
 
 def check_finite_tensors(named_tensors: Mapping[str, torch.Tensor]) -> None:
@@ -157,8 +140,9 @@ class InferenceModelService:
         self._instruments = Instruments(metrics, usage)
         self._in_flight = 0
         self.states = ServingStates(base)
-        self._executor = GroupedExecutor(base)
         self._lock = backbone_lock(base)
+        # One lock per batch: the executor takes the backbone's own lock.
+        self._executor = GroupedExecutor(base, lock=self._lock)
         self._compat_key = base.prefix_key()
         self.inference_queue = InferenceQueue(
             self._run_batch,
@@ -282,22 +266,33 @@ class InferenceModelService:
                 fails; the others of its batch are answered).
             ServiceUnavailableError: the service is not started.
         """
+        admitted = time.perf_counter()
+        # Resolved and validated ONCE, here: the batch path trusts the request's slot.
         slot = self.states.slot(tenant_id, policy_version)
         observations.validate(slot.schema)
         if not self.inference_queue.running:
             raise ServiceUnavailableError(
                 "the inference model service is not running; call start() or use 'async with'"
             )
+        enqueued = time.perf_counter()
         request = InferenceRequest(
             tenant_id=tenant_id,
             session_id=session_id,
             schema_signature=slot.schema_signature,
             policy_version=policy_version,
-            observation=_Payload(in_model_units(observations, slot.normalization), mode),
+            observation=ServeRequest(
+                tenant_id=tenant_id,
+                observation=in_model_units(observations, slot.normalization),
+                policy_version=policy_version,
+                mode=mode,
+                slot=slot,
+                enqueued_at=enqueued,
+            ),
             num_samples=observations.batch_size,
             compat_key=self._compat_key,
         )
         future = self.inference_queue.enqueue(request)
+        self._instruments.stage("admission", time.perf_counter() - admitted)
         self._instruments.request(tenant_id)
         self._in_flight += 1
         try:
@@ -315,27 +310,32 @@ class InferenceModelService:
         return out
 
     async def _run_batch(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult]:
-        serve: list[_ServeRequest] = []
-        for r in requests:
-            payload = r.observation
-            assert isinstance(payload, _Payload)
-            serve.append(
-                _ServeRequest(r.tenant_id, r.policy_version, payload.observations, payload.mode)
-            )
-        return await asyncio.to_thread(self._run_locked, serve)
+        serve = [r.observation for r in requests]
+        if self._instruments.enabled:
+            dispatched = time.perf_counter()
+            waited = sum(dispatched - r.enqueued_at for r in serve)
+            self._instruments.stage("queue_wait", waited, len(serve))
+        return await asyncio.to_thread(self._run, serve)
 
-    def _run_locked(self, serve: list[_ServeRequest]) -> list[InferenceResult]:
-        with self._lock:
-            # Timed inside the lock: waiting for the backbone is not device work.
-            start = time.perf_counter()
-            try:
-                return self._executor.run_requests(serve, resolve_slot=self.states.slot)
-            finally:
-                if self._instruments.enabled:
-                    rows: dict[str, int] = {}
-                    for r in serve:
-                        rows[r.tenant_id] = rows.get(r.tenant_id, 0) + r.observation.batch_size
-                    self._instruments.inference_batch(rows, time.perf_counter() - start)
+    def _run(self, serve: list[ServeRequest]) -> list[InferenceResult]:
+        times = StageTimes()
+        try:
+            return self._executor.run_requests(serve, resolve_slot=self.states.slot, times=times)
+        finally:
+            if self._instruments.enabled:
+                rows: dict[str, int] = {}
+                for r in serve:
+                    rows[r.tenant_id] = rows.get(r.tenant_id, 0) + r.observation.batch_size
+                # Device work only: the lock wait is not the backbone's time.
+                self._instruments.inference_batch(rows, times.device_s)
+                self._instruments.batch_stages(
+                    {
+                        "lock_wait": times.lock_wait_s,
+                        "canonicalize": times.canonicalize_s,
+                        "backbone": times.backbone_s,
+                        "head": times.head_s,
+                    }
+                )
 
     # --- environment loops ---------------------------------------------------------------
 
