@@ -111,9 +111,14 @@ def _trace(name: str, tenants: list[str], window: float, tmp_path: Path) -> Phas
     )
 
 
-def _report(tmp_path: Path, multi_window: float) -> dict[str, object]:
-    tenants = ["rl-libero", "rl-pickcube", "rl-pushcube"]
-    multi = _trace("multi-tenant", tenants, multi_window, tmp_path)
+def _report(
+    tmp_path: Path,
+    multi_window: float,
+    tenants: tuple[str, ...] = ("rl-libero", "rl-pickcube", "rl-pushcube"),
+    predict_stages: dict[str, tuple[float, int]] | None = None,
+) -> dict[str, object]:
+    multi = _trace("multi-tenant", list(tenants), multi_window, tmp_path)
+    multi.predict_stages = predict_stages or {}
     isolated = [_trace(f"isolated:{t}", [t], 10.0, tmp_path) for t in tenants]
     return build_report(
         multi,
@@ -121,7 +126,7 @@ def _report(tmp_path: Path, multi_window: float) -> dict[str, object]:
         profile="paper",
         reason="test",
         knobs={},
-        rl_tenants=tenants,
+        rl_tenants=list(tenants),
         sft_tenant="sft-demos",
         eval_tenant="eval-sft",
     )
@@ -183,25 +188,13 @@ def test_the_multi_tenant_bar_has_no_tenants_colour(n_tenants: int) -> None:
 
 
 def test_the_report_gives_what_sharing_the_backbone_cost_inference(tmp_path: Path) -> None:
-    tenants = ["rl-a"]
-    multi = _trace("multi-tenant", tenants, 20.0, tmp_path)
-    multi.predict_stages = {
+    stages = {
         "lock_wait": (0.5, 10),
         "canonicalize": (0.2, 10),
         "backbone": (1.5, 10),
         "head": (0.3, 10),
     }
-    isolated = [_trace("isolated:rl-a", tenants, 10.0, tmp_path)]
-    report = build_report(
-        multi,
-        isolated,
-        profile="paper",
-        reason="test",
-        knobs={},
-        rl_tenants=tenants,
-        sft_tenant="sft-demos",
-        eval_tenant="eval-sft",
-    )
+    report = _report(tmp_path, 20.0, ("rl-a",), stages)
     lock = report["multi_tenant"]["inference_lock_wait"]  # type: ignore[index]
     assert lock == {
         "batches": 10,

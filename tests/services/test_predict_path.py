@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,34 +15,9 @@ from joynexus.metrics.events import MetricsService
 from joynexus.metrics.stages import PER_BATCH_STAGES
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.heads import OFTHeadConfig
-from joynexus.models.schema import CameraSpec, DataSchema
-from joynexus.queues.training import TrainingQueue
-from joynexus.services.environment import EnvironmentService
-from joynexus.services.inference import InferenceModelService
-from joynexus.services.tenancy import TenantConfig, backbone_lock
-
-SCHEMA = DataSchema(
-    name="tiny",
-    cameras={"cam": CameraSpec(height=32, width=32)},
-    state_dim=3,
-    action_dim=2,
-    action_chunk=2,
-    instruction="do the fake thing",
-)
-
-
-def config(tid: str) -> TenantConfig:
-    return TenantConfig(
-        tenant_id=tid,
-        schema_=SCHEMA,
-        head=OFTHeadConfig(hidden_dim=32, num_blocks=1),
-        output_dir=Path("."),
-    )
-
-
-def make_service(base: ResidentBaseModel, **kw: Any) -> InferenceModelService:
-    return InferenceModelService(base, EnvironmentService(), TrainingQueue(), **kw)
+from joynexus.models.schema import DataSchema
+from joynexus.services.tenancy import backbone_lock
+from tests.services.test_inference_service import SCHEMA, config, make_service
 
 
 def test_a_request_is_resolved_and_validated_once(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,6 +25,14 @@ def _check_model_options(arch: str, size: str, device: str) -> None:
         raise typer.BadParameter(f"must be one of {', '.join(SIZES)}", param_hint="--size")
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
         raise typer.BadParameter("must be cpu, cuda or cuda:N", param_hint="--device")
+
+
+def _write_json(result: dict[str, Any], json_path: Path | None) -> None:
+    """Also write a bench's results as JSON (``--json``)."""
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=2, sort_keys=True))
+        console.print(f"wrote {json_path}")
 
 
 def _int_list(value: str, option: str) -> list[int]:
@@ -86,10 +94,7 @@ def bench_group_batching(
         progress=lambda line: console.print(f"[dim]measuring {line}[/dim]"),
     )
     print_report(result, console)
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result, indent=2, sort_keys=True))
-        console.print(f"wrote {json_path}")
+    _write_json(result, json_path)
 
 
 @bench_app.command("figure12")
@@ -172,10 +177,7 @@ def bench_lora(
         budget_bytes=int(budget_mb * 1024 * 1024),
     )
     print_report(result, console)
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result, indent=2, sort_keys=True))
-        console.print(f"wrote {json_path}")
+    _write_json(result, json_path)
 
 
 @bench_app.command("serving")
@@ -215,10 +217,7 @@ def bench_serving(
         progress=lambda line: console.print(f"[dim]{line}[/dim]"),
     )
     print_report(result, console)
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result, indent=2, sort_keys=True))
-        console.print(f"wrote {json_path}")
+    _write_json(result, json_path)
 
 
 @bench_app.command("backbone-lock")
@@ -253,7 +252,4 @@ def bench_backbone_lock(
         progress=lambda line: console.print(f"[dim]{line}[/dim]"),
     )
     print_report(result, console)
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result, indent=2, sort_keys=True))
-        console.print(f"wrote {json_path}")
+    _write_json(result, json_path)
