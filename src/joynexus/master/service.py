@@ -72,7 +72,9 @@ from joynexus.master.limits import MasterLimits, check_limits
 from joynexus.master.primitives import ModelPrimitives
 from joynexus.master.store import InMemoryWorkloadStore, WorkloadRecord, WorkloadStore
 from joynexus.models.backbone import ResidentBaseModel
+from joynexus.models.heads import Pi0ExpertConfig
 from joynexus.models.payload import find_latest_checkpoint, read_manifest
+from joynexus.models.pi0 import pi0_checkpoint_of
 from joynexus.services.protocols import (
     EnvironmentServiceAPI,
     InferenceModelServiceAPI,
@@ -459,6 +461,9 @@ class MasterService(ModelPrimitives):
                 fields=["schema.cameras"],
                 allowed_max=slots,
             )
+        if isinstance(compiled.spec.action_module, Pi0ExpertConfig):
+            pi0 = pi0_checkpoint_of(self.base, what="action_module type 'pi0_expert'")
+            pi0.check_schema(compiled.schema)
         return compiled
 
     # ---------------------------------------------------------------- lifecycle

@@ -27,7 +27,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from joynexus.envs.base import EnvSpec
 from joynexus.envs.seeds import EVAL_SEED_BASE, demo_seeds, eval_seeds, shared_seeds
 from joynexus.errors import SpecError
-from joynexus.models.heads import FlowMatchingHeadConfig, HeadConfig, OFTHeadConfig
+from joynexus.models.heads import (
+    FlowMatchingHeadConfig,
+    HeadConfig,
+    OFTHeadConfig,
+    Pi0ExpertConfig,
+)
 from joynexus.models.heads.flow_policy import MAX_RL_FLOW_STEPS
 from joynexus.models.schema import PRESETS, DataSchema
 from joynexus.models.slots import OptimizerConfig
@@ -197,6 +202,13 @@ class WorkloadSpec(BaseModel):
                 raise ValueError(
                     f"task 'rl' needs algorithm.name in ['grpo', 'ppo', 'reinforce'], "
                     f"got {self.algorithm.name!r}"
+                )
+            if isinstance(self.action_module, Pi0ExpertConfig):
+                raise ValueError(
+                    "action_module type 'pi0_expert' supports sft and eval: rl needs the "
+                    "log-probability of the expert's denoising chain, which is not wired to "
+                    "the π0 expert yet; train it with sft, or put an 'oft' head on the π0 "
+                    "base model for rl"
                 )
             if isinstance(self.action_module, FlowMatchingHeadConfig):
                 self._check_flow_rl(self.action_module)
