@@ -57,7 +57,10 @@ class RaySession:
             from joynexus.runtime.ray_cluster import LocalCluster, NodeSpec
 
             self.cluster = LocalCluster(
-                NodeSpec.model_validate(head), [NodeSpec.model_validate(w) for w in workers]
+                NodeSpec.model_validate(head),
+                [NodeSpec.model_validate(w) for w in workers],
+                # A lost node is declared dead after ~2 s (Ray's default: ~15 s).
+                system_config={"health_check_period_ms": 500, "health_check_failure_threshold": 4},
             )
         except Exception as exc:
             # Never a skip: a multinode test that cannot get its cluster fails, with why.

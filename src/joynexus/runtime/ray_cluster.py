@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -79,12 +79,21 @@ class LocalCluster:
     Args:
         head: The head node (the driver's node: the Training Queue actor lives here).
         workers: One spec per worker node.
+        system_config: Ray internals for the whole cluster (e.g. a faster node health
+            check: ``{"health_check_period_ms": 500, "health_check_failure_threshold":
+            4}`` declares a silent node dead after ~2 s instead of Ray's ~15 s).
 
     Raises:
         ServiceUnavailableError: Ray is not installed, or a node did not come up.
     """
 
-    def __init__(self, head: NodeSpec, workers: Sequence[NodeSpec] = ()) -> None:
+    def __init__(
+        self,
+        head: NodeSpec,
+        workers: Sequence[NodeSpec] = (),
+        *,
+        system_config: Mapping[str, Any] | None = None,
+    ) -> None:
         try:
             import ray  # noqa: F401
         except ImportError as exc:  # pragma: no cover - ray is an optional extra
@@ -97,7 +106,11 @@ class LocalCluster:
         self._cluster: Any = Cluster(
             initialize_head=True,
             connect=True,
-            head_node_args={**head.node_args(), "include_dashboard": False},
+            head_node_args={
+                **head.node_args(),
+                "include_dashboard": False,
+                "_system_config": dict(system_config or {}),
+            },
         )
         self._workers: dict[str, Any] = {}
         try:

@@ -48,7 +48,14 @@ from joynexus.models.backbone import ResidentBaseModel
 from joynexus.queues.ray_storage import RayObjectStorePartitionStorage
 from joynexus.queues.training import TrainingQueue
 from joynexus.runtime.hosting import Hosting, Placement, PlaneSettings, Probe, check_engines
-from joynexus.runtime.placement import Layout, ReservedGroup, Role, Strategy, build_placement
+from joynexus.runtime.placement import (
+    ROLES,
+    Layout,
+    ReservedGroup,
+    Role,
+    Strategy,
+    build_placement,
+)
 from joynexus.runtime.ranks import DataParallelRole
 from joynexus.runtime.ray_proxy import ActorProxy, await_ref
 from joynexus.runtime.scaling import AutoscalePolicy, EngineHandle, EnginePool
@@ -237,6 +244,27 @@ class RayHosting(Hosting):
                 if isinstance(engine, ActorProxy):
                     out[f"inference/{engine_id}"] = node_of(engine)
         return out
+
+    def waiting_for(self) -> list[str]:
+        """Why a role cannot run now: each bundle of the layout that has no node (its
+        node was lost and no live node can hold it), with what it needs. Empty when
+        every role is placed. Its actors wait (a restarted engine or rank is created
+        when a node that fits joins); an operator adds capacity or ends the run."""
+        from ray.util import placement_group_table
+
+        group = self.reserved.group
+        if group is None:
+            return []
+        table: dict[str, Any] = placement_group_table(group.group)
+        placed: dict[int, str] = table.get("bundles_to_node_id") or {}
+        bundles: dict[int, dict[str, float]] = table.get("bundles") or {}
+        return [
+            f"role {role}: its bundle {bundles.get(i, {})} has no node; waiting for a live "
+            f"node that can hold it (placement group {table.get('state')}, strategy "
+            f"{table.get('strategy')})"
+            for i, role in enumerate(ROLES)
+            if not placed.get(i)
+        ]
 
     def kill_engine(self, engine_id: int) -> None:
         """Kill one rollout engine's actor (fault injection for tests and drills)."""
