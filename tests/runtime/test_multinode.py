@@ -215,6 +215,12 @@ def test_roles_on_their_nodes_and_the_rollout_node_lost_mid_workload(
         assert run.plane.hosting.waiting_for() == []
         assert run.plane.hosting.role_nodes()["inference/0"] == drill["new_node"]
         assert run.health.escalated is None
+        # The plane's usage meter counts the actors' work, on whichever node it ran.
+        usage = run.plane.usage
+        assert usage is not None
+        seen = usage.tenant("rl")
+        assert all(seen.device_seconds[s] > 0 for s in ("training", "inference", "environment"))
+        assert seen.samples_trained > 0 and seen.env_steps > 0
 
     run_checked(specs, run, check, on_progress)
     print(

@@ -9,6 +9,10 @@ step, its simulator session) is attributed to it whole.
 Services: ``training``, ``inference``, ``environment``. Counts: predict requests,
 inference samples, samples trained, environment steps (sub-env steps).
 
+Services in other processes (Ray actors) each keep a meter of their own; the host
+moves their counts into its meter with :meth:`UsageMeter.drain` there and
+:meth:`UsageMeter.merge` here, so the report covers work wherever it ran.
+
 Thread-safe: services call it from worker threads. With a ``path`` the meter writes
 its report there (atomically) at most every ``persist_interval_s`` and on
 :meth:`UsageMeter.save`, so ``joynexus usage --run-dir`` can read it; ``resume=True``
@@ -111,6 +115,24 @@ class UsageMeter:
 
     def _restore(self, report: UsageReport) -> None:
         self._started_at = report.started_at
+        self._add(report)
+
+    def merge(self, report: UsageReport) -> None:
+        """Add another meter's counts (a remote service's :meth:`drain`) to this one."""
+        with self._lock:
+            self._add(report)
+        self._maybe_persist()
+
+    def drain(self) -> UsageReport:
+        """The counts recorded since the last drain, and reset them (atomically): what a
+        remote service's meter hands to the host's :meth:`merge`, each count once."""
+        with self._lock:
+            report = self._snapshot_locked()
+            self._tenants = {}
+            self._service = _zero_seconds()
+        return report
+
+    def _add(self, report: UsageReport) -> None:
         for service, seconds in report.service_seconds.items():
             self._service[service] = self._service.get(service, 0.0) + seconds
         for tid, u in report.tenants.items():
@@ -208,23 +230,25 @@ class UsageMeter:
 
     def snapshot(self) -> UsageReport:
         with self._lock:
-            tenants = {
-                tid: TenantUsage(
-                    tenant_id=tid,
-                    device_seconds=dict(t.device),
-                    requests=t.requests,
-                    inference_samples=t.inference_samples,
-                    samples_trained=t.samples_trained,
-                    env_steps=t.env_steps,
-                )
-                for tid, t in sorted(self._tenants.items())
-            }
-            service = dict(self._service)
+            return self._snapshot_locked()
+
+    def _snapshot_locked(self) -> UsageReport:
+        tenants = {
+            tid: TenantUsage(
+                tenant_id=tid,
+                device_seconds=dict(t.device),
+                requests=t.requests,
+                inference_samples=t.inference_samples,
+                samples_trained=t.samples_trained,
+                env_steps=t.env_steps,
+            )
+            for tid, t in sorted(self._tenants.items())
+        }
         return UsageReport(
             started_at=self._started_at,
             generated_at=self.clock.wall(),
             tenants=tenants,
-            service_seconds=service,
+            service_seconds=dict(self._service),
         )
 
     def report(self) -> UsageReport:

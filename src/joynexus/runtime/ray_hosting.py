@@ -31,19 +31,25 @@ nothing is shipped from the driver. The Training Queue actor is pinned to the dr
 node, so the loss of a worker node never takes the queue's index with it; its columns
 are objects in the node's store, and a worker reading a microbatch pulls them into
 its own node's store. The actors keep their own ``SystemClock`` (a fake clock cannot
-be shared across processes) and report to no Metrics Service or usage meter of the
-driver.
+be shared across processes) and report to no Metrics Service of the driver; each meters
+its work in a usage meter of its own, which the hosting drains into the plane's meter
+every ``usage_interval_s`` and on stop, so usage counts work wherever it ran.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from joynexus.api import UsageReport
 from joynexus.errors import ServiceUnavailableError, SpecError
+from joynexus.metrics.usage import UsageMeter
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.queues.ray_storage import RayObjectStorePartitionStorage
 from joynexus.queues.training import TrainingQueue
@@ -66,6 +72,8 @@ from joynexus.services.protocols import TrainingModelServiceAPI
 from joynexus.services.training import TrainingModelService
 from joynexus.spec.workload import BaseModelSpec
 from joynexus.utils.clock import SystemClock
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BaseModelSource", "RayHosting", "RayPlacement", "connect", "node_of"]
 
@@ -106,15 +114,27 @@ class BaseModelSource:
         return load_base_model(self.spec, self.cache_dir)
 
 
-def _on_node(cls: type[Any]) -> type[Any]:
-    """``cls`` whose constructor takes a :class:`BaseModelSource` in place of the base
-    model and loads it in the actor's process. Only the constructor differs; the proxy
-    keeps ``cls`` as the class it mirrors."""
+def _actor_class(cls: type[Any], *, loads_base: bool = True) -> type[Any]:
+    """``cls`` as an actor class: its constructor takes a :class:`BaseModelSource` in
+    place of the base model and loads it in the actor's process (``loads_base``), and
+    meters the service's work in a usage meter of the actor's own (a meter holds locks:
+    it cannot be shipped), which the host drains (:func:`_drain_usage`). Only the
+    constructor differs; the proxy keeps ``cls`` as the class it mirrors."""
 
-    def __init__(self: Any, source: BaseModelSource, *args: Any, **kwargs: Any) -> None:
-        cls.__init__(self, source.load(), *args, **kwargs)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        from joynexus.metrics.usage import UsageMeter
+
+        if loads_base:
+            args = (args[0].load(), *args[1:])
+        self.actor_usage = kwargs["usage"] = UsageMeter()
+        cls.__init__(self, *args, **kwargs)
 
     return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": __name__})
+
+
+def _drain_usage(svc: Any) -> UsageReport:
+    report: UsageReport = svc.actor_usage.drain()
+    return report
 
 
 def _where(_svc: Any) -> str:
@@ -199,6 +219,8 @@ class RayHosting(Hosting):
         pool: EnginePool,
         engines: int,
         autoscale: AutoscalePolicy | None,
+        usage: UsageMeter | None = None,
+        usage_interval_s: float = 2.0,
     ) -> None:
         super().__init__(
             queue=queue,
@@ -212,6 +234,60 @@ class RayHosting(Hosting):
         self.reserved = reserved
         self.training_ranks = training_ranks
         self.queue_proxy = queue
+        self.usage = usage
+        self.usage_interval_s = usage_interval_s
+        self._metering: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the engines, then move the actors' usage into the plane's meter every
+        ``usage_interval_s``."""
+        await super().start()
+        if self.usage is not None:
+            self._metering = asyncio.create_task(self._meter(), name="actor-usage")
+
+    async def stop(self) -> None:
+        """Collect the actors' last usage, then stop as :meth:`Hosting.stop`."""
+        if self._metering is not None:
+            self._metering.cancel()
+            await asyncio.gather(self._metering, return_exceptions=True)
+            self._metering = None
+        with contextlib.suppress(Exception):
+            await self.collect_usage()
+        await super().stop()
+
+    async def _meter(self) -> None:
+        while True:
+            await asyncio.sleep(self.usage_interval_s)
+            try:
+                await self.collect_usage()
+            except Exception as error:  # metering never stops the plane; next round retries
+                log.warning("collecting actor usage failed: %s", error)
+
+    async def collect_usage(self) -> int:
+        """Drain every live actor's usage meter into the plane's (training ranks,
+        environment, rollout engines); returns how many actors answered. An actor that
+        died since the last collection takes its last interval's counts with it."""
+        if self.usage is None:
+            return 0
+        proxies: list[ActorProxy[Any]] = [*self.training_ranks]
+        if isinstance(self.env, ActorProxy):
+            proxies.append(self.env)
+        if self.pool is not None:
+            proxies += [
+                e
+                for i in self.pool.engine_ids()
+                if isinstance(e := self.pool.engine(i), ActorProxy)
+            ]
+        reports = await asyncio.gather(
+            *(await_ref(p.actor.__ray_call__.remote(_drain_usage)) for p in proxies),
+            return_exceptions=True,
+        )
+        answered = 0
+        for report in reports:
+            if isinstance(report, UsageReport):
+                self.usage.merge(report)
+                answered += 1
+        return answered
 
     @property
     def group(self) -> ReservedGroup | None:
@@ -384,7 +460,7 @@ class RayPlacement(Placement):
         reserved.actors.append(queue_handle)
         queue = ActorProxy(queue_handle, TrainingQueue)
         env_handle = (
-            ray.remote(EnvironmentService)
+            ray.remote(_actor_class(EnvironmentService, loads_base=False))
             .options(max_concurrency=64, **group.actor_options("environment"))
             .remote(cfg.env, clock=SystemClock())
         )
@@ -396,7 +472,7 @@ class RayPlacement(Placement):
 
         async def make_engine(slot: int) -> EngineHandle:
             handle: Any = (
-                ray.remote(_on_node(InferenceModelService))
+                ray.remote(_actor_class(InferenceModelService))
                 .options(max_concurrency=256, **group.actor_options("inference"))
                 .remote(
                     source,
@@ -438,6 +514,7 @@ class RayPlacement(Placement):
             pool=pool,
             engines=self.engines,
             autoscale=self.autoscale,
+            usage=settings.usage,
         )
 
     def _training_ranks(
@@ -461,7 +538,7 @@ class RayPlacement(Placement):
         }
         if k == 1:
             handle = (
-                ray.remote(_on_node(TrainingModelService))
+                ray.remote(_actor_class(TrainingModelService))
                 .options(max_concurrency=64, **options)
                 .remote(source, queue, **kwargs)
             )
@@ -473,7 +550,7 @@ class RayPlacement(Placement):
         for rank in range(k):
             group_of_rank = RankGroup(rank, k, f"tcp://{host}:{port}")
             handle = (
-                ray.remote(_on_node(DataParallelTrainingService))
+                ray.remote(_actor_class(DataParallelTrainingService))
                 .options(max_concurrency=64, **options)
                 .remote(source, queue, ranks=group_of_rank, **kwargs)
             )
