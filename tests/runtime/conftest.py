@@ -43,6 +43,9 @@ class RaySession:
         self.close()
         os.environ["RAY_AUTH_MODE"] = "disabled"
         ray.init(
+            # "local": always a new instance, never a cluster another process started
+            # on this machine (Ray would attach to the last one it recorded).
+            address="local",
             num_cpus=2,
             num_gpus=8,
             object_store_memory=200 * 1024 * 1024,

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from joynexus.cli.app import app
+from joynexus.cli.app import app, bench_app
 
 if TYPE_CHECKING:
     from joynexus.runtime.hosting import Placement
@@ -109,3 +109,45 @@ def scale_rollout(
             str(e["answered"]),
         )
     console.print(table)
+
+
+@bench_app.command("transfer")
+def bench_transfer(
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address",
+            help="Measure on this running cluster ('auto' or HOST:PORT) between its first "
+            "two live nodes; default: start a head and two workers on 127.0.0.1.",
+        ),
+    ] = None,
+    mib: Annotated[int, typer.Option("--mib", min=1, max=4096, help="Object size.")] = 64,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, max=20)] = 3,
+) -> None:
+    """Object-store throughput between Ray nodes (MB/s, best of --repeats): what a
+    Training Queue microbatch costs to move from the queue's node to a trainer's."""
+    from joynexus.runtime.ray_cluster import LocalCluster, NodeSpec, transfer_mb_per_s
+    from joynexus.runtime.ray_hosting import connect
+
+    cluster: LocalCluster | None = None
+    if address is None:
+        store = max(75, 2 * mib + 16)
+        spec = NodeSpec(object_store_mib=store)
+        cluster = LocalCluster(spec, [spec, spec])
+        nodes = [cluster.head_node_id, *cluster.worker_ids()]
+    else:
+        import ray
+
+        connect(address)
+        nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]  # type: ignore[no-untyped-call]  # untyped in ray
+        if len(nodes) < 2:
+            console.print(f"[red]error:[/red] the cluster at {address} has {len(nodes)} live node")
+            raise typer.Exit(1)
+    try:
+        pairs = [(nodes[0], nodes[1])] + ([(nodes[1], nodes[2])] if len(nodes) > 2 else [])
+        for src, dst in pairs:
+            rate = transfer_mb_per_s(src, dst, mib=mib, repeats=repeats)
+            console.print(f"node {src[:8]} → node {dst[:8]}: {mib} MiB at {rate:,.0f} MB/s")
+    finally:
+        if cluster is not None:
+            cluster.shutdown()

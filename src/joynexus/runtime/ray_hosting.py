@@ -92,6 +92,9 @@ def connect(address: str | None = None, **init_kwargs: Any) -> bool:
     if address is None:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         init_kwargs.setdefault("include_dashboard", False)
+        # "local": a new instance, never one another process left recorded on this
+        # machine (a plain ray.init() would attach to it).
+        address = "local"
     ray.init(address=address, **init_kwargs)
     return True
 
