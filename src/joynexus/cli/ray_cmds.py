@@ -35,23 +35,53 @@ class RuntimeKind(StrEnum):
     ray = "ray"
 
 
+def parse_role_resources(text: str | None) -> dict[str, str] | None:
+    """``"actor=trainer,inference=rollout"`` → ``{"actor": "trainer", ...}`` (None: none).
+
+    Raises:
+        SpecError: not ``ROLE=RESOURCE`` pairs of the roles actor, inference, environment.
+    """
+    from joynexus.errors import SpecError
+    from joynexus.runtime.placement import ROLES
+
+    if not text:
+        return None
+    out: dict[str, str] = {}
+    for part in text.split(","):
+        role, sep, resource = part.strip().partition("=")
+        if not sep or role not in ROLES or not resource:
+            raise SpecError(
+                f"--role-resources {text!r}: expected ROLE=RESOURCE pairs separated by ',' "
+                f"with ROLE one of {list(ROLES)}, e.g. 'actor=trainer,inference=rollout'",
+                field="role_resources",
+            )
+        out[role] = resource
+    return out
+
+
 def make_placement(
     kind: RuntimeKind | str,
     *,
     address: str | None = None,
     layout: str = "2-2-4",
     engines: int = 1,
+    strategy: str = "PACK",
+    role_resources: str | None = None,
+    training_ranks: int = 1,
 ) -> Placement:
     """Where ``joynexus run`` puts the services: in this process (an engine pool), or
-    Ray actors.
+    Ray actors (``strategy``, ``role_resources`` and ``training_ranks``: see
+    :class:`~joynexus.runtime.ray_hosting.RayPlacement`).
 
     Raises:
-        SpecError: an unknown layout.
+        SpecError: an unknown layout or strategy, bad role resources, or more training
+            ranks than actor GPUs.
         InvalidRequestError: more engines than the layout holds.
         ServiceUnavailableError: ``ray`` was asked for but is not installed.
     """
-    from joynexus.errors import ServiceUnavailableError
+    from joynexus.errors import ServiceUnavailableError, SpecError
     from joynexus.runtime.hosting import EnginePoolPlacement
+    from joynexus.runtime.placement import STRATEGIES
     from joynexus.runtime.ray_hosting import RayPlacement
 
     if RuntimeKind(kind) is RuntimeKind.embedded:
@@ -62,7 +92,20 @@ def make_placement(
         raise ServiceUnavailableError(
             "--runtime ray needs the 'ray' extra: pip install 'joynexus[ray]'"
         ) from exc
-    return RayPlacement(address=address, layout=layout, engines=engines)
+    strategy_name = next((x for x in STRATEGIES if x == strategy.upper()), None)
+    if strategy_name is None:
+        raise SpecError(
+            f"--placement-strategy {strategy!r}: expected one of {list(STRATEGIES)}",
+            field="strategy",
+        )
+    return RayPlacement(
+        address=address,
+        layout=layout,
+        engines=engines,
+        strategy=strategy_name,
+        role_resources=parse_role_resources(role_resources),  # type: ignore[arg-type]  # roles checked there
+        training_ranks=training_ranks,
+    )
 
 
 Url = Annotated[str | None, typer.Option("--url", envvar="JOYNEXUS_URL", help="Server URL.")]

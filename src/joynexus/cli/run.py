@@ -63,6 +63,31 @@ def run(
     engines: Annotated[
         int, typer.Option("--engines", min=1, help="Rollout engines (inference replicas).")
     ] = 1,
+    placement_strategy: Annotated[
+        str,
+        typer.Option(
+            "--placement-strategy",
+            help="--runtime ray: how the roles spread over nodes (PACK, SPREAD, "
+            "STRICT_SPREAD, STRICT_PACK).",
+        ),
+    ] = "PACK",
+    role_resources: Annotated[
+        str | None,
+        typer.Option(
+            "--role-resources",
+            help="--runtime ray: pin roles to nodes advertising a custom resource, "
+            "e.g. 'actor=trainer,inference=rollout,environment=sim'.",
+        ),
+    ] = None,
+    training_ranks: Annotated[
+        int,
+        typer.Option(
+            "--training-ranks",
+            min=1,
+            help="--runtime ray: data-parallel ranks of the training role (at most one "
+            "per actor GPU of the layout).",
+        ),
+    ] = 1,
     device_cores: Annotated[
         str, typer.Option("--device-cores", help=DEVICE_CORES_HELP + " Default: none.")
     ] = "none",
@@ -95,7 +120,15 @@ def run(
     )
 
     try:
-        placement = make_placement(runtime_kind, address=address, layout=layout, engines=engines)
+        placement = make_placement(
+            runtime_kind,
+            address=address,
+            layout=layout,
+            engines=engines,
+            strategy=placement_strategy,
+            role_resources=role_resources,
+            training_ranks=training_ranks,
+        )
     except JoyNexusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
