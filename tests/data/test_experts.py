@@ -12,7 +12,7 @@ from joynexus.cli.main import app
 from joynexus.data.reader import LeRobotDataset
 from joynexus.data.record import make_scripted_policy, record_episodes
 from joynexus.envs import EnvSpec, make_env
-from joynexus.errors import DatasetError
+from joynexus.errors import DatasetError, SpecError
 
 
 @pytest.mark.filterwarnings("ignore:Constant:UserWarning")  # metaworld's own expert warns
@@ -85,3 +85,42 @@ def test_cli_prints_the_expert_success_rate_and_keeps_successes(tmp_path: Path) 
     result = CliRunner().invoke(app, [*args, str(tmp_path / "b"), "--keep-failures"])
     assert result.exit_code == 0, result.output
     assert LeRobotDataset(tmp_path / "b").num_episodes == 8
+
+
+@pytest.mark.parametrize("task", ["PushCube-v1", "PickCube-v1"])
+def test_maniskill_experts_succeed(task: str) -> None:
+    pytest.importorskip("mani_skill")
+    spec = EnvSpec(
+        kind="maniskill",
+        task=task,
+        image_size=8,
+        max_episode_steps=60,
+        options={"control_mode": "pd_ee_delta_pos"},
+        observation={"images": False, "state": "privileged"},
+    )
+    env, expert = make_env(spec), make_scripted_policy(spec)
+    try:
+        for seed in (21, 22):
+            expert.reset()
+            obs, succeeded = env.reset(seed=seed), False
+            for _ in range(60):
+                step = env.step(expert.act(env, obs))
+                obs, succeeded = step.observation, bool(step.success[0])
+                if step.terminated[0] or step.truncated[0]:
+                    break
+            assert succeeded, f"{task} expert failed on seed {seed}"
+    finally:
+        env.close()
+
+
+def test_maniskill_expert_needs_end_effector_control() -> None:
+    with pytest.raises(SpecError, match="pd_ee_delta_pos"):
+        make_scripted_policy(EnvSpec(kind="maniskill", task="PushCube-v1"))
+    with pytest.raises(SpecError, match="no scripted ManiSkill expert"):
+        make_scripted_policy(
+            EnvSpec(
+                kind="maniskill",
+                task="StackCube-v1",
+                options={"control_mode": "pd_ee_delta_pos"},
+            )
+        )

@@ -13,7 +13,9 @@ expert and every transition becomes one frame with LeRobot's usual keys::
 ``dataset.record_episodes`` asks for a dataset that does not exist yet.
 
 Experts: MetaWorld ships one scripted policy per task (``metaworld.policies``); PushT
-gets :class:`PushTScriptedPolicy`, which plans pushes on a replica of the simulator.
+gets :class:`PushTScriptedPolicy`, which plans pushes on a replica of the simulator;
+ManiSkill3's PickCube and PushCube get waypoint experts on the objects' true poses
+(:mod:`joynexus.data.maniskill_expert`).
 :class:`RecordSummary` reports the experts' success rate; ``joynexus data record``
 refuses to keep a recording in which the expert never succeeded.
 """
@@ -35,6 +37,7 @@ from joynexus.data.lerobot_format import FeatureSpec
 from joynexus.data.writer import LeRobotDatasetWriter
 from joynexus.envs.base import EnvAdapter, EnvObservation, EnvSpec
 from joynexus.envs.registry import make_env
+from joynexus.envs.vector import gym_envs
 from joynexus.errors import DatasetError, SpecError
 from joynexus.models.schema import DataSchema
 
@@ -64,23 +67,6 @@ class ScriptedPolicy(Protocol):
     def act(self, env: EnvAdapter, obs: EnvObservation) -> np.ndarray:
         """float32 ``[num_envs, action_dim]`` for the current observation."""
         ...
-
-
-def _gym_envs(env: EnvAdapter) -> list[Any]:
-    """The unwrapped gymnasium envs behind a local adapter (for privileged state)."""
-    subs = getattr(env, "envs", None)
-    if not subs:
-        raise SpecError(
-            "the scripted expert needs a local simulator adapter (it reads the simulator's "
-            "internal state); this env does not expose its sub-envs"
-        )
-    out = []
-    for sub in subs:
-        gym_env = getattr(sub, "env", None)
-        if gym_env is None:
-            raise SpecError("the scripted expert cannot reach this adapter's simulator")
-        out.append(getattr(gym_env, "unwrapped", gym_env))
-    return out
 
 
 def _wrap(angle: float) -> float:
@@ -257,7 +243,7 @@ class PushTScriptedPolicy:
         self._plans.clear()
 
     def act(self, env: EnvAdapter, obs: EnvObservation) -> np.ndarray:
-        actions = [self._act_one(i, sim) for i, sim in enumerate(_gym_envs(env))]
+        actions = [self._act_one(i, sim) for i, sim in enumerate(gym_envs(env))]
         return np.asarray(actions, dtype=np.float32)
 
     # --- planning ----------------------------------------------------------------
@@ -466,7 +452,7 @@ class MetaWorldScriptedPolicy:
 
 
 #: Env kinds :func:`make_scripted_policy` has an expert for.
-SCRIPTED_EXPERT_KINDS = ("pusht", "metaworld", "reach2d")
+SCRIPTED_EXPERT_KINDS = ("pusht", "metaworld", "maniskill", "reach2d")
 
 
 def make_scripted_policy(spec: EnvSpec) -> ScriptedPolicy:
@@ -481,6 +467,10 @@ def make_scripted_policy(spec: EnvSpec) -> ScriptedPolicy:
         if not spec.task:
             raise SpecError("metaworld recording needs a task, e.g. --task reach-v3")
         return MetaWorldScriptedPolicy(spec.task)
+    if spec.kind == "maniskill":
+        from joynexus.data.maniskill_expert import ManiSkillScriptedPolicy
+
+        return ManiSkillScriptedPolicy(spec)
     if spec.kind == "reach2d":
         from joynexus.envs.reach2d import Reach2DScriptedPolicy, reach2d_schema
 

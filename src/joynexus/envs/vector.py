@@ -22,9 +22,10 @@ from joynexus.envs.base import (
     check_actions,
     stack_observations,
 )
+from joynexus.errors import SpecError
 from joynexus.models.schema import DataSchema
 
-__all__ = ["SingleEnv", "SingleObservation", "SingleStep", "VectorEnvAdapter"]
+__all__ = ["SingleEnv", "SingleObservation", "SingleStep", "VectorEnvAdapter", "gym_envs"]
 
 
 @dataclass
@@ -152,3 +153,20 @@ class VectorEnvAdapter(EnvAdapter):
         self._closed = True
         for env in self.envs:
             env.close()
+
+
+def gym_envs(env: EnvAdapter) -> list[Any]:
+    """The unwrapped gymnasium envs behind a local adapter (for privileged state)."""
+    subs = getattr(env, "envs", None)
+    if not subs:
+        raise SpecError(
+            "the scripted expert needs a local simulator adapter (it reads the simulator's "
+            "internal state); this env does not expose its sub-envs"
+        )
+    out = []
+    for sub in subs:
+        gym_env = getattr(sub, "env", None)
+        if gym_env is None:
+            raise SpecError("the scripted expert cannot reach this adapter's simulator")
+        out.append(getattr(gym_env, "unwrapped", gym_env))
+    return out

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -73,7 +74,7 @@ from joynexus.master.primitives import ModelPrimitives
 from joynexus.master.store import InMemoryWorkloadStore, WorkloadRecord, WorkloadStore
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.heads import Pi0ExpertConfig
-from joynexus.models.payload import find_latest_checkpoint, read_manifest
+from joynexus.models.payload import MANIFEST_FILE, find_latest_checkpoint, read_manifest
 from joynexus.models.pi0 import pi0_checkpoint_of
 from joynexus.services.protocols import (
     EnvironmentServiceAPI,
@@ -437,6 +438,13 @@ class MasterService(ModelPrimitives):
             )
         spec = spec.model_copy(update={"output_dir": self.output_root})
         check_limits(spec, self.limits, self.base_model_id)
+        if spec.init_from is not None and not self.limits.cross_tenant_eval:
+            raise PermissionDeniedError(
+                "init_from reads another tenant's (or a file's) checkpoint; on this server "
+                "a tenant continues only its own policy (submit the next workload of the "
+                "same tenant: it resumes from its checkpoint)",
+                field="init_from",
+            )
         if spec.evaluation is not None and not self.limits.cross_tenant_eval:
             others = sorted(set(spec.evaluation.targets) - {tenant_id})
             if others:
@@ -683,6 +691,7 @@ class MasterService(ModelPrimitives):
         metrics = MetricsLog(self._workload_dir(w) / "metrics.jsonl", self.clock, resume=True)
         if c.config is not None and (tid in self._tenants or tid in self.training.tenant_ids()):
             await self._release_slot(tid)  # a finished workload's slot: rebuilt below
+        c = await self._with_init_checkpoint(w, c, metrics)
         started = await launch.start_tenant(
             c,
             base=self.base,
@@ -723,6 +732,35 @@ class MasterService(ModelPrimitives):
         if launch.uses_actor_forward(c) and self._actor_forward is None:
             self._actor_forward = launch.start_actor_forward(self.ctx, prefix="master:")
         w.producer = launch.start_producer(self.ctx, c, started)
+
+    async def _with_init_checkpoint(
+        self, w: _Workload, c: CompiledWorkload, metrics: MetricsLog
+    ) -> CompiledWorkload:
+        """``c`` with the checkpoint its ``init_from`` names (SFT → RL handoff).
+
+        A tenant name waits until that tenant's live workloads ended, then takes its
+        latest checkpoint; anything else is a checkpoint directory.
+
+        Raises:
+            ConflictError: the source tenant ended without a checkpoint, or the path
+                holds none.
+        """
+        src = c.spec.init_from
+        if src is None or c.config is None:
+            return c
+        while any(o.tenant_id == src and o is not w for o in self._live()):
+            await self.clock.sleep(max(self.ctx.poll_s, 0.02))
+        path = find_latest_checkpoint(self.output_root, src) if "/" not in src else None
+        if path is None:
+            if not (Path(src) / MANIFEST_FILE).is_file():
+                raise ConflictError(
+                    f"init_from {src!r}: no checkpoint to start from (the tenant ended "
+                    "without an update, or the path holds no manifest.json)"
+                )
+            path = Path(src)
+        metrics.write("init_from", source=src, checkpoint=str(path))
+        config = c.config.model_copy(update={"init_checkpoint": path})
+        return dataclasses.replace(c, config=config)
 
     async def _await_targets(self, w: _Workload) -> None:
         """An evaluation submitted with its targets' workloads waits for their slots.

@@ -406,26 +406,13 @@ def read_manifest(path: str | os.PathLike[str]) -> CheckpointManifest:
         raise InvalidRequestError(f"corrupt manifest {mpath}: {exc}", path=str(mpath)) from exc
 
 
-def load_slot(
-    slot: TenantSlot,
-    path: str | os.PathLike[str],
-    *,
-    base_model_hash: str | None = None,
-    load_optim: bool = True,
+def _verified_manifest(
+    slot: TenantSlot, root: Path, base_model_hash: str | None, *, same_tenant: bool
 ) -> CheckpointManifest:
-    """Restore ``slot``'s module, optimizer (when saved) and policy version from ``path``.
-
-    Every file is verified against the manifest's sha256 before anything is loaded.
-
-    Raises:
-        NotFoundError: no checkpoint at ``path``.
-        InvalidRequestError: another tenant's checkpoint, a hash mismatch, or tensors
-            that do not fit the slot.
-        SchemaMismatchError: a different schema signature or base model.
-    """
-    root = Path(path)
+    """The manifest of the checkpoint at ``root`` once it is known to fit ``slot``: its
+    tenant (``same_tenant``), schema signature, base model and file hashes."""
     manifest = read_manifest(root)
-    if manifest.tenant_id != slot.tenant_id:
+    if same_tenant and manifest.tenant_id != slot.tenant_id:
         raise InvalidRequestError(
             f"checkpoint {root} belongs to tenant {manifest.tenant_id!r}, not {slot.tenant_id!r}",
             field="tenant_id",
@@ -454,12 +441,75 @@ def load_slot(
                 f"checkpoint file {fpath} is missing or its sha256 does not match the manifest",
                 path=str(fpath),
             )
-    normalization: NormalizationStats | None = None
-    if NORMALIZATION_FILE in manifest.files:
-        normalization = NormalizationStats.model_validate_json(
-            (root / NORMALIZATION_FILE).read_text()
-        )
-        check_normalization(slot, normalization)
+    return manifest
+
+
+def _normalization_of(
+    slot: TenantSlot, root: Path, manifest: CheckpointManifest
+) -> NormalizationStats | None:
+    if NORMALIZATION_FILE not in manifest.files:
+        return None
+    normalization = NormalizationStats.model_validate_json((root / NORMALIZATION_FILE).read_text())
+    check_normalization(slot, normalization)
+    return normalization
+
+
+def init_slot_from(
+    slot: TenantSlot, path: str | os.PathLike[str], *, base_model_hash: str | None = None
+) -> CheckpointManifest:
+    """Start ``slot`` from another tenant's checkpoint (``init_from``: RL from SFT).
+
+    The checkpoint's action module (and LoRA adapter) and its normalization stats are
+    copied in; a module the checkpoint lacks (the critic of a PPO tenant started from
+    SFT) keeps its fresh initialisation. The optimizer and the policy version are not
+    taken: the slot starts its own history at version 0.
+
+    Raises:
+        NotFoundError: no checkpoint at ``path``.
+        InvalidRequestError: a hash mismatch, or tensors that do not fit the slot.
+        SchemaMismatchError: a different schema signature or base model.
+    """
+    root = Path(path)
+    manifest = _verified_manifest(slot, root, base_model_hash, same_tenant=False)
+    normalization = _normalization_of(slot, root, manifest)
+    modules = slot.modules()
+    # A critic the checkpoint has and the slot does not (GRPO from PPO) is dropped.
+    tensors = {
+        k: v
+        for k, v in load_file(str(root / ACTION_MODULE_FILE)).items()
+        if k.split(".", 1)[0] in modules
+    }
+    current = slot.state_tensors()
+    taken = {p for p in modules if any(k.startswith(f"{p}.") for k in tensors)}
+    # What the checkpoint has must fit; modules it lacks entirely stay fresh.
+    wanted = {k: v for k, v in current.items() if k.split(".", 1)[0] in taken}
+    fresh = {k: v for k, v in current.items() if k not in wanted}
+    _copy_validated(slot, {**tensors, **fresh})
+    if normalization is not None:
+        slot.normalization = normalization
+    return manifest
+
+
+def load_slot(
+    slot: TenantSlot,
+    path: str | os.PathLike[str],
+    *,
+    base_model_hash: str | None = None,
+    load_optim: bool = True,
+) -> CheckpointManifest:
+    """Restore ``slot``'s module, optimizer (when saved) and policy version from ``path``.
+
+    Every file is verified against the manifest's sha256 before anything is loaded.
+
+    Raises:
+        NotFoundError: no checkpoint at ``path``.
+        InvalidRequestError: another tenant's checkpoint, a hash mismatch, or tensors
+            that do not fit the slot.
+        SchemaMismatchError: a different schema signature or base model.
+    """
+    root = Path(path)
+    manifest = _verified_manifest(slot, root, base_model_hash, same_tenant=True)
+    normalization = _normalization_of(slot, root, manifest)
     _copy_validated(slot, load_file(str(root / ACTION_MODULE_FILE)))
     if normalization is not None:
         slot.normalization = normalization

@@ -43,6 +43,10 @@ class TenantConfig(BaseModel):
             data (SFT: the dataset's stats). Its slot computes in normalized units;
             serving normalizes env state in and returns actions in env units, and
             rollouts store normalized state/actions, like SFT partitions.
+        init_checkpoint: Start the slot from this checkpoint of another tenant
+            (``init_from``: RL from an SFT tenant) — its action module and
+            normalization, not its optimizer or version; the tenant's own checkpoints
+            (a resumed workload) still take precedence.
     """
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
@@ -56,6 +60,7 @@ class TenantConfig(BaseModel):
     seed: int = 0
     output_dir: Path = Path("runs")
     normalization: NormalizationStats | None = None
+    init_checkpoint: Path | None = None
 
     @classmethod
     def from_spec(cls, spec: WorkloadSpec, schema: DataSchema) -> TenantConfig:

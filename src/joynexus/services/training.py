@@ -53,6 +53,7 @@ from joynexus.models.payload import (
     TenantPayload,
     export_params,
     find_latest_checkpoint,
+    init_slot_from,
     load_slot,
     read_manifest,
     save_slot,
@@ -263,9 +264,12 @@ class TrainingModelService:
     async def add_tenant(self, config: TenantConfig) -> TenantInfo:
         """Create the tenant's slot (action module, optimizer, version 0).
 
+        With ``config.init_checkpoint`` the slot starts from that checkpoint's weights.
+
         Raises:
             ConflictError: the tenant already exists here.
-            InvalidRequestError: a bad tenant id or head config.
+            InvalidRequestError: a bad tenant id or head config, or an init checkpoint
+                that does not fit (SchemaMismatchError: another interface).
             CapacityError: the tenant would exceed the tenant memory budget.
         """
         if config.tenant_id in self._configs:
@@ -274,6 +278,8 @@ class TrainingModelService:
                 tenant_id=config.tenant_id,
             )
         slot = await asyncio.to_thread(build_slot, config, self.base)
+        if config.init_checkpoint is not None:
+            await asyncio.to_thread(init_slot_from, slot, config.init_checkpoint)
         self._executor.add_slot(slot)
         self._configs[config.tenant_id] = config
         return TenantInfo(config.tenant_id, slot.schema_signature, slot.policy_version)

@@ -179,6 +179,15 @@ class WorkloadSpec(BaseModel):
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec)
     scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec)
     evaluation: EvaluationSpec | None = None
+    init_from: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description="Start the policy from another trainable tenant of the run (its last "
+        "checkpoint, once its workload ended: RL from SFT) or from a checkpoint directory "
+        "('<tenant>/step_<n>'); the action module and normalization are taken, not the "
+        "optimizer or version.",
+    )
     success_eval: SuccessEvalSpec | None = Field(
         default=None,
         description="Measure the success rate in 'env' before and after training (rl, sft).",
@@ -231,6 +240,14 @@ class WorkloadSpec(BaseModel):
             raise ValueError("'evaluation' belongs to a task 'eval' workload")
         if self.success_eval is not None:
             self._check_success_eval(self.success_eval)
+        if self.init_from is not None:
+            if self.task not in (TaskKind.RL, TaskKind.SFT):
+                raise ValueError("'init_from' belongs to an rl or sft workload")
+            if self.init_from == self.tenant:
+                raise ValueError(
+                    "'init_from' names this tenant itself; a later workload of a tenant "
+                    "resumes from its own checkpoint without it"
+                )
         return self
 
     def _check_success_eval(self, ev: SuccessEvalSpec) -> None:
@@ -331,6 +348,10 @@ def load_specs(path: str | Path) -> list[WorkloadSpec]:
             update["output_dir"] = base / spec.output_dir
         if spec.dataset is not None and not spec.dataset.path.is_absolute():
             update["dataset"] = spec.dataset.model_copy(update={"path": base / spec.dataset.path})
+        # init_from names a tenant of the file, or else a checkpoint path.
+        src = spec.init_from
+        if src is not None and src not in {s.tenant for s in specs} and not Path(src).is_absolute():
+            update["init_from"] = str(base / src)
         resolved.append(spec.model_copy(update=update))
     tenants = [s.tenant for s in resolved]
     duplicates = sorted({t for t in tenants if tenants.count(t) > 1})

@@ -13,8 +13,9 @@ anything starts (no model is loaded, no simulator is spawned):
 * capability checks: the env kind is registered and runnable here (its Python modules
   and what its ``ready`` check needs, e.g. LIBERO's scene assets), the SFT dataset
   exists (or can be recorded from the spec's env) and matches the schema, evaluation
-  targets name trainable tenants of the same run whose interface the evaluation env
-  produces, and every workload shares one base model.
+  targets and ``init_from`` name trainable tenants of the same run whose interface
+  matches (or ``init_from`` a checkpoint directory), and every workload shares one base
+  model.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from joynexus.data.sft import SFTBatchBuilder, SFTFeatureMap
 from joynexus.envs.registry import env_schema, unavailable_reason
 from joynexus.errors import DatasetError, JoyNexusError, SpecError
 from joynexus.models.normalization import NormMode
+from joynexus.models.payload import MANIFEST_FILE
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.services.tenancy import TenantConfig
 from joynexus.spec.workload import BaseModelSpec, TaskKind, WorkloadSpec
@@ -241,6 +243,29 @@ def _admission(spec: WorkloadSpec) -> AdmissionPolicy:
     )
 
 
+def _check_init_from(w: CompiledWorkload, trainable: Mapping[str, DataSchema]) -> None:
+    """``init_from`` names a trainable tenant of the same interface, or a checkpoint."""
+    src = w.spec.init_from
+    if src is None:
+        return
+    source = trainable.get(src)
+    if source is None:
+        if not (Path(src) / MANIFEST_FILE).is_file():
+            raise SpecError(
+                f"tenant {w.tenant_id!r}: init_from {src!r} is neither a trainable tenant of "
+                f"this run ({sorted(trainable)}) nor a checkpoint directory (with a "
+                f"{MANIFEST_FILE})",
+                field="init_from",
+            )
+        return
+    if not _same_interface(source, w.schema):
+        raise SpecError(
+            f"tenant {w.tenant_id!r}: init_from tenant {src!r} has another interface "
+            "(cameras, state/action dims, chunk); its weights cannot start this policy",
+            field="init_from",
+        )
+
+
 def compile_workloads(
     specs: Sequence[WorkloadSpec],
     *,
@@ -335,6 +360,8 @@ def compile_workloads(
                     f"than target {target!r} was trained on (cameras, state/action dims, chunk)",
                     field="evaluation.targets",
                 )
+    for w in compiled:
+        _check_init_from(w, trainable_schemas)
     limits = [
         GlobalLimit(
             task_type=TaskType.RL,
