@@ -9,7 +9,6 @@ worker, the simulators on the head (with the driver and the Training Queue).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,36 +19,12 @@ from joynexus.master.run import LocalRun
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.runtime.ray_cluster import LocalCluster, transfer_mb_per_s
 from joynexus.runtime.ray_hosting import RayHosting, RayPlacement
-from joynexus.spec.workload import WorkloadSpec
-from joynexus.workflows.compile import compile_workloads
 from joynexus.workflows.summary import RunSummary, TenantProgress
 from tests.runtime.conftest import MULTINODE_ROLES
+from tests.runtime.ray_helpers import run_checked
 from tests.workflows.helpers import rl_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.multinode]
-
-
-def run_checked(
-    specs: Sequence[WorkloadSpec],
-    run: LocalRun,
-    check: Callable[[LocalRun, RunSummary], None],
-    on_progress: Callable[[list[TenantProgress]], None] | None = None,
-) -> RunSummary:
-    """Run ``specs`` to their end and ``check`` the run while its actors still live."""
-    compiled = compile_workloads(list(specs))
-
-    async def body() -> RunSummary:
-        try:
-            await run.open(compiled, status=lambda _msg: None)
-            await run.submit_all(compiled)
-            await run.wait(on_progress)
-            summary = run.summary()
-            check(run, summary)
-            return summary
-        finally:
-            await run.close()
-
-    return asyncio.run(body())
 
 
 def test_objects_move_between_node_stores(multinode_cluster: LocalCluster) -> None:

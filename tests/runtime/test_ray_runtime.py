@@ -7,8 +7,6 @@ before the run is closed (closing kills the actors and releases the placement gr
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,39 +16,11 @@ from joynexus.control.job import JobState
 from joynexus.master.run import LocalRun
 from joynexus.runtime.ray_hosting import RayHosting, RayPlacement
 from joynexus.runtime.ray_proxy import ActorProxy
-from joynexus.spec.workload import WorkloadSpec
-from joynexus.workflows.compile import compile_workloads
 from joynexus.workflows.summary import RunSummary, TenantProgress
+from tests.runtime.ray_helpers import run_checked
 from tests.workflows.helpers import rl_spec, spec
 
 pytestmark = pytest.mark.ray
-
-
-def _run(
-    specs: Sequence[WorkloadSpec],
-    run: LocalRun,
-    check: Callable[[LocalRun, RunSummary], None],
-    on_progress: Callable[[list[TenantProgress]], None] | None = None,
-) -> RunSummary:
-    """Run ``specs`` to their end on ``run`` and ``check`` it while the actors live.
-
-    What :func:`~joynexus.master.run.run_workloads` does, with the check before the run
-    is closed (the demos exist: nothing to record).
-    """
-    compiled = compile_workloads(list(specs))
-
-    async def body() -> RunSummary:
-        try:
-            await run.open(compiled, status=lambda _msg: None)
-            await run.submit_all(compiled)
-            await run.wait(on_progress)
-            summary = run.summary()
-            check(run, summary)
-            return summary
-        finally:
-            await run.close()
-
-    return asyncio.run(body())
 
 
 def _sft(tenant: str, base: str, demos: Path, out: Path, target: int) -> Any:
@@ -117,7 +87,7 @@ def test_rl_and_sft_run_on_ray_actors_like_in_process(
         for tenant in ("reach-rl", "reach-sft"):
             assert any((run.run_dir / "outputs" / tenant).glob("step_*/manifest.json"))
 
-    _run(specs, LocalRun(tmp_path / "run", placement=RayPlacement(layout="2-2-4")), check)
+    run_checked(specs, LocalRun(tmp_path / "run", placement=RayPlacement(layout="2-2-4")), check)
 
 
 def test_layouts_place_on_fake_gpus_and_an_oversized_one_is_refused(ray_cluster: None) -> None:
@@ -180,4 +150,4 @@ def test_killed_inference_actor_is_restarted_and_the_workload_completes(
         assert s["rl"].final_version == s["rl"].jobs_completed
         assert run.plane.queue.partitions() == [] and run.plane.queue.nbytes == 0
 
-    _run(specs, run, check, on_progress)
+    run_checked(specs, run, check, on_progress)
