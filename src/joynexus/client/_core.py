@@ -189,12 +189,14 @@ class FutureInfo(BaseModel):
 
 @dataclass(frozen=True)
 class Prediction:
-    """``predict``: ``actions [B, chunk, A]``, log-probs / values ``[B]`` when present."""
+    """``predict``: ``actions [B, chunk, A]``, log-probs / values ``[B]`` when present, and
+    a flow_matching head's Flow-SDE chain ``[B, steps + 1, chunk, A]`` in sample mode."""
 
     actions: np.ndarray
     log_probs: np.ndarray | None
     values: np.ndarray | None
     policy_version: int
+    flow_chain: np.ndarray | None = None
 
 
 class StepInfo(BaseModel):
@@ -213,7 +215,29 @@ def prediction(body: Mapping[str, Any]) -> Prediction:
         log_probs=None if body.get("log_probs") is None else np.asarray(body["log_probs"]),
         values=None if body.get("values") is None else np.asarray(body["values"]),
         policy_version=int(body["policy_version"]),
+        flow_chain=None if body.get("flow_chain") is None else np.asarray(body["flow_chain"]),
     )
+
+
+def train_batch_body(
+    cameras: Mapping[str, np.ndarray],
+    state: np.ndarray,
+    instructions: list[str],
+    actions: np.ndarray,
+    *,
+    loss: str,
+    tensors: Mapping[str, np.ndarray | None],
+) -> dict[str, Any]:
+    """A ``train_batch`` body: observations with actions, the loss, and the float32
+    tensors given (``advantages``, ``old_log_probs``, ``returns``, ``flow_chain``)."""
+    body: dict[str, Any] = {
+        "observations": observations(cameras, state, instructions, actions),
+        "loss": loss,
+    }
+    for name, value in tensors.items():
+        if value is not None:
+            body[name] = np.ascontiguousarray(value, dtype=np.float32)
+    return body
 
 
 def observations(

@@ -33,6 +33,7 @@ from joynexus.client._core import (
     ServerUnreachableError,
     StepInfo,
     observations,
+    train_batch_body,
 )
 
 __all__ = ["Client"]
@@ -279,18 +280,21 @@ class Client:
         advantages: np.ndarray | None = None,
         old_log_probs: np.ndarray | None = None,
         returns: np.ndarray | None = None,
+        flow_chain: np.ndarray | None = None,
     ) -> StepInfo:
-        body: dict[str, Any] = {
-            "observations": observations(cameras, state, instructions, actions),
-            "loss": loss,
-        }
-        for name, value in (
-            ("advantages", advantages),
-            ("old_log_probs", old_log_probs),
-            ("returns", returns),
-        ):
-            if value is not None:
-                body[name] = np.ascontiguousarray(value, dtype=np.float32)
+        body = train_batch_body(
+            cameras,
+            state,
+            instructions,
+            actions,
+            loss=loss,
+            tensors={
+                "advantages": advantages,
+                "old_log_probs": old_log_probs,
+                "returns": returns,
+                "flow_chain": flow_chain,
+            },
+        )
         result: StepInfo = self.call(ops.train_batch(tenant_id, body))
         return result
 

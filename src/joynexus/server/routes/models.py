@@ -84,6 +84,11 @@ class PredictOut(BaseModel):
     log_probs: Tensor | None = None
     values: Tensor | None = None
     policy_version: int
+    flow_chain: Tensor | None = Field(
+        default=None,
+        description="float32 [B, steps + 1, chunk, A]: a flow_matching head's Flow-SDE chain "
+        "in sample mode (send it back to train_batch for ppo / grpo / reinforce)",
+    )
 
 
 class TrainBatchIn(BaseModel):
@@ -102,6 +107,11 @@ class TrainBatchIn(BaseModel):
     )
     action_is_pad: Tensor | None = Field(
         default=None, description="bool [B, chunk]: padded action-chunk steps (sft)"
+    )
+    flow_chain: Tensor | None = Field(
+        default=None,
+        description="float32 [B, steps + 1, chunk, A]: the Flow-SDE chains predict returned "
+        "(rl on a flow_matching head)",
     )
 
 
@@ -205,15 +215,14 @@ async def predict(tenant: OwnSlot, request: Request, state: State) -> Any:
     body: PredictIn = await _body(request, state, PredictIn)
     observations = body.observations.batch()
     decoded = time.perf_counter()
-    result = await master_of(state).predict(
-        tenant, observations, body.policy_version, body.mode
-    )
+    result = await master_of(state).predict(tenant, observations, body.policy_version, body.mode)
     answered = time.perf_counter()
     out = PredictOut.model_construct(
         actions=np.asarray(result.actions, dtype=np.float32),
         log_probs=_f32(result.log_probs),
         values=_f32(result.values),
         policy_version=int(result.policy_version),
+        flow_chain=_f32(result.chain),
     )
     response = respond(request, out)
     stages = _stage_meter(state)
@@ -248,6 +257,7 @@ async def train_batch(tenant: OwnSlot, request: Request, state: State) -> StepOu
         old_log_probs=_f32(body.old_log_probs),
         returns=_f32(body.returns),
         action_is_pad=None if body.action_is_pad is None else np.asarray(body.action_is_pad),
+        flow_chain=_f32(body.flow_chain),
     )
     batch.check()  # every field against the batch: a bad one never reaches the optimizer
     step = await master_of(state).train_batch(tenant, batch)
