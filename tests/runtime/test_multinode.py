@@ -50,6 +50,8 @@ def test_a_strict_spread_that_does_not_fit_is_refused_with_the_reason(
         )
 
 
+# A whole workload on a shared 2-core machine: more than the default 300 s can pass.
+@pytest.mark.timeout(900)
 def test_a_two_rank_training_role_trains_what_one_process_trains(
     multinode_cluster: LocalCluster, tmp_path: Path, tiny_model: str
 ) -> None:
@@ -95,6 +97,8 @@ def test_a_two_rank_training_role_trains_what_one_process_trains(
         np.testing.assert_allclose(ranked[tenant], alone[tenant], rtol=1e-5, atol=1e-7)
 
 
+# A whole workload on a shared 2-core machine: more than the default 300 s can pass.
+@pytest.mark.timeout(900)
 def test_roles_on_their_nodes_and_the_rollout_node_lost_mid_workload(
     multinode_cluster: LocalCluster,
     tmp_path: Path,
