@@ -252,3 +252,99 @@ def test_the_expert_refuses_features_without_a_prefix_cache(tiny_backbone: TinyB
     features = BackboneOutput(torch.zeros(1, 3, 128), torch.ones(1, 3, dtype=torch.long))
     with pytest.raises(ValueError, match="prefix KV cache"):
         slot.predict(features, torch.zeros(1, PUSHT.state_dim))
+
+
+def test_flow_sde_chain_log_prob_matches_the_sampler_and_the_ode_limit(
+    tiny_backbone: TinyBackbone,
+) -> None:
+    base = tiny_backbone("pi0")
+    slot = TenantSlot("a", PUSHT, base, Pi0ExpertConfig(num_inference_steps=4))
+    expert = slot.action_module
+    assert isinstance(expert, Pi0Expert)
+    batch = ObservationBatch.synthetic(PUSHT, 3, seed=2)
+    features = GroupedExecutor(base, [slot]).shared_forward({"a": batch})["a"]
+    state = torch.from_numpy(batch.state)
+    actions, log_prob, chain = expert.sample(
+        features, state, generator=torch.Generator().manual_seed(0)
+    )
+    assert actions.shape == (3, PUSHT.action_chunk, PUSHT.action_dim)
+    assert chain.shape == (3, 5, expert.chunk_size, expert.max_action_dim)
+    assert torch.equal(chain[:, -1, : PUSHT.action_chunk, : PUSHT.action_dim], actions)
+    # The recorded chain's log-probability under the weights that sampled it: ratio 1.
+    recomputed = expert.log_prob(features, state, chain)
+    assert torch.allclose(recomputed, log_prob, rtol=1e-4, atol=1e-3)
+    # With a vanishing noise level the chain mean is π0's own Euler sampler.
+    quiet = Pi0Expert(
+        Pi0ExpertConfig(num_inference_steps=4, sde_noise_level=1e-6),
+        pi0=base.pi0,  # type: ignore[arg-type]
+        hidden_size=base.hidden_size,
+        state_dim=PUSHT.state_dim,
+        action_dim=PUSHT.action_dim,
+        action_chunk=PUSHT.action_chunk,
+    )
+    _, _, ode_chain = quiet.sample(features, state, generator=torch.Generator().manual_seed(0))
+    ode = quiet.denoise(features, state, ode_chain[:, 0])
+    assert _rel(ode_chain[:, -1], ode) <= 1e-4
+
+
+def test_a_policy_gradient_step_follows_the_advantage(tiny_backbone: TinyBackbone) -> None:
+    base = tiny_backbone("pi0")
+    slot = TenantSlot(
+        "a", PUSHT, base, Pi0ExpertConfig(num_inference_steps=3), optimizer=OptimizerConfig(lr=1e-4)
+    )
+    expert = slot.action_module
+    assert isinstance(expert, Pi0Expert)
+    batch = ObservationBatch.synthetic(PUSHT, 4, seed=4)
+    features = GroupedExecutor(base, [slot]).shared_forward({"a": batch})["a"]
+    state = torch.from_numpy(batch.state)
+    _, old, chain = expert.sample(features, state, generator=torch.Generator().manual_seed(1))
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    for _ in range(2):
+        slot.apply_loss(-(advantages * expert.log_prob(features, state, chain)).mean())
+    with torch.no_grad():
+        change = expert.log_prob(features, state, chain) - old
+    # The advantage-weighted log-likelihood went up: the policy moved its way.
+    assert float((advantages * change).sum()) > 0
+
+
+def test_export_pi0_cli_writes_a_tenant_checkpoint_as_a_policy(
+    tiny_backbone: TinyBackbone, tiny_model_dir: TinyModelDir, tmp_path: Path
+) -> None:
+    from transformers import PI0ForConditionalGeneration
+    from typer.testing import CliRunner
+
+    from joynexus.cli.main import app
+    from joynexus.models.payload import save_slot
+
+    base = tiny_backbone("pi0")
+    assert base.pi0 is not None
+    slot = TenantSlot("a", PUSHT, base, Pi0ExpertConfig(), optimizer=OptimizerConfig(lr=1e-3))
+    batch = ObservationBatch.synthetic(PUSHT, 2, seed=8)
+    GroupedExecutor(base, [slot]).train_step({"a": batch})
+    ckpt = save_slot(slot, tmp_path / "outputs", step=1)
+    out = tmp_path / "policy"
+    args = ["models", "export-pi0", "--checkpoint", str(ckpt), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--base-model", str(tiny_model_dir("pi0"))])
+    assert result.exit_code == 0, result.output
+    policy = PI0ForConditionalGeneration.from_pretrained(out).eval()
+    expert = slot.action_module
+    assert isinstance(expert, Pi0Expert)
+    exported = {k: v for k, v in policy.state_dict().items() if k.startswith(EXPERT_PREFIXES)}
+    assert all(torch.equal(exported[k], v) for k, v in expert.expert_state().items())
+    # A checkpoint of another head is refused with the reason.
+    oft = TenantSlot("b", PUSHT, base, OFTHeadConfig())
+    other = save_slot(oft, tmp_path / "outputs", step=1)
+    result = CliRunner().invoke(
+        app,
+        [
+            "models",
+            "export-pi0",
+            "--checkpoint",
+            str(other),
+            "--out",
+            str(tmp_path / "x"),
+            "--base-model",
+            str(tiny_model_dir("pi0")),
+        ],
+    )
+    assert result.exit_code != 0 and "only a 'pi0_expert' exports" in result.output

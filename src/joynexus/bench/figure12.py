@@ -18,7 +18,12 @@ from typing import Any
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.grouped import GroupedExecutor
-from joynexus.models.heads import FlowMatchingHeadConfig, OFTHeadConfig
+from joynexus.models.heads import (
+    AnyHeadConfig,
+    FlowMatchingHeadConfig,
+    OFTHeadConfig,
+    Pi0ExpertConfig,
+)
 from joynexus.models.schema import CALVIN, LIBERO, CameraSpec, DataSchema
 from joynexus.models.slots import OptimizerConfig, TenantSlot
 
@@ -44,15 +49,15 @@ TENANTS: list[tuple[str, DataSchema]] = [
     ("calvin-a", CALVIN_SMALL),
     ("calvin-b", CALVIN_SMALL),
 ]
-HEADS: dict[str, OFTHeadConfig | FlowMatchingHeadConfig] = {
+HEADS: dict[str, AnyHeadConfig] = {
     "oft": OFTHeadConfig(hidden_dim=64),
     "flow_matching": FlowMatchingHeadConfig(hidden_dim=32, num_layers=2, num_heads=4),
+    # On a π0 base: each tenant trains its own copy of the checkpoint's action expert.
+    "pi0_expert": Pi0ExpertConfig(),
 }
 
 
-def build_executor(
-    base: ResidentBaseModel, head: OFTHeadConfig | FlowMatchingHeadConfig
-) -> GroupedExecutor:
+def build_executor(base: ResidentBaseModel, head: AnyHeadConfig) -> GroupedExecutor:
     """The four tenants' slots (seeded by position) over ``base``."""
     return GroupedExecutor(
         base,
@@ -93,7 +98,7 @@ class Figure12Run:
 
 def run_figure12(
     base: ResidentBaseModel,
-    head: OFTHeadConfig | FlowMatchingHeadConfig,
+    head: AnyHeadConfig,
     *,
     steps: int = 50,
     batch: int = 2,

@@ -1,4 +1,4 @@
-"""Commands of the model layer: ``models make-tiny``."""
+"""Commands of the model layer: ``models make-tiny``, ``models export-pi0``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ app.add_typer(models_app, name="models")
 @models_app.command("make-tiny")
 def make_tiny_command(
     arch: Annotated[
-        str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm")
+        str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm | pi0")
     ],
     out: Annotated[Path, typer.Option("--out", help="Directory to write the model into.")],
     size: Annotated[
@@ -50,3 +50,36 @@ def make_tiny_command(
         f"wrote {arch} ({size}, {info['num_parameters']:,} parameters, "
         f"canonical {info['canonical_image_size']} px, {camera_slots} camera slots) to {path}"
     )
+
+
+@models_app.command("export-pi0")
+def export_pi0_command(
+    checkpoint: Annotated[
+        Path,
+        typer.Option(
+            "--checkpoint", help="A pi0_expert tenant checkpoint (outputs/<tenant>/step_<n>)."
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the policy into.")],
+    base_model: Annotated[
+        str | None,
+        typer.Option(
+            "--base-model",
+            help="The π0 base model it trained on (default: the one its manifest names).",
+        ),
+    ] = None,
+) -> None:
+    """Export a tenant's π0 expert with the resident prefix as a complete
+    PI0ForConditionalGeneration directory (plain transformers loads it)."""
+    from joynexus.errors import JoyNexusError
+    from joynexus.models.backbone import ResidentBaseModel
+    from joynexus.models.payload import read_manifest
+    from joynexus.models.pi0_export import export_pi0_checkpoint
+
+    try:
+        model_id = base_model or read_manifest(checkpoint).base_model_id
+        base = ResidentBaseModel.from_pretrained(model_id)
+        path = export_pi0_checkpoint(checkpoint, out, base=base)
+    except JoyNexusError as error:
+        raise typer.BadParameter(str(error), param_hint="--checkpoint") from None
+    console.print(f"wrote a PI0ForConditionalGeneration policy to {path}")

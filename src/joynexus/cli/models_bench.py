@@ -51,7 +51,7 @@ def _int_list(value: str, option: str) -> list[int]:
 @bench_app.command("group-batching")
 def bench_group_batching(
     arch: Annotated[
-        str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm")
+        str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm | pi0")
     ] = "qwen2_5_vl",
     size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
     tenants: Annotated[str, typer.Option("--tenants", help="Tenant counts.")] = "2,4,6,8",
@@ -102,10 +102,20 @@ def bench_figure12(
     out: Annotated[Path, typer.Option("--out", help="PNG to write (JSON goes next to it).")] = Path(
         "figure12.png"
     ),
-    head: Annotated[str, typer.Option("--head", help="oft | flow_matching")] = "flow_matching",
+    head: Annotated[
+        str | None,
+        typer.Option(
+            "--head",
+            help="oft | flow_matching | pi0_expert (default: pi0_expert on --arch pi0, "
+            "else flow_matching)",
+        ),
+    ] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, help="Training steps.")] = 50,
     batch: Annotated[int, typer.Option("--batch", min=1, help="Samples per tenant.")] = 2,
     size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
+    arch: Annotated[
+        str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm | pi0")
+    ] = "qwen2_5_vl",
 ) -> None:
     """Figure 12: per-tenant loss curves, grouped vs serial execution, from one start."""
     import tempfile
@@ -114,16 +124,19 @@ def bench_figure12(
 
     from joynexus.bench.figure12 import HEADS, run_figure12, write_figure12
     from joynexus.models.backbone import ResidentBaseModel
-    from joynexus.models.tiny import SIZES, make_tiny
+    from joynexus.models.tiny import make_tiny
 
+    _check_model_options(arch, size, "cpu")
+    if head is None:
+        head = "pi0_expert" if arch == "pi0" else "flow_matching"
     if head not in HEADS:
         raise typer.BadParameter(f"must be one of {', '.join(HEADS)}", param_hint="--head")
-    if size not in SIZES:
-        raise typer.BadParameter(f"must be one of {', '.join(SIZES)}", param_hint="--size")
+    if head == "pi0_expert" and arch != "pi0":
+        raise typer.BadParameter("pi0_expert needs --arch pi0", param_hint="--head")
     # Tiny matmuls: extra intra-op threads only contend on a small machine.
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = make_tiny("qwen2_5_vl", Path(tmp) / "m", size=size, seed=0)
+        model_dir = make_tiny(arch, Path(tmp) / "m", size=size, seed=0)
         base = ResidentBaseModel.from_pretrained(str(model_dir))
         run = run_figure12(base, HEADS[head], steps=steps, batch=batch)
     path = write_figure12(run, out, head=head, batch=batch, size=size)
@@ -140,7 +153,7 @@ def bench_lora(
     batch: Annotated[int, typer.Option("--batch", min=1, help="Rows per tenant.")] = 1,
     ranks: Annotated[str, typer.Option("--ranks", help="Adapter ranks.")] = "8,32",
     arch: Annotated[
-        str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm")
+        str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm | pi0")
     ] = "qwen2_5_vl",
     size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
     device: Annotated[str, typer.Option("--device", help="cpu (fp32) | cuda (bf16)")] = "cpu",

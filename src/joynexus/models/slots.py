@@ -25,6 +25,7 @@ from joynexus.models.heads import (
     AnyHeadConfig,
     FlowMatchingHead,
     OFTHead,
+    Pi0Expert,
     ValueHead,
     ValueHeadConfig,
     build_action_module,
@@ -364,7 +365,7 @@ class TenantSlot:
         module = self.action_module
         if isinstance(module, OFTHead):
             return PolicySample(*module.sample(features, state, generator=generator))
-        if isinstance(module, FlowMatchingHead):
+        if isinstance(module, FlowMatchingHead | Pi0Expert):
             return PolicySample(*module.sample(features, state, generator=generator))
         return PolicySample(module.predict(features, state, generator=generator), None)
 

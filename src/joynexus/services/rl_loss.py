@@ -25,7 +25,7 @@ import torch
 
 from joynexus.algorithms.losses import PPOConfig, ppo_loss
 from joynexus.errors import InvalidRequestError
-from joynexus.models.heads import FlowMatchingHead, OFTHead
+from joynexus.models.heads import FlowMatchingHead, OFTHead, Pi0Expert
 from joynexus.models.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 from joynexus.services.samples import FLOW_CHAIN
@@ -34,7 +34,7 @@ from joynexus.spec.workload import AlgorithmSpec
 RLAlgorithm = Literal["ppo", "grpo", "reinforce"]
 
 
-RLHead = OFTHead | FlowMatchingHead
+RLHead = OFTHead | FlowMatchingHead | Pi0Expert
 """An action module with a policy log-density (what RL trains)."""
 
 
@@ -45,10 +45,11 @@ def rl_head(slot: TenantSlot) -> RLHead:
         InvalidRequestError: the tenant's action module has no policy log-density.
     """
     head = slot.action_module
-    if not isinstance(head, OFTHead | FlowMatchingHead):
+    if not isinstance(head, OFTHead | FlowMatchingHead | Pi0Expert):
         raise InvalidRequestError(
-            f"tenant {slot.tenant_id!r}: RL (ppo/grpo/reinforce) needs an 'oft' (Gaussian) "
-            f"or 'flow_matching' (Flow-SDE) action module; {type(head).__name__} supports "
+            f"tenant {slot.tenant_id!r}: RL (ppo/grpo/reinforce) needs an 'oft' (Gaussian), "
+            f"'flow_matching' or 'pi0_expert' (Flow-SDE) action module; "
+            f"{type(head).__name__} supports "
             "sft and evaluation only",
             tenant_id=slot.tenant_id,
             field="action_module",
@@ -58,7 +59,7 @@ def rl_head(slot: TenantSlot) -> RLHead:
 
 def rl_fields(slot: TenantSlot) -> list[str]:
     """Partition fields the slot's policy needs besides observations and actions."""
-    return [FLOW_CHAIN] if isinstance(rl_head(slot), FlowMatchingHead) else []
+    return [FLOW_CHAIN] if isinstance(rl_head(slot), FlowMatchingHead | Pi0Expert) else []
 
 
 def behaviour_log_probs(

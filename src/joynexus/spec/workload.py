@@ -212,14 +212,7 @@ class WorkloadSpec(BaseModel):
                     f"task 'rl' needs algorithm.name in ['grpo', 'ppo', 'reinforce'], "
                     f"got {self.algorithm.name!r}"
                 )
-            if isinstance(self.action_module, Pi0ExpertConfig):
-                raise ValueError(
-                    "action_module type 'pi0_expert' supports sft and eval: rl needs the "
-                    "log-probability of the expert's denoising chain, which is not wired to "
-                    "the π0 expert yet; train it with sft, or put an 'oft' head on the π0 "
-                    "base model for rl"
-                )
-            if isinstance(self.action_module, FlowMatchingHeadConfig):
+            if isinstance(self.action_module, FlowMatchingHeadConfig | Pi0ExpertConfig):
                 self._check_flow_rl(self.action_module)
         elif self.task is TaskKind.SFT:
             if self.dataset is None:
@@ -268,18 +261,19 @@ class WorkloadSpec(BaseModel):
                 "(evaluation on training initial states would overstate success)"
             )
 
-    def _check_flow_rl(self, head: FlowMatchingHeadConfig) -> None:
-        # RL on a flow head is Flow-SDE (models.heads.flow_policy): refuse what it
-        # cannot honour rather than silently ignore it.
-        if head.num_inference_steps > MAX_RL_FLOW_STEPS:
+    def _check_flow_rl(self, head: FlowMatchingHeadConfig | Pi0ExpertConfig) -> None:
+        # RL on a flow head (the DiT or a π0 expert) is Flow-SDE
+        # (models.heads.flow_policy): refuse what it cannot honour rather than ignore it.
+        steps = head.num_inference_steps
+        if steps is not None and steps > MAX_RL_FLOW_STEPS:
             raise ValueError(
-                f"rl with a 'flow_matching' head records every denoising step of each "
+                f"rl with a {head.type!r} head records every denoising step of each "
                 f"sample and the actor re-runs them all; action_module.num_inference_steps "
-                f"must be <= {MAX_RL_FLOW_STEPS} for rl, got {head.num_inference_steps}"
+                f"must be <= {MAX_RL_FLOW_STEPS} for rl, got {steps}"
             )
         if self.algorithm.entropy_coef > 0:
             raise ValueError(
-                "algorithm.entropy_coef must be 0 with a 'flow_matching' head: its Flow-SDE "
+                f"algorithm.entropy_coef must be 0 with a {head.type!r} head: its Flow-SDE "
                 "steps have a fixed noise schedule, so the policy's entropy does not depend "
                 "on the weights and a bonus would do nothing; set exploration with "
                 "action_module.sde_noise_level"

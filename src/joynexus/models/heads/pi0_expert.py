@@ -15,6 +15,14 @@ Training times are ``Beta(α, 1)·scale + offset`` from the checkpoint's config.
 The tenant's schema may be narrower than the checkpoint: state and actions are zero-padded
 to ``max_state_dim`` / ``max_action_dim``, a chunk shorter than ``chunk_size`` fills the
 first steps, and the loss counts only the tenant's own steps and dims.
+
+RL (:meth:`Pi0Expert.sample`, :meth:`Pi0Expert.log_prob`) is the head-agnostic Flow-SDE of
+:mod:`joynexus.models.heads.flow_policy`, whose time runs the other way (``t = 0`` noise,
+velocity ``a − ε``): its velocity is ``v(x, t) = −u(x, 1 − t)`` with ``u`` this expert's,
+so ``η → 0`` is exactly the sampler above. A chain covers the whole padded chunk
+``[steps + 1, chunk_size, max_action_dim]`` (the padded entries condition the expert);
+its log-probability counts the tenant's own entries only, the padded ones being noise
+the reward never sees.
 """
 
 from __future__ import annotations
@@ -28,7 +36,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.nn import functional as F
 
+from joynexus.errors import SchemaMismatchError
 from joynexus.models.heads.base import ActionModule, expand_mask, features_as, masked_reduce
+from joynexus.models.heads.flow_policy import (
+    MAX_RL_FLOW_STEPS,
+    VelocityFn,
+    chain_log_prob,
+    repeat_rows,
+    sample_chain,
+)
 from joynexus.models.lora import LoRAConfig
 from joynexus.models.pi0 import EXPERT_EMBED_KEY, Pi0Checkpoint, hf_pi0
 from joynexus.models.types import BackboneOutput
@@ -46,6 +62,13 @@ class Pi0ExpertConfig(BaseModel):
     )
     num_inference_steps: int | None = Field(
         default=None, ge=1, le=1000, description="Denoising steps; default: the checkpoint's."
+    )
+    sde_noise_level: float = Field(
+        default=0.5,
+        gt=0,
+        le=4.0,
+        description="Flow-SDE noise level η of RL sampling (mode 'sample'); see "
+        "models.heads.flow_policy.",
     )
     lora: LoRAConfig | None = Field(
         default=None,
@@ -256,3 +279,112 @@ class Pi0Expert(ActionModule):
         noise = self.initial_noise(features.batch_size, ref=ref, generator=generator)
         full = self.denoise(features, state, noise)
         return full[:, : self.action_chunk, : self.action_dim]
+
+    # --- Flow-SDE policy (RL) -------------------------------------------------------
+
+    def _flow_velocity(self, features: BackboneOutput, padded_state: torch.Tensor) -> VelocityFn:
+        """This expert's velocity in flow_policy's time convention (see the module doc)."""
+
+        def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            return -self.velocity(features, padded_state, x, (1.0 - t).float())
+
+        return velocity
+
+    def _own_entries(self, ref: torch.Tensor) -> torch.Tensor:
+        """``[chunk_size, max_action_dim]``: 1 at the tenant's own steps and dims."""
+        mask = torch.zeros((self.chunk_size, self.max_action_dim), device=ref.device)
+        mask[: self.action_chunk, : self.action_dim] = 1.0
+        return mask.to(ref.dtype)
+
+    @torch.no_grad()
+    def sample(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draw a Flow-SDE chain: ``(actions [B, chunk, A], log_prob [B], chain)``.
+
+        ``chain`` is ``[B, steps + 1, chunk_size, max_action_dim]``; ``actions`` is its
+        last state cropped to the tenant's schema.
+
+        Raises:
+            ValueError: more denoising steps than
+                :data:`~joynexus.models.heads.flow_policy.MAX_RL_FLOW_STEPS`.
+        """
+        self.check_inputs(features, state)
+        steps = self.num_inference_steps
+        if steps > MAX_RL_FLOW_STEPS:
+            raise ValueError(
+                f"RL sampling records every denoising step; num_inference_steps {steps} is "
+                f"above {MAX_RL_FLOW_STEPS}"
+            )
+        features = features_as(features, self)
+        ref = self.action_out_proj.weight
+        padded = self._pad_state(state.to(ref))
+        chain, log_prob = sample_chain(
+            self._flow_velocity(features, padded),
+            self.initial_noise(features.batch_size, ref=ref, generator=generator),
+            steps=steps,
+            noise_level=self.expert_config.sde_noise_level,
+            generator=generator,
+            mask=self._own_entries(ref),
+        )
+        return chain[:, -1, : self.action_chunk, : self.action_dim], log_prob, chain
+
+    def log_prob(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        chain: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Log-probability ``[B]`` of recorded chains under the current weights (with grad).
+
+        Args:
+            features: This tenant's rows of the prefix (with ``prefix_kv``).
+            state: ``[B, state_dim]``.
+            chain: ``[B, steps + 1, chunk_size, max_action_dim]`` from :meth:`sample`.
+            action_mask: Optional mask broadcastable to ``[B, chunk, action_dim]`` (the
+                tenant's entries); masked-out entries contribute nothing.
+
+        Raises:
+            SchemaMismatchError: a chain of another shape than this expert samples.
+        """
+        self.check_inputs(features, state)
+        features = features_as(features, self)
+        ref = self.action_out_proj.weight
+        chain = chain.to(ref)
+        b = features.batch_size
+        if chain.dim() != 4 or (chain.shape[0], *chain.shape[2:]) != (
+            b,
+            self.chunk_size,
+            self.max_action_dim,
+        ):
+            raise SchemaMismatchError(
+                f"flow_chain: expected [{b}, steps + 1, {self.chunk_size}, "
+                f"{self.max_action_dim}] (the π0 expert's padded chunk), got "
+                f"{list(chain.shape)}",
+                field="flow_chain",
+            )
+        steps = int(chain.shape[1]) - 1
+        kv = features.prefix_kv
+        repeated = BackboneOutput(
+            hidden_states=repeat_rows(features.hidden_states, steps),
+            attention_mask=repeat_rows(features.attention_mask, steps),
+            prefix_kv=None
+            if kv is None
+            else tuple((repeat_rows(k, steps), repeat_rows(v, steps)) for k, v in kv),
+        )
+        padded = repeat_rows(self._pad_state(state.to(ref)), steps)
+        mask = self._own_entries(ref).expand(b, -1, -1).clone()
+        if action_mask is not None:
+            own = mask[:, : self.action_chunk, : self.action_dim]
+            own.mul_(expand_mask(action_mask, own))
+        return chain_log_prob(
+            self._flow_velocity(repeated, padded),
+            chain,
+            noise_level=self.expert_config.sde_noise_level,
+            mask=mask,
+        )

@@ -1,0 +1,64 @@
+"""A π0 tenant's checkpoint → a complete ``PI0ForConditionalGeneration`` directory.
+
+``joynexus models export-pi0`` reads one tenant checkpoint (``outputs/<tenant>/step_<n>``)
+of a ``pi0_expert`` action module, puts its expert back next to the resident PaliGemma
+prefix (:func:`joynexus.models.pi0.export_pi0`) and writes a directory that plain
+``transformers`` loads with ``from_pretrained``. The tenant computes in normalized units;
+with ``mean_std`` normalization the processor carries the tenant's statistics
+(``state_mean``/``state_std``/``actions_mean``/``actions_std``) so ``processor(state=...)``
+normalizes the state as the service does, and actions come out normalized (multiply by
+``actions_std``, add ``actions_mean``).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load_file
+
+from joynexus.errors import InvalidRequestError
+from joynexus.models.normalization import NormalizationStats
+from joynexus.models.payload import ACTION_MODULE_FILE, NORMALIZATION_FILE, read_manifest
+from joynexus.models.pi0 import export_pi0, pi0_checkpoint_of
+from joynexus.models.slots import ACTION_MODULE_PREFIX
+
+
+def export_pi0_checkpoint(checkpoint: str | Path, out: str | Path, *, base: Any) -> Path:
+    """Export the ``pi0_expert`` tenant checkpoint ``checkpoint`` into ``out``.
+
+    Args:
+        checkpoint: A tenant checkpoint directory (with ``manifest.json``).
+        out: Directory to write.
+        base: The resident π0 base model the tenant trained on.
+
+    Raises:
+        NotFoundError: no checkpoint there.
+        InvalidRequestError: the checkpoint is not of a ``pi0_expert`` action module.
+        SpecError: ``base`` is not a π0 base model.
+    """
+    root = Path(checkpoint)
+    manifest = read_manifest(root)
+    head_type = manifest.head.get("type")
+    if head_type != "pi0_expert":
+        raise InvalidRequestError(
+            f"{root}: the checkpoint holds a {head_type!r} action module; only a "
+            "'pi0_expert' exports as a π0 policy",
+            field="checkpoint",
+        )
+    pi0 = pi0_checkpoint_of(base, what="export-pi0")
+    tensors = load_file(str(root / ACTION_MODULE_FILE))
+    expert = {
+        k.removeprefix(ACTION_MODULE_PREFIX): v
+        for k, v in tensors.items()
+        if k.startswith(ACTION_MODULE_PREFIX)
+    }
+    processor = copy.deepcopy(base.processor)
+    if NORMALIZATION_FILE in manifest.files:
+        stats = NormalizationStats.model_validate_json((root / NORMALIZATION_FILE).read_text())
+        if stats.mode == "mean_std":
+            processor.actions_mean, processor.actions_std = stats.action.mean, stats.action.std
+            if stats.state is not None:
+                processor.state_mean, processor.state_std = stats.state.mean, stats.state.std
+    return export_pi0(pi0, processor, expert, out)
