@@ -78,15 +78,18 @@ INFERENCE_ROLE = "inference"
 #: Health role of the Training Model Service.
 TRAINING_ROLE = "training"
 TINY_PREFIX = "tiny:"
+#: ``small:<arch>``: the same real architecture at ``make-tiny --size small``.
+SMALL_PREFIX = "small:"
 _TORCH_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 def load_base_model(spec: BaseModelSpec, cache_dir: Path) -> ResidentBaseModel:
     """Load the resident backbone a spec names.
 
-    ``tiny:<arch>`` (``tiny:qwen2_5_vl``, ...) builds a randomly initialised tiny model of
-    that architecture once into ``cache_dir`` and loads it through
-    :meth:`ResidentBaseModel.from_pretrained` — the same path a hub id takes.
+    ``tiny:<arch>`` (``tiny:qwen2_5_vl``, ``tiny:pi0``, ...) builds a randomly initialised
+    tiny model of that architecture once into ``cache_dir`` and loads it through
+    :meth:`ResidentBaseModel.from_pretrained` — the same path a hub id takes;
+    ``small:<arch>`` does the same at the ``small`` size.
 
     Raises:
         SpecError: an unknown tiny architecture.
@@ -94,18 +97,21 @@ def load_base_model(spec: BaseModelSpec, cache_dir: Path) -> ResidentBaseModel:
     import torch
 
     model_id = spec.id
-    if model_id.startswith(TINY_PREFIX):
-        arch = model_id.removeprefix(TINY_PREFIX)
+    for prefix, size in ((TINY_PREFIX, "tiny"), (SMALL_PREFIX, "small")):
+        if not model_id.startswith(prefix):
+            continue
+        arch = model_id.removeprefix(prefix)
         if arch not in ARCHES:
             raise SpecError(
-                f"base_model.id {model_id!r}: unknown tiny architecture; allowed: "
-                f"{[TINY_PREFIX + a for a in ARCHES]}",
+                f"base_model.id {model_id!r}: unknown {size} architecture; allowed: "
+                f"{[prefix + a for a in ARCHES]}",
                 field="base_model.id",
             )
-        path = cache_dir / f"tiny-{arch}"
+        path = cache_dir / f"{size}-{arch}"
         if not (path / SIDECAR).is_file():
-            make_tiny(arch, path)
+            make_tiny(arch, path, size=size)
         model_id = str(path)
+        break
     dtype = None if spec.dtype == "auto" else getattr(torch, _TORCH_DTYPES[spec.dtype])
     return ResidentBaseModel.from_pretrained(
         model_id,
