@@ -28,6 +28,7 @@ from torch import nn
 
 from joynexus.errors import InvalidRequestError, SpecError
 from joynexus.models.schema import DataSchema
+from joynexus.models.tiny import quiet_transformers
 from joynexus.models.types import BackboneOutput
 
 PI0_MODEL_TYPE = "pi0"
@@ -224,6 +225,7 @@ def export_pi0(
     )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    policy.save_pretrained(out)
-    processor.save_pretrained(out)
+    with quiet_transformers():
+        policy.save_pretrained(out)
+        processor.save_pretrained(out)
     return out
