@@ -165,6 +165,31 @@ def _rendezvous() -> tuple[str, int]:
         return host, int(sock.getsockname()[1])
 
 
+def _incarnation(_svc: Any) -> tuple[str, int]:
+    """Which process hosts the actor now (node id, pid): it changes when Ray re-creates
+    the actor after its node was lost."""
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id()), os.getpid()
+
+
+async def _when_up(proxy: ActorProxy[Any], poll_s: float = 0.5) -> tuple[str, int]:
+    """The actor's incarnation, waiting while Ray re-creates it (after its node was
+    lost the actor is "restarting" until its bundle is re-placed on a node that fits:
+    :meth:`RayHosting.waiting_for` says what it waits for). An actor that is dead for
+    good raises."""
+    from ray.exceptions import ActorUnavailableError
+
+    while True:
+        try:
+            incarnation: tuple[str, int] = await await_ref(
+                proxy.actor.__ray_call__.remote(_incarnation)
+            )
+            return incarnation
+        except ActorUnavailableError:
+            await asyncio.sleep(poll_s)
+
+
 def _running(svc: Any) -> bool:
     return bool(svc.inference_queue.running)
 
@@ -239,6 +264,7 @@ class RayHosting(Hosting):
         self.queue_proxy = queue
         self.usage = usage
         self.usage_interval_s = usage_interval_s
+        self._incarnations: dict[int, tuple[str, int]] = {}
         self._metering: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -299,8 +325,17 @@ class RayHosting(Hosting):
 
     def probes(self) -> dict[str, Probe]:
         async def training() -> None:
-            for rank in self.training_ranks:
-                await await_ref(rank.actor.__ray_call__.remote(_alive))
+            for i, rank in enumerate(self.training_ranks):
+                now = await _when_up(rank)
+                seen = self._incarnations.setdefault(i, now)
+                if now != seen:
+                    # Ray re-created the actor (its node was lost): it is alive but
+                    # holds no tenant slots; the role's restart rebuilds them.
+                    self._incarnations[i] = now
+                    raise ServiceUnavailableError(
+                        f"training rank {i} was re-created on node {now[0][:8]} after its "
+                        "node was lost; its tenant slots must be rebuilt"
+                    )
 
         async def training_queue() -> None:
             await await_ref(self.queue_proxy.actor.__ray_call__.remote(_alive))
@@ -540,9 +575,13 @@ class RayPlacement(Placement):
             "tenant_memory_budget": settings.config.tenant_memory_budget_bytes,
         }
         if k == 1:
+            # Ray re-creates it in its bundle when its node is lost (the bundle is
+            # re-placed on a node that fits); the probe then sees a new incarnation
+            # and the Master rebuilds the tenant slots from their checkpoints. (k ranks
+            # are not re-created: their process group met on the lost node.)
             handle = (
                 ray.remote(_actor_class(TrainingModelService))
-                .options(max_concurrency=64, **options)
+                .options(max_concurrency=64, max_restarts=-1, **options)
                 .remote(source, queue, **kwargs)
             )
             return [ActorProxy(handle, TrainingModelService)]
