@@ -66,7 +66,11 @@ def test_lora_grouped_training_matches_serial(head_type: str, tiny_backbone: Tin
         for (name, pg), (_, ps) in zip(
             slot_g.named_parameters(), slot_s.named_parameters(), strict=True
         ):
-            torch.testing.assert_close(pg, ps, rtol=1e-4, atol=1e-5, msg=f"{tid}/{name}")
+            # atol 1e-4 = a tenth of one AdamW step (lr 1e-3): Adam divides by the
+            # gradient's own scale, so an element whose gradient is near zero moves by a
+            # step whose size depends on float32 rounding (one grouped forward vs one per
+            # tenant sum in another order); the losses above agree to 1e-4 relative.
+            torch.testing.assert_close(pg, ps, rtol=1e-4, atol=1e-4, msg=f"{tid}/{name}")
         # The adapter trained (B left zero) and the frozen base did not.
         assert slot_g.lora is not None
         moved = [not torch.equal(p, start[tid][n]) for n, p in slot_g.lora.named_parameters()]
