@@ -16,8 +16,10 @@
 #   lora                  mixed-adapter LoRA forward / forward+backward, bf16, small size
 #   serving               one shared server vs one single-policy server per tenant (when
 #                         `joynexus bench serving` exists; it runs its servers on CPU)
+#   pi0                   group batching with pi0 (shared PaliGemma prefix, per-tenant action
+#                         experts), bf16, small size
 # OUT/manifest.json lists every step: status, seconds, JSON file. A failed step does not
-# stop the others; the script then exits 1. There is no pi0 bench yet (not run).
+# stop the others; the script then exits 1.
 set -euo pipefail
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -67,6 +69,7 @@ if [[ $dry -eq 1 ]]; then
   large_grid=("${grid[@]}")
   lora=(--tenants 2 --ranks 8 --repeats 1 --warmup 0 --no-peft)
   serving=(--tenants 2 --clients-per-tenant 1 --duration-s 0.5 --requests 3 --size tiny)
+  pi0_grid=("${grid[@]}")
 else
   mode="gpu"
   device="cuda"
@@ -76,6 +79,7 @@ else
   large_grid=(--tenants 2,4,8 --batch 1,4 --repeats 3 --warmup 1 --breakdown 8,4)
   lora=(--tenants 8 --ranks 8,32 --repeats 9 --warmup 3)
   serving=(--tenants 8 --size small --duration-s 20)
+  pi0_grid=(--tenants 2,4,8 --batch 1,4 --repeats 5 --warmup 2 --breakdown 8,1)
   py="$(dirname "$jn")/python"
   if [[ -x "$py" ]] && ! "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     echo "gpu-bench.sh: torch sees no CUDA GPU here; use --dry-run on CPU" >&2
@@ -145,7 +149,15 @@ elif "$jn" bench serving --help > /dev/null 2>&1; then
 else
   skip serving "this joynexus has no bench serving"
 fi
-skip pi0 "there is no pi0 bench yet"
+if want pi0; then
+  # pi0: the PaliGemma prefix shared, each tenant's action expert on its own rows
+  # (the model is built by the bench itself: make-tiny --arch pi0).
+  step pi0 pi0.json \
+    "$jn" bench group-batching --arch pi0 --device "$device" --size "$small" "${pi0_grid[@]}" \
+    --json "$out/pi0.json"
+else
+  skip pi0 "--skip"
+fi
 
 finished=$(date +%s)
 {

@@ -40,9 +40,9 @@ def test_dry_run_writes_every_bench_json(tmp_path: Path) -> None:
         "group-batching-3b": "ok",
         "lora": "ok",
         "serving": "skipped",
-        "pi0": "skipped",
+        "pi0": "ok",
     }
-    for name in ("group-batching-small", "group-batching-3b"):
+    for name in ("group-batching-small", "group-batching-3b", "pi0"):
         doc = json.loads((out / f"{name}.json").read_text())
         assert doc["config"]["device"] == "cpu" and doc["grid"], name
     lora = json.loads((out / "lora.json").read_text())
