@@ -20,7 +20,12 @@ import pytest
 
 from joynexus.api import WorkloadState, WorkloadStatus
 from joynexus.control.job import JobState, TaskType, TrainingJob
-from joynexus.errors import ConflictError, NotFoundError, PermissionDeniedError
+from joynexus.errors import (
+    ConflictError,
+    NotFoundError,
+    PermissionDeniedError,
+    ServiceUnavailableError,
+)
 from joynexus.master.service import (
     CANCELLED_REASON,
     RESTARTED_REASON,
@@ -427,6 +432,35 @@ def test_restart_training_rebuilds_the_slot_from_its_checkpoint(server: FakeServ
     _assert_weights_hold_exactly_the_completed_jobs(server)
     published = server.plane.inference.published[A]
     assert published == sorted(published)
+
+
+def test_a_role_lost_after_the_checkpoint_keeps_the_update_counted(server: FakeServer) -> None:
+    """The training role dies right after an update's checkpoint reached the disk (the
+    save's reply, the publication are lost with it): the job completes anyway, since
+    its update is in the weights the restart restores — completed jobs stay exactly
+    the checkpointed updates and the final version counts each one once."""
+    saves = 0
+    lost: list[object] = []
+
+    async def die_after_the_second(tenant: str, step: int, ledger: dict[str, object]) -> None:
+        nonlocal saves
+        saves += 1
+        if saves == 2:
+            lost.append(ledger["job_id"])
+            raise ServiceUnavailableError("the training actor died")
+
+    server.plane.training.on_saved = die_after_the_second
+    wid = _submit(server, target=4)
+    server.run_until(lambda: saves >= 2)
+    server.run(server.master.restart_training())
+    done = _wait(server, wid)
+    assert done.state is WorkloadState.COMPLETED and done.jobs_completed == 4
+    assert lost[0] in {j.job_id for j in _jobs(server, wid, JobState.COMPLETED)}
+    failed = _jobs(server, wid, JobState.FAILED)  # only those the restart caught in flight
+    assert {j.terminal_reason for j in failed} <= {ROLE_RESTARTED_REASON}
+    _assert_weights_hold_exactly_the_completed_jobs(server)
+    ck = checkpointed_state(server.plane.output_root, A)
+    assert ck is not None and ck["ledger"]["jobs_applied"] == 4
 
 
 def test_watchdog_flags_a_workload_without_progress(tmp_path: Path) -> None:

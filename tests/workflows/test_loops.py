@@ -18,11 +18,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from joynexus.control.job import JobState
+from joynexus.control.job import JobState, TrainingJob
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.envs import env_schema
+from joynexus.errors import ServiceUnavailableError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
+from joynexus.models.payload import find_latest_checkpoint, read_manifest
 from joynexus.models.types import BackboneOutput
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService
@@ -205,6 +207,45 @@ def test_a_failing_job_fails_alone_in_its_group(base: ResidentBaseModel, tmp_pat
             assert plane.training.policy_version("a") == 2
             assert plane.training.policy_version("b") == 0
             assert plane.tenants["b"].errors and not plane.tenants["a"].errors
+        finally:
+            await _close(plane)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("knows_checkpoints", [True, False])
+def test_a_job_whose_update_was_checkpointed_completes_even_if_publication_fails(
+    base: ResidentBaseModel, tmp_path: Path, knows_checkpoints: bool
+) -> None:
+    """The checkpoint is an update's commit point: the training role dying while it
+    publishes (after the save) cannot take the update back, so the job completes and
+    completed jobs stay exactly the updates a restart restores."""
+
+    def in_checkpoint(job: TrainingJob) -> bool:
+        latest = find_latest_checkpoint(tmp_path, job.tenant_id)
+        return latest is not None and read_manifest(latest).ledger.get("job_id") == job.job_id
+
+    async def main() -> None:
+        plane = await _plane(base, tmp_path, ["a"])
+        plane.ctx.durable_checkpoints = True
+        plane.ctx.in_checkpoint = in_checkpoint if knows_checkpoints else None
+        try:
+            await _ready_jobs(plane, {"a": 1})
+
+            async def dead(*_: object) -> None:
+                raise ServiceUnavailableError("the training actor died")
+
+            plane.training.export_params = dead  # type: ignore[method-assign,assignment]
+            with pytest.raises(ServiceUnavailableError):
+                await consume_training_job(plane.ctx)
+            job = _only_job(plane, "a")
+            latest = find_latest_checkpoint(tmp_path, "a")
+            assert latest is not None and read_manifest(latest).ledger["job_id"] == job.job_id
+            if knows_checkpoints:
+                assert job.state is JobState.COMPLETED
+                assert not plane.tenants["a"].errors
+            else:  # nothing tells the actor that the update is durable
+                assert job.state is JobState.FAILED
         finally:
             await _close(plane)
 

@@ -85,7 +85,7 @@ from joynexus.services.protocols import (
 from joynexus.spec.workload import TaskKind, WorkloadSpec
 from joynexus.utils.clock import Clock, SystemClock
 from joynexus.workflows import launch
-from joynexus.workflows.actor import publish
+from joynexus.workflows.actor import publish, settle_committed
 from joynexus.workflows.compile import (
     DEFAULT_MAX_ACTIVE_ROLLOUTS,
     DEFAULT_MAX_ACTIVE_ROLLOUTS_PER_TENANT,
@@ -258,6 +258,7 @@ class MasterService(ModelPrimitives):
             domain=DOMAIN,
             poll_s=poll_s,
             durable_checkpoints=True,
+            in_checkpoint=self._in_checkpoint,
         )
 
     # ------------------------------------------------------------------ lifetime
@@ -305,9 +306,8 @@ class MasterService(ModelPrimitives):
         for job in self.scheduler.list_jobs():
             if job.is_terminal:
                 continue
-            if self._in_checkpoint(job):
+            if settle_committed(self.ctx, job):
                 # Its update reached the weights; only ``complete`` was lost.
-                self.scheduler.complete_recovered(job.job_id)
                 log.info("recovered job %s: its update is in the checkpoint", job.job_id)
             else:
                 with contextlib.suppress(JoyNexusError):
@@ -619,6 +619,8 @@ class MasterService(ModelPrimitives):
             if job.is_terminal:
                 continue
             await self.queue.async_clear(job.partition_id)
+            if settle_committed(self.ctx, job):  # its update is in the weights already
+                continue
             with contextlib.suppress(JoyNexusError):
                 self.scheduler.fail(job.job_id, reason)
 

@@ -39,7 +39,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from joynexus.control.job import TaskType, TrainingJob
+from joynexus.control.job import JobState, TaskType, TrainingJob
 from joynexus.errors import NotFoundError, StaleLeaseError
 from joynexus.workflows.context import (
     ACTOR_ROLE,
@@ -55,6 +55,7 @@ __all__ = [
     "consume_training_job",
     "consume_training_jobs",
     "publish",
+    "settle_committed",
 ]
 
 REASON_POLICY_STALE = "policy_stale"
@@ -105,6 +106,24 @@ async def _maybe_checkpoint(
         tenant.metrics.write("checkpoint", policy_version=version)
 
 
+def settle_committed(ctx: WorkflowContext, job: TrainingJob) -> bool:
+    """Complete ``job`` if its update is in the tenant's latest checkpoint.
+
+    The checkpoint is the commit point of an update: whatever fails after it
+    (publication, clearing, the role itself) cannot take the update back, so the job
+    counts as completed. Returns True when it did (or the job had completed already).
+    """
+    if ctx.in_checkpoint is None or not ctx.in_checkpoint(job):
+        return False
+    current = ctx.scheduler.get(job.job_id)
+    if current.state is JobState.COMPLETED:
+        return True
+    if current.is_terminal:  # failed or dropped by someone else: leave it
+        return False
+    ctx.scheduler.complete_recovered(job.job_id)
+    return True
+
+
 def _mean(values: Any) -> float | None:
     vals = [float(v) for v in values or [] if math.isfinite(float(v))]
     return sum(vals) / len(vals) if vals else None
@@ -127,8 +146,16 @@ async def _drop_stale(ctx: WorkflowContext, job: TrainingJob, actor_version: int
 
 
 async def _fail(ctx: WorkflowContext, job: TrainingJob, error: BaseException) -> None:
-    """Best-effort clear, then ``fail`` the job with the error's reason."""
+    """Best-effort clear, then ``fail`` the job with the error's reason — or complete
+    it when its update already reached the checkpoint (``ctx.in_checkpoint``)."""
     await ctx.queue.async_clear(job.partition_id)
+    if settle_committed(ctx, job):
+        log.warning(
+            "actor: job %s failed after its update was checkpointed (%s); completed",
+            job.job_id,
+            reason_of(error),
+        )
+        return
     if not ctx.scheduler.get(job.job_id).is_terminal:
         cancelled = isinstance(error, asyncio.CancelledError)
         ctx.scheduler.fail(job.job_id, "cancelled" if cancelled else reason_of(error))

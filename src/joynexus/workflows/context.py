@@ -155,6 +155,11 @@ class WorkflowContext:
     #: Master's durability: a version is never issued twice, and completed jobs are
     #: exactly the updates in the weights); False: ``scheduling.checkpoint_every``.
     durable_checkpoints: bool = False
+    #: Whether a job's update reached the tenant's latest checkpoint (its ledger names
+    #: the job). A job that fails after that point — say the training role died while
+    #: publishing — completes instead: its update is in the weights a restart restores,
+    #: so completed jobs stay exactly the updates in the weights. None: never.
+    in_checkpoint: Callable[[TrainingJob], bool] | None = None
 
 
 def job_heartbeat(scheduler: TrainingScheduler, job: TrainingJob) -> Callable[[], None]:
