@@ -57,3 +57,40 @@ def test_shape_errors_name_the_field() -> None:
         gae(np.zeros((2, 2)), np.zeros((3, 2)), np.zeros((2, 2), bool), np.zeros(2))
     with pytest.raises(InvalidRequestError, match="last_values"):
         gae(np.zeros((2, 2)), np.zeros((2, 2)), np.zeros((2, 2), bool), np.zeros(3))
+
+
+def test_grpo_gives_a_group_that_all_succeeded_zero_advantage() -> None:
+    # Binary success: group 0 all succeed, group 1 half do, group 2 all fail.
+    rewards = np.zeros((4, 6), dtype=np.float32)
+    rewards[3] = [1, 1, 1, 0, 0, 0]
+    dones = np.zeros((4, 6), dtype=bool)
+    dones[3] = True
+    adv, ret = grpo(rewards, dones, group_ids=np.array([0, 0, 1, 1, 2, 2]))
+    np.testing.assert_allclose(ret[0], [1, 1, 1, 0, 0, 0])
+    np.testing.assert_allclose(adv[:, :2], 0.0)
+    np.testing.assert_allclose(adv[:, 4:], 0.0)
+    np.testing.assert_allclose(adv[0, 2:4], [1.0, -1.0], atol=1e-4)
+    # Ungrouped, the same episodes are compared across the groups' initial states.
+    ungrouped, _ = grpo(rewards, dones)
+    assert ungrouped[0, 0] > 0 > ungrouped[0, 5]
+
+
+def test_grpo_groups_later_episodes_by_ordinal() -> None:
+    # Group 0 = envs 0, 1. Env 0 succeeds at t=1 and starts a second episode (it fails);
+    # env 1 fails its first episode, which runs to the horizon.
+    rewards = np.zeros((4, 2), dtype=np.float32)
+    rewards[1, 0] = 1.0
+    dones = np.zeros((4, 2), dtype=bool)
+    dones[1, 0] = True
+    adv, ret = grpo(rewards, dones, group_ids=np.array([0, 0]))
+    np.testing.assert_allclose(ret[:, 0], [1, 1, 0, 0])
+    # First episodes compared with each other only: +1 / -1.
+    np.testing.assert_allclose(adv[:2, 0], 1.0, atol=1e-4)
+    np.testing.assert_allclose(adv[:, 1], -1.0, atol=1e-4)
+    # Env 0's second episode is alone in (group 0, ordinal 1): zero advantage.
+    np.testing.assert_allclose(adv[2:, 0], 0.0)
+
+
+def test_grpo_group_ids_must_match_the_envs() -> None:
+    with pytest.raises(InvalidRequestError, match="group_ids"):
+        grpo(np.zeros((2, 3)), np.zeros((2, 3), bool), group_ids=np.zeros(2, np.int64))

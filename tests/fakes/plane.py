@@ -929,7 +929,13 @@ class FakeEnvironmentService:
         )
 
     async def reset(
-        self, session_id: str, rollout_id: str, seed: int | None = None, *, tenant_id: str
+        self,
+        session_id: str,
+        rollout_id: str,
+        seed: int | None = None,
+        *,
+        tenant_id: str,
+        group_size: int = 1,
     ) -> EnvObservation:
         session = self._owned(session_id, tenant_id)
         session.steps[:] = 0

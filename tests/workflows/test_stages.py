@@ -66,3 +66,38 @@ def test_samples_must_tile_the_grid() -> None:
     broken = {k: v[:-1] for k, v in flat.items()}
     with pytest.raises(InvalidRequestError, match="do not tile"):
         compute_advantages(broken, AlgorithmSpec(name="ppo"))
+
+
+def test_grpo_normalizes_within_the_groups_the_rollout_carries() -> None:
+    # 4 envs in 2 groups, one episode each (binary success at the last step).
+    horizon, n = 3, 4
+    t = np.repeat(np.arange(horizon), n)
+    env = np.tile(np.arange(n), horizon)
+    rewards = np.zeros((horizon, n), np.float32)
+    rewards[-1] = [1.0, 1.0, 1.0, 0.0]
+    flat = {
+        "rewards": rewards[t, env],
+        "dones": np.zeros(t.size, bool),
+        "t": t,
+        "env": env,
+        "group": env // 2,
+    }
+    out = compute_advantages(flat, AlgorithmSpec(name="grpo", group_size=2))
+    adv = out["advantages"].reshape(horizon, n)
+    np.testing.assert_allclose(adv[:, :2], 0.0)  # the group where all succeeded
+    np.testing.assert_allclose(adv[:, 2:], np.tile([1.0, -1.0], (horizon, 1)), atol=1e-4)
+    # Without the rollout's groups the same returns are compared across groups.
+    legacy = compute_advantages(
+        {k: v for k, v in flat.items() if k != "group"}, AlgorithmSpec(name="grpo")
+    )
+    assert legacy["advantages"][0] > 0
+
+
+def test_a_grouped_tenant_needs_a_grouped_rollout() -> None:
+    t = np.repeat(np.arange(2), 2)
+    env = np.tile(np.arange(2), 2)
+    flat = {"rewards": np.zeros(4, np.float32), "dones": np.zeros(4, bool), "t": t, "env": env}
+    with pytest.raises(InvalidRequestError, match="carries no 'group' field"):
+        compute_advantages(flat, AlgorithmSpec(name="grpo", group_size=2))
+    with pytest.raises(InvalidRequestError, match="not constant per env"):
+        compute_advantages({**flat, "group": np.array([0, 0, 1, 0])}, AlgorithmSpec(name="grpo"))

@@ -122,18 +122,31 @@ def grpo(
 ) -> tuple[FloatArray, FloatArray]:
     """Group-relative advantages: each episode's return normalized within its group.
 
-    Every step of an episode gets that episode's normalized return as advantage. An
-    episode is a maximal run of steps of one env ending at a done (or the horizon).
-    Groups are the parallel envs that share a task/seed (``group_ids[n]``); by default
-    all N envs form one group.
+    Every step of an episode gets that episode's normalized return as advantage,
+    ``(R - mean) / (std + eps)`` over the episodes of its group. An episode is a maximal
+    run of steps of one env ending at a done (or the horizon).
+
+    Groups: with ``group_ids`` (``[N]``, the envs that started the rollout from one
+    initial state share an id), the ``k``-th episode of env ``n`` belongs to group
+    ``(group_ids[n], k)``: the first episodes of a group's envs are the group's tries
+    from its initial state, and a grouped env session starts their ``k``-th episodes
+    from one seed too (:mod:`joynexus.envs.base`). A group whose episodes all have the
+    same return (all succeeded, or all failed) gets zero advantage, and so does an
+    episode alone in its group. Without ``group_ids`` every episode of the rollout is
+    in one group (envs that started from different states compared with each other).
 
     Returns:
         ``(advantages, returns)`` where ``returns`` holds the undiscounted episode return.
+
+    Raises:
+        InvalidRequestError: Shapes disagree.
     """
     _check(rewards, dones, "rewards", rewards)
     horizon, num_envs = rewards.shape
+    by_ordinal = group_ids is not None
     if group_ids is None:
         group_ids = np.zeros(num_envs, dtype=np.int64)
+    group_ids = np.asarray(group_ids)
     if group_ids.shape != (num_envs,):
         raise InvalidRequestError(
             f"group_ids must have shape ({num_envs},), got {tuple(group_ids.shape)}",
@@ -142,20 +155,22 @@ def grpo(
     # Label every step with its episode, then sum rewards per episode.
     episode_of = np.zeros((horizon, num_envs), dtype=np.int64)
     episode_returns: list[float] = []
-    episode_group: list[int] = []
+    episode_group: list[tuple[int, int]] = []
     for n in range(num_envs):
-        start = 0
+        start, ordinal = 0, 0
         for t in range(horizon):
             if dones[t, n] or t == horizon - 1:
                 episode_of[start : t + 1, n] = len(episode_returns)
                 episode_returns.append(float(rewards[start : t + 1, n].sum()))
-                episode_group.append(int(group_ids[n]))
-                start = t + 1
+                episode_group.append((int(group_ids[n]), ordinal if by_ordinal else 0))
+                start, ordinal = t + 1, ordinal + 1
     ep_ret = np.asarray(episode_returns, dtype=np.float64)
-    ep_grp = np.asarray(episode_group)
     norm = np.zeros_like(ep_ret)
-    for g in np.unique(ep_grp):
-        sel = ep_grp == g
+    members: dict[tuple[int, int], list[int]] = {}
+    for i, key in enumerate(episode_group):
+        members.setdefault(key, []).append(i)
+    for idx in members.values():
+        sel = np.asarray(idx)
         mean, std = ep_ret[sel].mean(), ep_ret[sel].std()
         norm[sel] = (ep_ret[sel] - mean) / (std + eps)
     return norm[episode_of].astype(np.float32), ep_ret[episode_of].astype(np.float32)

@@ -22,6 +22,15 @@ observation of the finished episode is in ``info["final_observation"]`` (an
 current observation). This is gymnasium's "same-step" autoreset: a rollout loop never
 has to special-case finished sub-envs, and ``reset`` is only needed to start over (for
 instance with a new seed). ``reset(seed=s)`` seeds sub-env ``i`` with ``s + i``.
+
+Groups (GRPO's rollouts per initial state): ``reset(seed=s, group_size=G)`` seeds
+sub-env ``i`` with ``s + i // G``, so the ``G`` sub-envs of each group start from the same
+initial state and different groups from different ones; ``num_envs`` must be a multiple
+of ``G``. Auto-resets keep groups aligned by episode ordinal: the ``k``-th episode after
+the reset of every sub-env of group ``g`` is seeded with ``s + g + k · num_envs / G``
+(with ``G = 1`` this is the ungrouped sequence ``s + i + k · num_envs``). An adapter that
+cannot honour groups need not accept ``group_size``: the Environment Service refuses a
+grouped reset of it.
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from joynexus.errors import SchemaMismatchError
+from joynexus.errors import InvalidRequestError, SchemaMismatchError
 from joynexus.models.schema import DataSchema
 
 __all__ = [
@@ -43,6 +52,7 @@ __all__ = [
     "EnvStep",
     "ObservationSpec",
     "check_actions",
+    "check_group_size",
     "stack_observations",
 ]
 
@@ -131,8 +141,15 @@ class EnvAdapter(abc.ABC):
     num_envs: int
 
     @abc.abstractmethod
-    def reset(self, seed: int | None = None) -> EnvObservation:
-        """Start new episodes in every sub-env; sub-env ``i`` is seeded with ``seed + i``."""
+    def reset(self, seed: int | None = None, *, group_size: int = 1) -> EnvObservation:
+        """Start new episodes in every sub-env; sub-env ``i`` is seeded with ``seed + i``.
+
+        With ``group_size`` G > 1, sub-env ``i`` is seeded with ``seed + i // G`` (see
+        the module docstring for groups and their auto-resets).
+
+        Raises:
+            InvalidRequestError: ``group_size`` does not divide ``num_envs``.
+        """
 
     @abc.abstractmethod
     def step(self, actions: np.ndarray) -> EnvStep:
@@ -172,6 +189,25 @@ def check_actions(actions: Any, *, num_envs: int, action_dim: int) -> np.ndarray
     if not np.all(np.isfinite(arr)):
         raise SchemaMismatchError("actions contain NaN or infinite values", field="actions")
     return arr
+
+
+def check_group_size(num_envs: int, group_size: int) -> int:
+    """The number of groups of a grouped reset (``num_envs / group_size``).
+
+    Raises:
+        InvalidRequestError: ``group_size`` is not a positive divisor of ``num_envs``.
+    """
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise InvalidRequestError(
+            f"group_size must be a positive integer, got {group_size!r}", field="group_size"
+        )
+    if num_envs % group_size:
+        raise InvalidRequestError(
+            f"group_size={group_size} does not divide num_envs={num_envs}: the sub-envs "
+            "form groups of group_size that share one initial state",
+            field="group_size",
+        )
+    return num_envs // group_size
 
 
 def stack_observations(

@@ -11,6 +11,10 @@ Protocol (msgpack bodies; arrays as a msgpack extension, see :mod:`joynexus.envs
     POST   /v1/sessions/{id}/step {actions}-> step
     DELETE /v1/sessions/{id}               -> {}
 
+A grouped reset adds ``group_size`` to the reset body (sub-env ``i`` seeded with
+``seed + i // group_size``, see :mod:`joynexus.envs.base`); without it the reset is
+ungrouped.
+
 Errors answer the JoyNexus error body ``{code, message, details}`` with the error's
 HTTP status. Every simulator call runs on one dedicated thread, because OpenGL
 contexts (MuJoCo's EGL renderer) belong to the thread that made them current.
@@ -31,7 +35,7 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from joynexus.envs.base import EnvAdapter, EnvSpec
+from joynexus.envs.base import EnvAdapter, EnvSpec, check_group_size
 from joynexus.envs.registry import env_schema, make_env
 from joynexus.envs.wire import encode_observation, encode_step, packb, unpackb
 from joynexus.errors import (
@@ -151,7 +155,12 @@ def create_env_server_app(spec: EnvSpec, *, max_sessions: int = 16) -> FastAPI:
         data = await body(request)
         adapter = session(session_id)
         seed = data.get("seed")
-        obs = await on_sim_thread(lambda: adapter.reset(seed=seed))
+        group_size = data.get("group_size", 1)
+        check_group_size(adapter.num_envs, group_size)
+        if group_size == 1:
+            obs = await on_sim_thread(lambda: adapter.reset(seed=seed))
+        else:
+            obs = await on_sim_thread(lambda: adapter.reset(seed=seed, group_size=group_size))
         return reply(encode_observation(obs))
 
     @app.post("/v1/sessions/{session_id}/step")

@@ -15,7 +15,8 @@ Options:
     init_state_index (int | None): use the benchmark's fixed initial states (evaluation).
         Sub-env ``i``'s ``k``-th episode since the last ``reset`` starts from state
         ``(init_state_index + i + k * num_envs) mod 50``, so ``N`` sub-envs together walk
-        through consecutive states. ``None`` (default) samples object placements at
+        through consecutive states (a grouped reset walks per group, see
+        :class:`LiberoAdapter`). ``None`` (default) samples object placements at
         random, seeded by ``reset(seed=...)``.
     settle_steps (int, default 0): no-op steps after a reset so objects come to rest (many
         evaluation scripts use 10); they are not counted as episode steps.
@@ -35,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from joynexus.envs.base import EnvAdapter, EnvObservation, EnvSpec
+from joynexus.envs.base import EnvAdapter, EnvObservation, EnvSpec, check_group_size
 from joynexus.envs.registry import register_env
 from joynexus.envs.render import ensure_headless_gl, resize_image
 from joynexus.envs.vector import SingleEnv, SingleObservation, SingleStep, VectorEnvAdapter
@@ -184,8 +185,11 @@ class _LiberoSingle:
         self.size = schema.cameras["image"].height
         self.opts = opts
         self.fast = spec.fast_render
+        # Where this sub-env walks through the fixed init states: state
+        # ``init_state_index + slot + episode * stride`` (a grouped reset gives every
+        # sub-env of a group the group's slot and strides by the number of groups).
         self.slot = slot
-        self.num_envs = spec.num_envs
+        self.stride = spec.num_envs
         self.episode = 0
         self.init_states: np.ndarray | None = None
         if opts.init_state_index is not None:
@@ -241,7 +245,7 @@ class _LiberoSingle:
         raw = self.env.reset()
         self._apply_fast_render()  # a hard reset rebuilds the render context
         if self.init_states is not None and self.opts.init_state_index is not None:
-            k = self.opts.init_state_index + self.slot + self.episode * self.num_envs
+            k = self.opts.init_state_index + self.slot + self.episode * self.stride
             raw = self.env.set_init_state(self.init_states[k % len(self.init_states)])
         self.episode += 1
         for _ in range(self.opts.settle_steps):
@@ -267,13 +271,19 @@ class _LiberoSingle:
 
 
 class LiberoAdapter(VectorEnvAdapter):
-    """LIBERO sub-envs; ``reset(seed)`` restarts the walk through fixed init states."""
+    """LIBERO sub-envs; ``reset(seed)`` restarts the walk through fixed init states.
 
-    def reset(self, seed: int | None = None) -> EnvObservation:
-        for env in self.envs:
+    A grouped reset (``group_size`` G) walks per group: sub-env ``i``'s ``k``-th episode
+    starts from state ``(init_state_index + i // G + k * num_envs / G) mod 50``.
+    """
+
+    def reset(self, seed: int | None = None, *, group_size: int = 1) -> EnvObservation:
+        groups = check_group_size(self.num_envs, group_size)
+        for i, env in enumerate(self.envs):
             if isinstance(env, _LiberoSingle):
                 env.episode = 0
-        return super().reset(seed)
+                env.slot, env.stride = i // group_size, groups
+        return super().reset(seed, group_size=group_size)
 
 
 def make_libero(spec: EnvSpec) -> EnvAdapter:

@@ -12,7 +12,14 @@ from typing import Any
 
 import numpy as np
 
-from joynexus.envs.base import EnvAdapter, EnvObservation, EnvSpec, EnvStep, check_actions
+from joynexus.envs.base import (
+    EnvAdapter,
+    EnvObservation,
+    EnvSpec,
+    EnvStep,
+    check_actions,
+    check_group_size,
+)
 from joynexus.envs.registry import register_env
 from joynexus.envs.render import resize_image
 from joynexus.envs.wire import decode_observation, decode_step, packb, unpackb
@@ -138,8 +145,12 @@ class RemoteEnvAdapter(EnvAdapter):
             cams[name] = frames
         return EnvObservation(cameras=cams, state=obs.state, instruction=obs.instruction)
 
-    def reset(self, seed: int | None = None) -> EnvObservation:
-        data = self._http.call("POST", f"/v1/sessions/{self._session}/reset", {"seed": seed})
+    def reset(self, seed: int | None = None, *, group_size: int = 1) -> EnvObservation:
+        check_group_size(self.num_envs, group_size)
+        body: dict[str, Any] = {"seed": seed}
+        if group_size != 1:  # a server that predates groups is sent what it knows
+            body["group_size"] = group_size
+        data = self._http.call("POST", f"/v1/sessions/{self._session}/reset", body)
         return self._fit(decode_observation(data))
 
     def step(self, actions: np.ndarray) -> EnvStep:

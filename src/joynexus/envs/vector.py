@@ -20,6 +20,7 @@ from joynexus.envs.base import (
     EnvObservation,
     EnvStep,
     check_actions,
+    check_group_size,
     stack_observations,
 )
 from joynexus.errors import SpecError
@@ -84,6 +85,7 @@ class VectorEnvAdapter(EnvAdapter):
         self._elapsed = np.zeros(self.num_envs, dtype=np.int64)
         self._last: list[SingleObservation] | None = None
         self._next_seed: list[int | None] = [None] * self.num_envs
+        self._seed_stride = self.num_envs
         self._closed = False
 
     def _observation(self, obs: list[SingleObservation]) -> EnvObservation:
@@ -91,13 +93,16 @@ class VectorEnvAdapter(EnvAdapter):
             [o.cameras for o in obs], [o.state for o in obs], self.schema.instruction
         )
 
-    def reset(self, seed: int | None = None) -> EnvObservation:
+    def reset(self, seed: int | None = None, *, group_size: int = 1) -> EnvObservation:
+        groups = check_group_size(self.num_envs, group_size)
         obs = []
         for i, env in enumerate(self.envs):
-            sub_seed = None if seed is None else seed + i
+            sub_seed = None if seed is None else seed + i // group_size
             obs.append(env.reset(sub_seed))
-            # Later auto-resets continue a deterministic seed sequence per sub-env.
-            self._next_seed[i] = None if seed is None else seed + i + self.num_envs
+            # Later auto-resets continue a deterministic seed sequence per sub-env, the
+            # same for every sub-env of a group (aligned by episode ordinal).
+            self._next_seed[i] = None if sub_seed is None else sub_seed + groups
+        self._seed_stride = groups
         self._elapsed[:] = 0
         self._last = obs
         return self._observation(obs)
@@ -129,7 +134,7 @@ class VectorEnvAdapter(EnvAdapter):
             if terminated[i] or truncated[i]:
                 seed = self._next_seed[i]
                 if seed is not None:
-                    self._next_seed[i] = seed + n
+                    self._next_seed[i] = seed + self._seed_stride
                 current.append(env.reset(seed))
                 self._elapsed[i] = 0
             else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import multiprocessing
 import multiprocessing.connection
 import pickle
@@ -46,6 +47,17 @@ def _error_reply(exc: BaseException) -> tuple[str, str, str, dict[str, Any]]:
     return ("error", "EnvironmentServiceError", f"{type(exc).__name__}: {exc}", {})
 
 
+def _grouped_reset(adapter: Any, spec: EnvSpec, seed: int | None, group_size: int) -> Any:
+    """``adapter.reset(seed, group_size=...)``; a clear error for an adapter without groups."""
+    if "group_size" not in inspect.signature(adapter.reset).parameters:
+        raise SpecError(
+            f"env kind {spec.kind!r} cannot start a group of sub-envs from one initial "
+            "state (its adapter's reset takes no group_size); drop algorithm.group_size "
+            "or use an env kind that supports groups"
+        )
+    return adapter.reset(seed=seed, group_size=group_size)
+
+
 def _worker_main(
     conn: multiprocessing.connection.Connection,
     factory: Any,
@@ -73,7 +85,12 @@ def _worker_main(
             break  # the parent went away: nothing left to serve
         try:
             if op == "reset":
-                result: Any = adapter.reset(seed=arg)
+                seed, group_size = arg
+                result: Any = (
+                    adapter.reset(seed=seed)
+                    if group_size == 1
+                    else _grouped_reset(adapter, spec, seed, group_size)
+                )
             elif op == "step":
                 result = adapter.step(arg)
             elif op == "close":

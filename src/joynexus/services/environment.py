@@ -25,11 +25,18 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from joynexus.envs.base import EnvObservation, EnvSpec, EnvStep, check_actions
+from joynexus.envs.base import (
+    EnvObservation,
+    EnvSpec,
+    EnvStep,
+    check_actions,
+    check_group_size,
+)
 from joynexus.envs.registry import get_registration
 from joynexus.errors import (
     CapacityError,
     EnvironmentServiceError,
+    InvalidRequestError,
     JoyNexusError,
     NotFoundError,
     SimulatorCrashedError,
@@ -220,19 +227,39 @@ class EnvironmentService:
     # -- Figure 4 primitives ----------------------------------------------------------------
 
     async def reset(
-        self, session_id: str, rollout_id: str, seed: int | None = None, *, tenant_id: str
+        self,
+        session_id: str,
+        rollout_id: str,
+        seed: int | None = None,
+        *,
+        tenant_id: str,
+        group_size: int = 1,
     ) -> EnvObservation:
         """Start rollout ``rollout_id``: new episodes in every sub-env of the session.
 
+        Sub-env ``i`` is seeded with ``seed + i // group_size``: with ``group_size`` > 1
+        the sub-envs form groups that start from one initial state (GRPO's rollouts per
+        initial state; auto-resets stay aligned by episode ordinal, see
+        :mod:`joynexus.envs.base`).
+
         Raises:
             NotFoundError: Unknown session, or another tenant's (answered alike).
+            InvalidRequestError: ``group_size`` does not divide the session's
+                ``num_envs``, or a grouped reset without a seed.
+            SpecError: A grouped reset of an env kind that cannot group its sub-envs.
             SimulatorCrashedError: The simulator died or exceeded ``step_timeout_s``.
         """
         session = self._owned(session_id, tenant_id)
+        check_group_size(session.spec.num_envs, group_size)
+        if group_size > 1 and seed is None:
+            raise InvalidRequestError(
+                "a grouped reset needs a seed (the seed is what the sub-envs of a group share)",
+                field="seed",
+            )
         async with session.lock:
             session.last_used = self.clock.now()
             start = time.perf_counter()
-            obs = await self._call(session, "reset", seed)
+            obs = await self._call(session, "reset", (seed, group_size))
             self._instruments.env_call(session.tenant_id, 0, time.perf_counter() - start)
             session.rollout_id = rollout_id
             session.last_used = self.clock.now()

@@ -170,7 +170,13 @@ class EnvironmentServiceAPI(Protocol):
     async def list_sessions(self, tenant_id: str) -> list[SessionInfo]: ...
 
     async def reset(
-        self, session_id: str, rollout_id: str, seed: int | None = None, *, tenant_id: str
+        self,
+        session_id: str,
+        rollout_id: str,
+        seed: int | None = None,
+        *,
+        tenant_id: str,
+        group_size: int = 1,
     ) -> EnvObservation: ...
 
     async def step(self, session_id: str, actions: Any, *, tenant_id: str) -> EnvStep: ...

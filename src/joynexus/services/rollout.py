@@ -4,7 +4,9 @@
   of a session, each decision one ``predict(mode="sample")`` whose action chunk is
   executed open-loop (``action_chunk`` env steps, reward summed over the chunk, done if
   any sub-step ended the episode). It writes the RL partition layout
-  (:mod:`joynexus.services.samples`) time-major, sample ``k = t * num_envs + n``.
+  (:mod:`joynexus.services.samples`) time-major, sample ``k = t * num_envs + n``. A
+  grouped rollout (``RolloutConfig.group_size``, GRPO) resets the sub-envs of each group
+  from one seed and records each sample's group.
 * :func:`run_evaluation` — read-only episodes at one pinned version; with a ``seed``,
   episode ``j`` starts from a fresh reset with seed ``seed + j`` (fixed, recorded seeds).
 
@@ -36,6 +38,7 @@ from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.samples import (
     FLOW_CHAIN,
+    GROUP,
     camera_field,
     instructions_array,
     model_actions,
@@ -80,7 +83,11 @@ class RolloutConfig(BaseModel):
         tenant_id: The tenant whose policy acts.
         session_id: An Environment Service session owned by the tenant.
         schema_signature: The tenant's interface; stamped on every sample.
-        seed: Seed of the env reset (sub-env i gets ``seed + i``); None = unseeded.
+        seed: Seed of the env reset (sub-env i gets ``seed + i // group_size``); None
+            = unseeded.
+        group_size: Sub-envs per group that start from one initial state (GRPO); 1 =
+            ungrouped. A grouped rollout needs a seed and stores each sample's group in
+            the partition field ``group`` (``env // group_size``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -89,6 +96,7 @@ class RolloutConfig(BaseModel):
     session_id: str = Field(min_length=1)
     schema_signature: str = Field(min_length=1)
     seed: int | None = None
+    group_size: int = Field(default=1, ge=1, le=1024)
 
 
 @dataclass(frozen=True)
@@ -210,7 +218,8 @@ async def collect_rollout(
     if horizon < 1:
         raise InvalidRequestError(f"horizon must be >= 1, got {horizon}", field="horizon")
     tid, sid = config.tenant_id, config.session_id
-    obs = await env.reset(sid, job_id, config.seed, tenant_id=tid)
+    group_size = config.group_size
+    obs = await env.reset(sid, job_id, config.seed, tenant_id=tid, group_size=group_size)
     if obs.num_envs != num_envs:
         raise InvalidRequestError(
             f"session {sid!r} runs {obs.num_envs} sub-envs, the rollout asked for {num_envs}",
@@ -264,6 +273,8 @@ async def collect_rollout(
     data["t"] = np.repeat(np.arange(horizon, dtype=np.int64), num_envs)
     data["env"] = np.tile(np.arange(num_envs, dtype=np.int64), horizon)
     data["bootstrap_values"] = np.tile(bootstrap, horizon)
+    if group_size > 1:  # what the advantage stage normalizes GRPO returns within
+        data[GROUP] = data["env"] // group_size
     meta = SampleMeta(
         tenant_id=tid, schema_signature=config.schema_signature, behavior_policy_version=version
     )

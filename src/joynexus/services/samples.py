@@ -10,7 +10,9 @@ is the contract between producers (rollout, SFT producer), preprocessing stages
 * RL: ``actions``, ``log_probs``, ``values``, ``rewards``, ``dones``, ``t``, ``env``,
   ``bootstrap_values`` (scalars per sample), derived ``advantages`` / ``returns`` and
   optionally ``actor_log_probs`` / ``actor_values``; a flow-matching head's rollouts add
-  ``flow_chain`` float32 ``[steps + 1, chunk, A]`` (its Flow-SDE chain, model units).
+  ``flow_chain`` float32 ``[steps + 1, chunk, A]`` (its Flow-SDE chain, model units); a
+  grouped rollout (GRPO with ``algorithm.group_size``) adds ``group`` int64, the group of
+  the sample's env (its sub-envs started from one initial state).
 
 ``state`` and ``actions`` are in the tenant's model units: normalized for a tenant with
 ``NormalizationStats`` (:func:`model_state`, :func:`model_actions`), env units otherwise.
@@ -33,6 +35,7 @@ from joynexus.models.schema import DataSchema
 INSTRUCTION_DTYPE = "<U256"
 SFT_FIELDS = ("actions", "action_is_pad")
 FLOW_CHAIN = "flow_chain"
+GROUP = "group"
 RL_FIELDS = (
     "actions",
     "log_probs",

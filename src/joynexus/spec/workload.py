@@ -25,7 +25,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from joynexus.envs.base import EnvSpec
-from joynexus.envs.seeds import EVAL_SEED_BASE, demo_seeds, eval_seeds, shared_seeds
+from joynexus.envs.seeds import (
+    EVAL_SEED_BASE,
+    TRAIN_SEEDS,
+    demo_seeds,
+    eval_seeds,
+    shared_seeds,
+)
 from joynexus.errors import SpecError
 from joynexus.models.heads import (
     FlowMatchingHeadConfig,
@@ -108,6 +114,16 @@ class AlgorithmSpec(BaseModel):
     )
     samples_per_job: int = Field(
         default=256, ge=1, le=10_000_000, description="SFT samples per training job."
+    )
+    group_size: int | None = Field(
+        default=None,
+        ge=2,
+        le=1024,
+        description="grpo only: the env's sub-envs form groups of this many that start "
+        "each rollout from one initial state (seeds of their own, never the evaluation "
+        "seeds), and each episode's return is normalized within its group and episode "
+        "ordinal (SimpleVLA-RL); env.num_envs must be a multiple. Unset: every sub-env "
+        "starts from its own state and all episodes of a rollout form one group.",
     )
 
 
@@ -231,6 +247,8 @@ class WorkloadSpec(BaseModel):
                 raise ValueError("task 'eval' needs an 'env' and an 'evaluation' with targets")
         if self.evaluation is not None and self.task is not TaskKind.EVAL:
             raise ValueError("'evaluation' belongs to a task 'eval' workload")
+        if self.algorithm.group_size is not None:
+            self._check_groups(self.algorithm.group_size)
         if self.success_eval is not None:
             self._check_success_eval(self.success_eval)
         if self.init_from is not None:
@@ -242,6 +260,36 @@ class WorkloadSpec(BaseModel):
                     "resumes from its own checkpoint without it"
                 )
         return self
+
+    def _check_groups(self, group_size: int) -> None:
+        name = self.algorithm.name
+        if name != "grpo":
+            raise ValueError(
+                f"algorithm.group_size belongs to grpo (rollouts grouped per initial state, "
+                f"returns normalized within each group); {name!r} does not use groups, "
+                "remove group_size or set algorithm.name: grpo"
+            )
+        if self.env is None:
+            return
+        num_envs = self.env.num_envs
+        if num_envs % group_size:
+            fits = [d for d in range(2, num_envs + 1) if num_envs % d == 0]
+            raise ValueError(
+                f"algorithm.group_size={group_size} does not divide env.num_envs={num_envs}: "
+                f"each rollout splits the env's {num_envs} sub-envs into groups of "
+                f"group_size that share one initial state; set env.num_envs to a multiple of "
+                f"{group_size} (e.g. {group_size * max(1, round(num_envs / group_size))}) or "
+                f"group_size to a divisor of {num_envs}"
+                + (f" ({', '.join(map(str, fits))})" if fits else " (none >= 2: num_envs is 1)")
+            )
+        if self.success_eval is not None:
+            ev = self.success_eval
+            if len(shared_seeds(TRAIN_SEEDS, eval_seeds(ev.seed, ev.episodes))):
+                raise ValueError(
+                    f"success_eval seeds {ev.seed}..{ev.seed + ev.episodes - 1} meet the seeds "
+                    f"grouped rollouts train on ({TRAIN_SEEDS.start} and above); move "
+                    f"success_eval.seed below {TRAIN_SEEDS.start - ev.episodes + 1}"
+                )
 
     def _check_success_eval(self, ev: SuccessEvalSpec) -> None:
         if self.task not in (TaskKind.RL, TaskKind.SFT):

@@ -7,6 +7,12 @@ writes the job's partition), heartbeating the producer lease meanwhile, and ends
 production: ``mark(needs_advantages)``, or ``hand_off`` when the tenant's pipeline has
 the actor-forward stage. Weights reach inference from the actor side (``load_weights``
 after each update), so the next rollout picks up the latest published version.
+
+Seeds: an ungrouped rollout resets sub-env ``i`` with ``seed · 100003 + job + i``. A
+grouped one (GRPO with ``algorithm.group_size``) resets the sub-envs of group ``g`` with
+``first + g``, where ``first`` is the job's block of the training seed range
+(:func:`~joynexus.envs.seeds.grouped_rollout_seed`): one initial state per group, a new
+one for every group of every rollout, never an evaluation seed.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import logging
 import numpy as np
 
 from joynexus.control.job import JobState, TaskType
+from joynexus.envs.seeds import grouped_rollout_seed
 from joynexus.services.inference import RolloutConfig
 from joynexus.workflows.compile import policy_key
 from joynexus.workflows.context import (
@@ -68,11 +75,17 @@ async def produce_rl(ctx: WorkflowContext, tenant: WorkflowTenant) -> str | None
     )
     if job is None:
         return ctx.scheduler.last_refusal(tenant.tenant_id, TaskType.RL) or "refused"
+    group_size = spec.algorithm.group_size or 1
+    if group_size > 1:  # GRPO: each group of sub-envs tries one initial state
+        seed = grouped_rollout_seed(spec.seed, job.created_seq, num_envs // group_size)
+    else:
+        seed = spec.seed * 100_003 + job.created_seq
     config = RolloutConfig(
         tenant_id=tenant.tenant_id,
         session_id=tenant.session_id,
         schema_signature=tenant.schema_signature,
-        seed=spec.seed * 100_003 + job.created_seq,
+        seed=seed,
+        group_size=group_size,
     )
     try:
         stats = await ctx.inference.rollout(

@@ -12,7 +12,9 @@ derived fields are written back against the same samples with ``put``:
   rollout with ``get_meta`` / ``get_data``, reshape the flattened samples (sample
   ``k = t · num_envs + n``) to time-major ``[T, N]`` by their ``t`` and ``env`` fields,
   compute GAE (ppo), group-normalised returns (grpo) or discounted returns
-  (reinforce), ``put`` ``advantages`` / ``returns``, and ``mark(ready)``.
+  (reinforce), ``put`` ``advantages`` / ``returns``, and ``mark(ready)``. GRPO's groups
+  come with the rollout: a grouped rollout (``algorithm.group_size``) stores each
+  sample's ``group`` (its env's group of sub-envs that started from one initial state).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from joynexus.algorithms.advantages import discounted_returns, gae, grpo
 from joynexus.control.job import JobState, TrainingJob
 from joynexus.errors import InvalidRequestError
 from joynexus.queues.meta import BatchMeta
-from joynexus.services.samples import as_numpy
+from joynexus.services.samples import GROUP, as_numpy
 from joynexus.spec.workload import AlgorithmSpec
 from joynexus.workflows.context import ACTOR_ROLE, WorkflowContext, reason_of
 
@@ -63,12 +65,14 @@ def compute_advantages(
         samples: ``rewards``, ``dones``, ``t``, ``env`` and, for ppo, ``values`` (or
             ``actor_values`` when the actor-forward stage ran) and ``bootstrap_values``;
             one row per sample.
-        algorithm: ``ppo`` → GAE(γ, λ); ``grpo`` → group-normalised episode returns
-            (all envs of the job form one group); ``reinforce`` → discounted returns,
-            advantages centred on their mean.
+        algorithm: ``ppo`` → GAE(γ, λ); ``grpo`` → group-normalised episode returns,
+            grouped by the samples' ``group`` field and episode ordinal when the rollout
+            was grouped (``algorithm.group_size``), else all episodes of the job in one
+            group; ``reinforce`` → discounted returns, advantages centred on their mean.
 
     Raises:
-        InvalidRequestError: the ``(t, env)`` pairs do not tile a ``[T, N]`` grid.
+        InvalidRequestError: the ``(t, env)`` pairs do not tile a ``[T, N]`` grid, or a
+            grouped grpo tenant's rollout carries no (or inconsistent) groups.
     """
     t = as_numpy(samples["t"]).astype(np.int64)
     env = as_numpy(samples["env"]).astype(np.int64)
@@ -85,7 +89,7 @@ def compute_advantages(
     rewards = _time_major(as_numpy(samples["rewards"]).astype(np.float32), t, env, shape)
     dones = _time_major(as_numpy(samples["dones"]).astype(bool), t, env, shape)
     if algorithm.name == "grpo":
-        adv, ret = grpo(rewards, dones)
+        adv, ret = grpo(rewards, dones, group_ids=_group_ids(samples, env, num_envs, algorithm))
     elif algorithm.name == "reinforce":
         ret = discounted_returns(rewards, dones, gamma=algorithm.gamma)
         adv = (ret - ret.mean()).astype(np.float32)
@@ -100,8 +104,34 @@ def compute_advantages(
     return {"advantages": adv[t, env].astype(np.float32), "returns": ret[t, env].astype(np.float32)}
 
 
+def _group_ids(
+    samples: Mapping[str, np.ndarray], env: np.ndarray, num_envs: int, algorithm: AlgorithmSpec
+) -> np.ndarray | None:
+    """``[N]`` group of every env from the samples' ``group`` field (None: ungrouped)."""
+    if GROUP not in samples:
+        if algorithm.group_size is not None:
+            raise InvalidRequestError(
+                f"algorithm.group_size={algorithm.group_size}, but the rollout carries no "
+                f"{GROUP!r} field (it was not collected as a grouped rollout)",
+                field=GROUP,
+            )
+        return None
+    group = as_numpy(samples[GROUP]).astype(np.int64)
+    ids = np.full(num_envs, -1, dtype=np.int64)
+    ids[env] = group
+    if not np.array_equal(ids[env], group):
+        raise InvalidRequestError(
+            f"rollout field {GROUP!r} is not constant per env: every sample of an env "
+            "belongs to the env's group",
+            field=GROUP,
+        )
+    return ids
+
+
 def _input_fields(algorithm: AlgorithmSpec, available: list[str]) -> list[str]:
     fields = ["rewards", "dones", "t", "env"]
+    if algorithm.name == "grpo" and GROUP in available:
+        fields += [GROUP]
     if algorithm.name == "ppo":
         fields += ["actor_values" if "actor_values" in available else "values"]
         fields += ["bootstrap_values"]
