@@ -463,6 +463,25 @@ def test_a_role_lost_after_the_checkpoint_keeps_the_update_counted(server: FakeS
     assert ck is not None and ck["ledger"]["jobs_applied"] == 4
 
 
+def test_a_relative_run_directory_keeps_checkpoints_where_recovery_looks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``joynexus run --run-dir runs/x`` (relative): the checkpoints land in
+    ``runs/x/outputs/<tenant>``, where restart recovery and ``init_from`` look, not in a
+    copy of the relative path nested inside it."""
+    monkeypatch.chdir(tmp_path)
+    srv = FakeServer(Path("runs") / "x")
+    try:
+        assert srv.master.output_root == tmp_path / "runs" / "x" / "outputs"
+        wid = _submit(srv, target=2)
+        assert _wait(srv, wid).state is WorkloadState.COMPLETED
+        ck = checkpointed_state(tmp_path / "runs" / "x" / "outputs", A)
+        assert ck is not None and ck["ledger"]["jobs_applied"] == 2
+        assert not (tmp_path / "runs" / "x" / "outputs" / "runs").exists()
+    finally:
+        srv.close()
+
+
 def test_watchdog_flags_a_workload_without_progress(tmp_path: Path) -> None:
     srv = FakeServer(tmp_path, watchdog_factor=1.0, watchdog_min_s=0.05)
     try:

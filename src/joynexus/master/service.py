@@ -231,7 +231,10 @@ class MasterService(ModelPrimitives):
         self.env = env
         self.training = training
         self.inference = inference
-        self.output_root = Path(output_root)
+        # Absolute: specs get it as their output_dir, and the Training Model Service
+        # resolves a relative one against its own output directory (a relative run
+        # directory would nest the checkpoints where recovery and init_from never look).
+        self.output_root = Path(output_root).resolve()
         self.limits = limits or MasterLimits()
         self.clock: Clock = clock or SystemClock()
         self.max_failures = max_failures
