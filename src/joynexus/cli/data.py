@@ -28,7 +28,10 @@ def record(
     episodes: Annotated[int, typer.Option("--episodes", min=1, help="Episodes to record.")] = 10,
     policy: Annotated[str, typer.Option("--policy", help="Expert: only 'scripted'.")] = "scripted",
     task: Annotated[
-        str | None, typer.Option("--task", help="Task within the env (MetaWorld: reach-v3).")
+        str | None,
+        typer.Option(
+            "--task", help="Task within the env (MetaWorld: reach-v3; ManiSkill: PickCube-v1)."
+        ),
     ] = None,
     image_size: Annotated[
         int | None, typer.Option("--image-size", min=8, help="Square camera size in pixels.")
@@ -66,7 +69,8 @@ def record(
     ``--keep-failures``; episode k always resets with seed + k) and prints the expert's
     success rate. Exits 1 and writes nothing when the expert succeeded in none of the
     episodes (demonstrations that never succeed teach nothing), unless
-    ``--allow-failures``.
+    ``--allow-failures``. ManiSkill records in the experts' end-effector control mode
+    (pd_ee_delta_pos).
     """
 
     from joynexus.data.record import record_episodes, refuse_failed_expert
@@ -77,7 +81,12 @@ def record(
         console.print(f"episode {ep}: {length} frames, {mark}")
 
     try:
-        spec = EnvSpec(kind=env, task=task, image_size=image_size)
+        options: dict[str, object] = {}
+        if env == "maniskill":  # its experts steer the end effector's position
+            from joynexus.data.maniskill_expert import EXPERT_CONTROL_MODE
+
+            options["control_mode"] = EXPERT_CONTROL_MODE
+        spec = EnvSpec(kind=env, task=task, image_size=image_size, options=options)
         summary = record_episodes(
             spec,
             out,

@@ -14,8 +14,8 @@ expert and every transition becomes one frame with LeRobot's usual keys::
 
 Experts: MetaWorld ships one scripted policy per task (``metaworld.policies``); PushT
 gets :class:`PushTScriptedPolicy`, which plans pushes on a replica of the simulator;
-ManiSkill3's PickCube and PushCube get waypoint experts on the objects' true poses
-(:mod:`joynexus.data.maniskill_expert`).
+ManiSkill3's PickCube, PushCube and StackCube get waypoint experts on the objects' true
+poses (:mod:`joynexus.data.maniskill_expert`).
 :class:`RecordSummary` reports the experts' success rate; ``joynexus data record``
 refuses to keep a recording in which the expert never succeeded.
 """
