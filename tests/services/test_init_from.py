@@ -60,3 +60,32 @@ def test_rl_tenant_starts_from_the_sft_checkpoint(base: ResidentBaseModel, tmp_p
         assert "other" not in svc.tenant_ids()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("source_task", ["sft", "rl"])
+def test_exploration_noise_is_the_rl_tenants_own_after_sft(
+    base: ResidentBaseModel, tmp_path: Path, source_task: str
+) -> None:
+    """SFT never trains the Gaussian head's log-std: from an SFT checkpoint the RL tenant
+    keeps the noise its own head declares; from an RL checkpoint it takes the learned one."""
+
+    async def main() -> None:
+        svc = TrainingModelService(base, TrainingQueue(), output_dir=tmp_path)
+        await svc.add_tenant(_sft_tenant(tmp_path))
+        src = svc._executor.slot("sft")
+        with torch.no_grad():
+            src.action_module.log_std.fill_(-0.5)  # type: ignore[operator]
+        (ckpt,) = await svc.save(1, ["sft"], ledger={"task": source_task})
+
+        rl = config("rl", tmp_path, algo="ppo", value_head=True)
+        head = rl.head.model_copy(update={"init_log_std": -2.5})
+        await svc.add_tenant(rl.model_copy(update={"head": head, "init_checkpoint": ckpt}))
+        got = svc._executor.slot("rl").state_tensors()
+        want = -2.5 if source_task == "sft" else -0.5
+        noise = [k for k in got if k.endswith(".log_std")]
+        assert noise and all(torch.allclose(got[k], torch.full_like(got[k], want)) for k in noise)
+        for name, tensor in src.state_tensors().items():  # the rest is the source's
+            if name not in noise:
+                assert torch.equal(got[name], tensor), name
+
+    asyncio.run(main())

@@ -454,6 +454,10 @@ def _normalization_of(
     return normalization
 
 
+#: The Gaussian heads' state-independent exploration noise parameter.
+NOISE_PARAMETER = "log_std"
+
+
 def init_slot_from(
     slot: TenantSlot, path: str | os.PathLike[str], *, base_model_hash: str | None = None
 ) -> CheckpointManifest:
@@ -462,7 +466,10 @@ def init_slot_from(
     The checkpoint's action module (and LoRA adapter) and its normalization stats are
     copied in; a module the checkpoint lacks (the critic of a PPO tenant started from
     SFT) keeps its fresh initialisation. The optimizer and the policy version are not
-    taken: the slot starts its own history at version 0.
+    taken: the slot starts its own history at version 0. From an SFT checkpoint (its
+    ledger says ``task: sft``) the policy's exploration noise (``log_std``) is not taken
+    either: SFT regresses the mean and never trains it, so the slot keeps the noise its
+    own head config declares (``init_log_std``), the RL tenant's choice.
 
     Raises:
         NotFoundError: no checkpoint at ``path``.
@@ -480,10 +487,16 @@ def init_slot_from(
         if k.split(".", 1)[0] in modules
     }
     current = slot.state_tensors()
+    own_noise = manifest.ledger.get("task") == "sft"
+
+    def keeps_fresh(name: str) -> bool:
+        return own_noise and name.endswith(f".{NOISE_PARAMETER}")
+
+    tensors = {k: v for k, v in tensors.items() if not keeps_fresh(k)}
     taken = {p for p in modules if any(k.startswith(f"{p}.") for k in tensors)}
-    # What the checkpoint has must fit; modules it lacks entirely stay fresh.
-    wanted = {k: v for k, v in current.items() if k.split(".", 1)[0] in taken}
-    fresh = {k: v for k, v in current.items() if k not in wanted}
+    # What the checkpoint has must fit; modules it lacks entirely stay fresh (and so
+    # does the exploration noise an SFT checkpoint never trained).
+    fresh = {k: v for k, v in current.items() if k.split(".", 1)[0] not in taken or keeps_fresh(k)}
     _copy_validated(slot, {**tensors, **fresh})
     if normalization is not None:
         slot.normalization = normalization

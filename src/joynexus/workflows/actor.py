@@ -86,7 +86,12 @@ async def _maybe_checkpoint(
     every = tenant.spec.scheduling.checkpoint_every
     applied = tenant.jobs_applied + 1
     if ctx.durable_checkpoints:
-        ledger = {"job_id": job.job_id, "jobs_applied": applied, "workload_id": tenant.workload_id}
+        ledger = {
+            "job_id": job.job_id,
+            "jobs_applied": applied,
+            "workload_id": tenant.workload_id,
+            "task": job.task_type.value,
+        }
         await ctx.training.save(version, [tenant.tenant_id], include_optim=True, ledger=ledger)
         tenant.jobs_applied = applied
         tenant.last_checkpoint_version = version
@@ -100,7 +105,7 @@ async def _maybe_checkpoint(
     if every <= 0:
         return
     if version // every > tenant.last_checkpoint_version // every:
-        ledger = {"job_id": job.job_id, "jobs_applied": applied}
+        ledger = {"job_id": job.job_id, "jobs_applied": applied, "task": job.task_type.value}
         await ctx.training.save(version, [tenant.tenant_id], include_optim=True, ledger=ledger)
         tenant.last_checkpoint_version = version
         tenant.metrics.write("checkpoint", policy_version=version)
