@@ -27,6 +27,8 @@ def test_demo_cli_writes_report_plots_and_matches_work(tmp_path: Path) -> None:
             "2",
             "--sft-jobs",
             "2",
+            "--success-episodes",
+            "1",
             "--out",
             str(out),
         ],
@@ -57,9 +59,25 @@ def test_demo_cli_writes_report_plots_and_matches_work(tmp_path: Path) -> None:
             value = report[phase][key]
             assert isinstance(value, float) and 0.0 < value <= 1.0, (phase, key, value)
     assert report["device_time_ratio"] > 0
-    for name in ("utilization.png", "device_time.png", "curves.png"):
+    for name in ("utilization.png", "device_time.png", "curves.png", "success.png"):
         assert (out / name).stat().st_size > 1000
         assert name in report["plots"]
+
+    # Each trainable tenant's success rate, measured before and after its training in
+    # its isolated replay, with its Wilson interval; the multi-tenant run measures none.
+    assert report["success_episodes"] == 1
+    rates = report["success_rates"]["tenants"]
+    assert set(rates) == set(report["multi_tenant"]["tenants"])
+    for tenant, row in rates.items():
+        assert row["eval_episodes"] == 1, (tenant, row)
+        assert row["updates"] == report["matched_updates"][tenant]
+        assert row["success_errors"] == []
+        for phase in ("initial", "final"):
+            rate, (low, high) = row[f"success_rate_{phase}"], row[f"success_rate_ci95_{phase}"]
+            assert rate in (0.0, 1.0)
+            assert (low, high) == ((0.0, 0.7935) if rate == 0.0 else (0.2065, 1.0))
+    assert "Success rate before → after training (isolated replays" in result.output
+    assert "(1 episode)" in result.output
 
     # Matched work: every isolated replay counts exactly the updates its tenant
     # completed in the multi-tenant run, and each tenant was replayed alone.

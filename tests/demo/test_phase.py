@@ -11,7 +11,13 @@ from joynexus.spec.workload import WorkloadSpec
 
 
 def _specs(tmp_path: Path) -> tuple[WorkloadSpec, WorkloadSpec]:
-    m = build_mixture(tmp_path / "outputs", minutes=1, profile="test", data_dir=tmp_path / "data")
+    m = build_mixture(
+        tmp_path / "outputs",
+        minutes=1,
+        profile="test",
+        data_dir=tmp_path / "data",
+        success_episodes=0,  # what a phase does, not success rates (test_success_report)
+    )
     rl, sft = m.specs[0], m.specs[3]
     rl = rl.model_copy(
         update={"scheduling": rl.scheduling.model_copy(update={"completion_target": 1})}

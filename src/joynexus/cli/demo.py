@@ -60,6 +60,17 @@ def demo(
     sft_jobs: Annotated[
         int | None, typer.Option("--sft-jobs", min=1, help="Override the SFT jobs.")
     ] = None,
+    success_episodes: Annotated[
+        int | None,
+        typer.Option(
+            "--success-episodes",
+            min=0,
+            help="Episodes of each RL and SFT tenant's success-rate measurement, before "
+            "and after its training in its isolated replay (0: not measured). Default: "
+            "2 with the paper's simulators, 6 with the fast ones (each episode adds about "
+            "50 s and 10 s to the demo).",
+        ),
+    ] = None,
     device_cores: Annotated[
         str,
         typer.Option(
@@ -92,6 +103,7 @@ def demo(
                 sft_jobs=sft_jobs,
                 console=console,
                 core_plan=plan,
+                success_episodes=success_episodes,
             )
         )
     except JoyNexusError as exc:

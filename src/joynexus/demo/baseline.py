@@ -6,6 +6,11 @@ number of jobs — one after another, through the same code (an in-process Maste
 :class:`~joynexus.master.run.LocalRun`, hosting one tenant). Every replay runs fresh in
 its own run directory (``<root>/<tenant>``, outputs in ``<root>/<tenant>/outputs``), so
 nothing resumes from the multi-tenant run's checkpoints or counts its jobs.
+
+A replayed spec keeps its ``success_eval`` (the demo declares one per trainable tenant):
+the Master measures the tenant's success rate before its loops start and after its last
+update, both outside the replay's window, so the measurement adds to the replay's wall
+time but not to the work compared.
 """
 
 from __future__ import annotations

@@ -19,6 +19,17 @@ priority above SFT at the actor, a bounded SFT prefetch, and a staleness bound.
 The SFT tenant trains on scripted-expert demonstrations recorded at demo start when
 missing (MetaWorld reach for ``paper``/``fast``, PushT for ``test``), and the evaluation
 declaration reads the SFT tenant's published policy.
+
+Every trainable tenant (the RL tenants and the SFT tenant) declares a ``success_eval``
+of its profile's :data:`SUCCESS_EPISODES` episodes unless told otherwise (``joynexus
+demo --success-episodes N``; 0 leaves it out): its success rate is measured in its own
+simulator before its first update and after its last, on the fixed evaluation seeds
+:data:`~joynexus.envs.seeds.EVAL_SEED_BASE` + j, which never meet the seeds the SFT
+demonstrations are recorded with (``seed`` + k, k < ``record_episodes``; the spec
+checks it). The isolated replays measure it, where both measurements fall outside the
+replay's window; the multi-tenant run submits the specs without it
+(:attr:`DemoMixture.multi_tenant_specs`), since there a tenant's measurement would
+delay its start and overlap the other tenants' work.
 """
 
 from __future__ import annotations
@@ -30,11 +41,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from joynexus.envs.base import EnvSpec
+from joynexus.envs.seeds import EVAL_SEED_BASE
 from joynexus.errors import SpecError
 from joynexus.spec.workload import WorkloadSpec
 
 __all__ = [
     "PROFILES",
+    "SUCCESS_EPISODES",
     "DemoMixture",
     "EnvCheck",
     "EnvChoice",
@@ -65,6 +78,18 @@ SFT_MAX_JOBS = 10_000
 #: with fast rendering when the machine is otherwise idle; each session also takes
 #: 5–9 s to start, once per phase).
 PAPER_MIN_MINUTES = 8.0
+
+
+#: Episodes of each trainable tenant's success measurement (before and after training,
+#: in its isolated replay, one measurement after another) unless ``--success-episodes``
+#: says otherwise. An untrained policy runs every episode to its step limit; measured on
+#: a 2-core CPU shared with other work, one episode took ≈ 12 s in LIBERO, ≈ 6 s in
+#: ManiSkill3, ≈ 2 s in MetaWorld, ≈ 1.3 s in PushT and ≈ 0.3 s in reach2d (4 sub-envs
+#: at once), so each episode of the default adds ≈ 50 s to the paper profile's demo and
+#: ≈ 10 s to the fast one's (measured: 10 episodes added ≈ 100 s to the fast profile's
+#: isolated replays, 6 episodes ≈ 55 s). The defaults keep that under about a minute and
+#: a half; few episodes give wide Wilson intervals, so raise it when there is time.
+SUCCESS_EPISODES: dict[Profile, int] = {"paper": 2, "fast": 6, "test": 2}
 
 
 @dataclass(frozen=True)
@@ -199,8 +224,11 @@ class DemoMixture:
     Attributes:
         profile: Which environment profile was chosen.
         reason: Why (printed and written to the report).
-        specs: 3 RL specs, 1 SFT spec and 1 evaluation spec, in that order.
+        specs: 3 RL specs, 1 SFT spec and 1 evaluation spec, in that order; the RL
+            and SFT specs with their ``success_eval`` (when ``success_episodes`` > 0).
         rl_tenants / sft_tenant / eval_tenant: Their tenant ids.
+        success_episodes: Episodes of each trainable tenant's success measurement
+            (0: not measured).
     """
 
     profile: Profile
@@ -209,11 +237,19 @@ class DemoMixture:
     rl_tenants: list[str]
     sft_tenant: str
     eval_tenant: str
+    success_episodes: int = 0
 
     @property
     def training_specs(self) -> list[WorkloadSpec]:
-        """The specs that create training jobs (replayed in the isolated baseline)."""
+        """The specs that create training jobs (replayed in the isolated baseline, which
+        measures their ``success_eval``)."""
         return [s for s in self.specs if s.tenant != self.eval_tenant]
+
+    @property
+    def multi_tenant_specs(self) -> list[WorkloadSpec]:
+        """What the multi-tenant run submits: every spec, without ``success_eval`` (a
+        measurement there would delay its tenant's start and overlap the others' work)."""
+        return [s.model_copy(update={"success_eval": None}) for s in self.specs]
 
     def knobs(self) -> dict[str, Any]:
         """The §5.1 scheduling knobs this mixture uses (for the report)."""
@@ -334,6 +370,7 @@ def build_mixture(
     rl_updates: int | None = None,
     sft_jobs: int | None = None,
     reason: str | None = None,
+    success_episodes: int | None = None,
 ) -> DemoMixture:
     """Build the demo's specs (checks nothing about the machine: :func:`choose_envs`).
 
@@ -347,12 +384,20 @@ def build_mixture(
         rl_updates: Override the RL tenants' completion target.
         sft_jobs: Cap the SFT tenant's jobs (default :data:`SFT_MAX_JOBS`).
         reason: Why these simulators (default: what the budget or ``profile`` says).
+        success_episodes: Episodes of each RL and SFT tenant's ``success_eval`` (before
+            and after training, seeds from ``EVAL_SEED_BASE``; default: the profile's
+            :data:`SUCCESS_EPISODES`); 0 declares none.
 
     Raises:
-        SpecError: an unknown profile or a non-positive budget.
+        SpecError: an unknown profile, a non-positive budget or a negative
+            ``success_episodes``.
     """
     if minutes <= 0:
         raise SpecError(f"minutes must be > 0, got {minutes}", field="minutes")
+    if success_episodes is not None and success_episodes < 0:
+        raise SpecError(
+            f"success_episodes must be >= 0, got {success_episodes}", field="success_episodes"
+        )
     if profile is None:
         profile, budget_reason = choose_profile(minutes)
         reason = reason or budget_reason
@@ -370,6 +415,15 @@ def build_mixture(
     base = {"id": BASE_MODEL}
     head = {"type": "oft", "hidden_dim": 64, "num_blocks": 1}
     data = (data_dir or out_dir / "data") / p.sft_dataset
+    if success_episodes is None:
+        success_episodes = SUCCESS_EPISODES[profile]
+    # Evaluation seeds far above the demonstration seeds (spec seed + k); the spec
+    # refuses any overlap.
+    success: dict[str, Any] = (
+        {"success_eval": {"episodes": success_episodes, "seed": EVAL_SEED_BASE}}
+        if success_episodes > 0
+        else {}
+    )
     specs: list[WorkloadSpec] = []
     for i, rl in enumerate(p.rl):
         env = dict(rl.env) | {"num_envs": rl.num_envs}
@@ -398,6 +452,7 @@ def build_mixture(
                     "output_dir": str(out_dir),
                     "seed": i,
                 }
+                | success
             )
         )
     sft_tenant = "sft-demos"
@@ -428,6 +483,7 @@ def build_mixture(
                 },
                 "output_dir": str(out_dir),
             }
+            | success
         )
     )
     eval_tenant = "eval-sft"
@@ -455,4 +511,5 @@ def build_mixture(
         rl_tenants=[rl.tenant for rl in p.rl],
         sft_tenant=sft_tenant,
         eval_tenant=eval_tenant,
+        success_episodes=success_episodes,
     )

@@ -18,6 +18,19 @@ Definitions (all from the traces of :mod:`joynexus.demo.phase`):
   ``device_time_ratio_layout_weighted``; here it is arithmetic on the measured windows,
   not a measurement on 8 devices.
 
+* **Success rate** of a trainable tenant (``report.json``'s ``success_rates``, per
+  tenant, and the ``tenant_row`` of its isolated replay): episodes succeeded ÷
+  ``eval_episodes`` in its own simulator on fixed evaluation seeds (``eval_first_seed``
+  + j, never the demonstration seeds), measured by the Master before the tenant's first
+  update and after its last, each with its Wilson 95 % interval
+  (``success_rate_ci95_initial`` / ``_final``). It is measured in the isolated replays,
+  where the tenant trains alone on its matched updates and both measurements fall
+  outside the replay's window (before its loops start, after its last matched update):
+  they lengthen the replays' wall time, not their windows. The multi-tenant run
+  measures none: there a tenant's "before" would delay its start while the others
+  train, and an early "after" would overlap their work, changing what is compared.
+  ``joynexus demo --success-episodes 0`` leaves the measurements out.
+
 Which way is good (``report.json``'s ``how_to_read``, the tables' captions and the
 closing :func:`verdict` line say it too): a ``device_time_ratio`` above 1 means the
 isolated replays needed more device time than the multi-tenant run for the same work,
@@ -34,6 +47,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from joynexus.demo.phase import PhaseTrace
@@ -45,8 +59,10 @@ __all__ = [
     "MULTI_TENANT_COLOR",
     "build_report",
     "device_time_bars",
+    "format_success",
     "plot_report",
     "report_tables",
+    "success_bars",
     "verdict",
     "write_report",
 ]
@@ -69,6 +85,13 @@ HOW_TO_READ = {
     "improvement": (
         "multi-tenant / isolated utilization of a shared service: above 1 means the "
         "service was busier when shared (higher is better), below 1 that it idled more"
+    ),
+    "success_rate": (
+        "episodes succeeded / eval_episodes on fixed evaluation seeds, before the "
+        "tenant's first update (initial) and after its last (final), in its isolated "
+        "replay of the matched work; higher is better. [low, high] is the Wilson 95 % "
+        "interval: a change whose intervals overlap is not told apart by this many "
+        "episodes"
     ),
 }
 #: The multi-tenant bar of ``device_time.png``: one run of every tenant together, so a
@@ -131,6 +154,46 @@ def _tenant_row(trace: PhaseTrace, tenant: str) -> dict[str, Any]:
     }
 
 
+def _ci(ci: tuple[float, float] | None) -> list[float] | None:
+    return None if ci is None else [round(ci[0], 4), round(ci[1], 4)]
+
+
+_SUCCESS_KEYS = (
+    "success_rate_initial",
+    "success_rate_final",
+    "success_rate_ci95_initial",
+    "success_rate_ci95_final",
+    "eval_episodes",
+    "eval_first_seed",
+    "success_errors",
+)
+
+
+def _success_row(trace: PhaseTrace, tenant: str) -> dict[str, Any]:
+    """The tenant's success rate before and after training, from the run summary
+    (all None when it was not measured); a failed measurement is in ``success_errors``."""
+    summ = trace.summary.tenants.get(tenant)
+    if summ is None:
+        return {
+            "success_rate_initial": None,
+            "success_rate_final": None,
+            "success_rate_ci95_initial": None,
+            "success_rate_ci95_final": None,
+            "eval_episodes": None,
+            "eval_first_seed": None,
+            "success_errors": [],
+        }
+    return {
+        "success_rate_initial": _r(summ.success_rate_initial),
+        "success_rate_final": _r(summ.success_rate_final),
+        "success_rate_ci95_initial": _ci(summ.success_rate_ci95_initial),
+        "success_rate_ci95_final": _ci(summ.success_rate_ci95),
+        "eval_episodes": summ.eval_episodes,
+        "eval_first_seed": summ.eval_first_seed,
+        "success_errors": [e for e in summ.errors if e.startswith("success_eval")],
+    }
+
+
 def _phase(trace: PhaseTrace) -> dict[str, Any]:
     return {
         "name": trace.name,
@@ -186,7 +249,7 @@ def build_report(
         row = _phase(tr)
         tenant = next(iter(tr.matched))
         row["tenant"] = tenant
-        row["tenant_row"] = _tenant_row(tr, tenant)
+        row["tenant_row"] = _tenant_row(tr, tenant) | _success_row(tr, tenant)
         replays.append(row)
     rl_replays = [tr for tr in isolated if next(iter(tr.matched)) in rl_tenants]
 
@@ -245,6 +308,17 @@ def build_report(
         },
         "device_time_ratio": _r(ratio, 3),
         "device_time_ratio_layout_weighted": _r(layout, 3),
+        "success_rates": {
+            "measured_in": "isolated replays (each tenant alone, its matched updates)",
+            "tenants": {
+                r["tenant"]: {
+                    "task": r["tenant_row"]["task"],
+                    "updates": r["tenant_row"]["updates_matched"],
+                }
+                | {k: v for k, v in r["tenant_row"].items() if k in _SUCCESS_KEYS}
+                for r in replays
+            },
+        },
         "how_to_read": dict(HOW_TO_READ),
     }
 
@@ -275,8 +349,72 @@ def _num(x: Any, nd: int = 3) -> str:
     return "–" if x is None else f"{float(x):.{nd}f}"
 
 
+def _rate(rate: Any, ci: Any) -> str:
+    if rate is None:
+        return "–"
+    text = f"{100 * float(rate):.0f} %"
+    if ci is not None:
+        text += f" [{100 * float(ci[0]):.0f}, {100 * float(ci[1]):.0f}]"
+    return text
+
+
+def format_success(row: dict[str, Any]) -> str:
+    """A tenant's success rate before → after with Wilson 95 % intervals in percent,
+    e.g. ``0 % [0, 28] → 40 % [17, 69] (10 episodes)``; ``–`` for a rate not measured."""
+    before = _rate(row.get("success_rate_initial"), row.get("success_rate_ci95_initial"))
+    after = _rate(row.get("success_rate_final"), row.get("success_rate_ci95_final"))
+    return f"{before} → {after}" + (f" ({_episodes(row)})" if row.get("eval_episodes") else "")
+
+
+def _episodes(row: dict[str, Any]) -> str:
+    n = row.get("eval_episodes")
+    return "– episodes" if not n else f"{n} episode{'' if n == 1 else 's'}"
+
+
+def _success_table(tenants: dict[str, dict[str, Any]]) -> Table | None:
+    """Each trainable tenant's success rate before → after, or None when none was
+    measured (``--success-episodes 0``)."""
+    measured = {
+        t: row
+        for t, row in tenants.items()
+        if row.get("eval_episodes") or row.get("success_errors")
+    }
+    if not measured:
+        return None
+    seeds = sorted(
+        {
+            (row["eval_first_seed"], row["eval_episodes"])
+            for row in measured.values()
+            if row.get("eval_first_seed") is not None and row.get("eval_episodes")
+        }
+    )
+    on = ", ".join(f"{s0}…{s0 + n - 1}" for s0, n in seeds) if seeds else "fixed evaluation seeds"
+    table = Table(
+        title="Success rate before → after training (isolated replays, matched updates)",
+        caption=f"Episodes succeeded / episodes in the tenant's simulator on seeds {on} "
+        "(never the demonstration seeds), before its first update and after its last; "
+        "\\[low, high] is the Wilson 95 % interval in percent: overlapping intervals are not "
+        "told apart by this many episodes.",
+    )
+    for col in ("tenant", "task", "updates", "success before → after [Wilson 95 %]"):
+        table.add_column(col)
+    for tenant, row in measured.items():
+        cell = format_success(row)
+        if row.get("success_errors"):
+            cell += " — " + "; ".join(row["success_errors"])
+        updates = row.get("updates")
+        table.add_row(
+            escape(tenant),
+            str(row.get("task")),
+            "–" if updates is None else str(updates),
+            escape(cell),
+        )
+    return table
+
+
 def report_tables(report: dict[str, Any]) -> list[Table]:
-    """Rich tables: utilization (Table 1), device time (Figure 9), per-tenant progress."""
+    """Rich tables: utilization (Table 1), device time (Figure 9), per-tenant progress,
+    and the trainable tenants' success rate before → after (when measured)."""
     mt, iso = report["multi_tenant"], report["isolated"]
     util = Table(
         title="Model-service utilization (busy seconds / window)",
@@ -368,7 +506,8 @@ def report_tables(report: dict[str, Any]) -> list[Table]:
             if row["task"] == "rl"
             else "–",
         )
-    return [util, dev, ten]
+    success = _success_table((report.get("success_rates") or {}).get("tenants", {}))
+    return [util, dev, ten] if success is None else [util, dev, ten, success]
 
 
 def _timeline(trace: PhaseTrace, service: str, bins: int) -> tuple[list[float], list[float]]:
@@ -392,7 +531,8 @@ def plot_report(
     isolated: Sequence[PhaseTrace],
     out_dir: Path,
 ) -> list[Path]:
-    """Write ``utilization.png``, ``device_time.png`` and ``curves.png`` into ``out_dir``."""
+    """Write ``utilization.png``, ``device_time.png``, ``curves.png`` and, when a tenant's
+    success rate was measured, ``success.png`` into ``out_dir``; their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -476,7 +616,72 @@ def plot_report(
     fig.savefig(p, dpi=90)
     plt.close(fig)
     paths.append(p)
+
+    rows = (report.get("success_rates") or {}).get("tenants", {})
+    measured = {t: r for t, r in rows.items() if r.get("eval_episodes")}
+    if measured:
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(measured) + 2), 3.8))
+        success_bars(ax, measured)
+        fig.tight_layout()
+        p = out_dir / "success.png"
+        fig.savefig(p, dpi=90)
+        plt.close(fig)
+        paths.append(p)
     return paths
+
+
+def success_bars(ax: Any, rows: dict[str, dict[str, Any]]) -> list[Any]:
+    """Draw each tenant's success rate before and after training as two bars with
+    their Wilson 95 % intervals as error bars (a rate not measured draws no bar);
+    the bar containers, before then after."""
+    tenants = list(rows)
+    width = 0.38
+    drawn = []
+    for k, (phase, label, color) in enumerate(
+        (
+            ("initial", "before training", "tab:gray"),
+            ("final", "after training", "tab:green"),
+        )
+    ):
+        xs, rates, low, high = [], [], [], []
+        for i, tenant in enumerate(tenants):
+            rate = rows[tenant].get(f"success_rate_{phase}")
+            if rate is None:
+                continue
+            ci = rows[tenant].get(f"success_rate_ci95_{phase}") or (rate, rate)
+            xs.append(i + (k - 0.5) * width)
+            rates.append(rate)
+            low.append(max(rate - ci[0], 0.0))
+            high.append(max(ci[1] - rate, 0.0))
+        drawn.append(
+            ax.bar(
+                xs,
+                rates,
+                width,
+                yerr=[low, high],
+                capsize=4,
+                color=color,
+                label=label,
+                error_kw={"elinewidth": 1},
+            )
+        )
+        # The rate in words above its interval (a rate of 0 draws no bar).
+        for x, rate, up in zip(xs, rates, high, strict=True):
+            ax.text(x, rate + up + 0.01, f"{100 * rate:.0f} %", ha="center", fontsize=7)
+    ax.set_xticks(
+        range(len(tenants)),
+        [f"{t}\n({_episodes(rows[t])})" for t in tenants],
+        fontsize=8,
+    )
+    ax.set_ylim(0, 1.2)  # room for the legend above a rate of 1
+    ax.set_yticks([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
+    ax.set_ylabel("success rate")
+    ax.set_title(
+        "success rate before -> after training, isolated replays (Wilson 95 % intervals)",
+        fontsize=9,
+    )
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
+    return drawn
 
 
 def device_time_bars(

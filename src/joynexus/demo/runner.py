@@ -33,7 +33,13 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
 
 from joynexus.demo.baseline import replay_isolated
-from joynexus.demo.mixture import DemoMixture, EnvCheck, Profile, build_mixture, choose_envs
+from joynexus.demo.mixture import (
+    DemoMixture,
+    EnvCheck,
+    Profile,
+    build_mixture,
+    choose_envs,
+)
 from joynexus.demo.phase import PhaseTrace, run_phase
 from joynexus.demo.report import (
     build_report,
@@ -242,6 +248,7 @@ async def run_demo(
     console: Console | None = None,
     env_check: EnvCheck | None = None,
     core_plan: CorePlan | None = None,
+    success_episodes: int | None = None,
 ) -> DemoResult:
     """Run the multi-tenant mixture, replay it isolated, write the report and plots.
 
@@ -259,6 +266,10 @@ async def run_demo(
             (default: no pinning; ``joynexus demo`` passes ``--device-cores auto``).
             ``torch_threads``, when given, overrides the matched thread count. What was
             applied is in the report's ``core_pinning``.
+        success_episodes: Episodes of each trainable tenant's success measurement,
+            before and after its training in its isolated replay (default: the
+            profile's :data:`~joynexus.demo.mixture.SUCCESS_EPISODES`; 0: not measured);
+            the report's ``success_episodes``, the rates in ``success_rates``.
 
     Raises:
         JoyNexusError: a bad spec, or simulators that cannot run here (raised before
@@ -287,6 +298,7 @@ async def run_demo(
             env_check=env_check,
             config=config,
             pinning=pinning,
+            success_episodes=success_episodes,
         )
 
 
@@ -302,6 +314,7 @@ async def _run_demo(
     env_check: EnvCheck | None,
     config: RuntimeConfig | None,
     pinning: dict[str, Any],
+    success_episodes: int | None,
 ) -> DemoResult:
     t0 = time.monotonic()
     if torch_threads is not None:
@@ -320,6 +333,7 @@ async def _run_demo(
         rl_updates=rl_updates,
         sft_jobs=sft_jobs,
         reason=choice.reason,
+        success_episodes=success_episodes,
     )
     console.print(
         f"[bold]environments:[/bold] {mixture.profile} — {escape(mixture.reason)}",
@@ -347,7 +361,7 @@ async def _run_demo(
 
         multi = await run_phase(
             "multi-tenant",
-            mixture.specs,
+            mixture.multi_tenant_specs,
             out_dir / "multi",
             matched=None,
             fill_tenants=[mixture.sft_tenant],
@@ -384,6 +398,7 @@ async def _run_demo(
     )
     report["env_unavailable"] = dict(choice.unavailable)
     report["core_pinning"] = pinning
+    report["success_episodes"] = mixture.success_episodes
     plots = plot_report(report, multi, isolated, out_dir)
     report["plots"] = [p.name for p in plots]
     total = time.monotonic() - t0
@@ -411,3 +426,8 @@ def _describe(mixture: DemoMixture, console: Console) -> None:
         console.print(f"  {spec.tenant}: {spec.task.value} on {what}{extra}")
     knobs = ", ".join(f"{k}={v}" for k, v in mixture.knobs().items())
     console.print(f"  knobs: {knobs}")
+    if mixture.success_episodes:
+        console.print(
+            f"  success rate: each RL and SFT tenant measured on {mixture.success_episodes} "
+            "episodes before its first update and after its last, in its isolated replay"
+        )
