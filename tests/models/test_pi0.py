@@ -242,6 +242,20 @@ def test_schemas_the_checkpoint_cannot_serve_are_refused(tiny_backbone: TinyBack
     TenantSlot("a", too_long, base, OFTHeadConfig())
 
 
+def test_a_checkpoint_whose_flow_times_the_expert_cannot_draw_is_refused(
+    tiny_backbone: TinyBackbone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A π0 checkpoint trained on Beta(α, β ≠ 1) flow times: a clear SpecError (a 4xx at
+    the API), not an internal error while the slot is built."""
+    base = tiny_backbone("pi0")
+    assert base.pi0 is not None
+    monkeypatch.setattr(base.pi0.config, "time_sampling_beta_beta", 1.5)
+    with pytest.raises(SpecError, match=r"beta=1\.5") as info:
+        TenantSlot("a", PUSHT, base, Pi0ExpertConfig())
+    assert info.value.details["fields"] == ["action_module.type"]
+    TenantSlot("a", PUSHT, base, OFTHeadConfig())  # a fresh head is unaffected
+
+
 def test_pi0_expert_needs_a_pi0_base(tiny_backbone: TinyBackbone) -> None:
     with pytest.raises(SpecError, match="needs a π0 base model"):
         TenantSlot("a", PUSHT, tiny_backbone("paligemma"), Pi0ExpertConfig())

@@ -121,8 +121,20 @@ class Pi0Checkpoint:
         self, *, state_dim: int, action_dim: int, action_chunk: int
     ) -> list[tuple[str, str]]:
         """``(field, message)`` for each way a schema does not fit this checkpoint's
-        expert (wider state or action than it pads to, a longer chunk than it predicts)."""
+        expert (wider state or action than it pads to, a longer chunk than it predicts),
+        and for a checkpoint whose training-time distribution the expert cannot draw."""
         problems: list[tuple[str, str]] = []
+        beta = float(getattr(self.config, "time_sampling_beta_beta", 1.0))
+        if beta != 1.0:
+            problems.append(
+                (
+                    "action_module.type",
+                    "this π0 checkpoint trains on flow times drawn from "
+                    f"Beta(alpha, beta={beta:g}); a 'pi0_expert' draws Beta(alpha, 1) only "
+                    "(from the tenant's own seeded generator): use a checkpoint with "
+                    "time_sampling_beta_beta 1, or a fresh 'oft'/'flow_matching' head",
+                )
+            )
         checks = (
             ("schema.action_dim", action_dim, self.max_action_dim, "max_action_dim"),
             ("schema.action_chunk", action_chunk, self.chunk_size, "chunk_size"),
@@ -159,7 +171,7 @@ class Pi0Checkpoint:
         )
         if problems:
             raise SpecError(
-                f"schema {name!r} does not fit the π0 action expert:\n"
+                f"a 'pi0_expert' for schema {name!r} does not fit this π0 checkpoint:\n"
                 + "\n".join(f"  {f}: {m}" for f, m in problems),
                 fields=[f for f, _ in problems],
                 problems=dict(problems),

@@ -133,11 +133,6 @@ class Pi0Expert(ActionModule):
         self._beta_alpha = float(hf_config.time_sampling_beta_alpha)
         self._time_scale = float(hf_config.time_sampling_scale)
         self._time_offset = float(hf_config.time_sampling_offset)
-        if float(hf_config.time_sampling_beta_beta) != 1.0:
-            raise NotImplementedError(
-                "pi0_expert samples training times as Beta(alpha, 1) from the tenant's own "
-                f"generator; this checkpoint asks for beta={hf_config.time_sampling_beta_beta}"
-            )
         hf = importlib.import_module("transformers")
         dit_config = copy.deepcopy(hf_config.dit_config)
         dit: Any = hf.AutoModel.from_config(dit_config)
