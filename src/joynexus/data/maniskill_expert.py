@@ -122,7 +122,14 @@ class ManiSkillScriptedPolicy:
             push[2] = _HALF
             return self._toward(tcp, push, _CLOSED)
         goal = _vec(sim.goal_site.pose.p)
-        grasped = _grasping(sim, sim.cube)
+        grasping = self._grasp(i, tcp, cube, _grasping(sim, sim.cube), phase)
+        return grasping if grasping is not None else self._toward(tcp, goal, _CLOSED)
+
+    def _grasp(
+        self, i: int, tcp: np.ndarray, cube: np.ndarray, grasped: bool, phase: int
+    ) -> np.ndarray | None:
+        """Phases 0–2 of a pick (hover above ``cube`` open, descend around it, close
+        until it holds); None from phase 3 on, once it is held."""
         above = cube + np.array([0.0, 0.0, 0.06])
         if phase == 0:  # hover above the cube, open
             if np.linalg.norm(above - tcp) < _NEAR:
@@ -136,29 +143,19 @@ class ManiSkillScriptedPolicy:
             if grasped:
                 self._phase[i] = 3
             return self._toward(tcp, cube, _CLOSED)
-        return self._toward(tcp, goal, _CLOSED)
+        return None
 
     def _stack(self, i: int, sim: Any, tcp: np.ndarray, phase: int) -> np.ndarray:
         """StackCube: grasp cube A, lift it, carry it above cube B, lower it, let go."""
         cube_a, cube_b = _vec(sim.cubeA.pose.p), _vec(sim.cubeB.pose.p)
         grasped = _grasping(sim, sim.cubeA)
-        above = cube_a + np.array([0.0, 0.0, 0.06])
+        grasping = self._grasp(i, tcp, cube_a, grasped, phase)
+        if grasping is not None:
+            return grasping
         # Once held, steer the cube (the grasp need not be centred): tcp moves with it.
         held = tcp - cube_a
         on_b = cube_b + np.array([0.0, 0.0, 2 * _HALF])  # cube A's centre when stacked
         over_b = on_b + np.array([0.0, 0.0, _LIFT])
-        if phase == 0:  # hover above cube A, open
-            if np.linalg.norm(above - tcp) < _NEAR:
-                self._phase[i] = 1
-            return self._toward(tcp, above, _OPEN)
-        if phase == 1:  # descend around it
-            if np.linalg.norm(cube_a - tcp) < 0.005:
-                self._phase[i] = 2
-            return self._toward(tcp, cube_a, _OPEN)
-        if phase == 2:  # close until it holds
-            if grasped:
-                self._phase[i] = 3
-            return self._toward(tcp, cube_a, _CLOSED)
         if phase == 3:  # lift straight up, clear of cube B
             lifted = np.array([cube_a[0], cube_a[1], over_b[2]])
             if cube_a[2] > over_b[2] - _NEAR:
