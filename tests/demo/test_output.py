@@ -20,11 +20,10 @@ from rich.console import Console
 from joynexus.api import UsageReport
 from joynexus.cli.demo import PLAIN_WIDTH, demo_console
 from joynexus.demo.phase import Interval, JobRecord, PhaseTrace
+from joynexus.demo.plots import MULTI_TENANT_COLOR, device_time_bars
 from joynexus.demo.report import (
     HOW_TO_READ,
-    MULTI_TENANT_COLOR,
     build_report,
-    device_time_bars,
     report_tables,
     verdict,
 )

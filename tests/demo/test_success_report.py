@@ -21,13 +21,12 @@ from joynexus.cli.main import app
 from joynexus.demo.baseline import isolated_specs
 from joynexus.demo.mixture import SUCCESS_EPISODES, build_mixture
 from joynexus.demo.phase import Interval, JobRecord, PhaseTrace
+from joynexus.demo.plots import plot_report, success_bars
 from joynexus.demo.report import (
     HOW_TO_READ,
     build_report,
     format_success,
-    plot_report,
     report_tables,
-    success_bars,
 )
 from joynexus.envs.seeds import EVAL_SEED_BASE, demo_seeds, eval_seeds, shared_seeds
 from joynexus.errors import SpecError

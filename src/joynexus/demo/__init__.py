@@ -3,7 +3,8 @@
 * :mod:`joynexus.demo.mixture` — the workload mixture (3 RL + 1 SFT + 1 evaluation).
 * :mod:`joynexus.demo.phase` — one run on an in-process Master and its measured trace.
 * :mod:`joynexus.demo.baseline` — the isolated single-tenant replay of the matched work.
-* :mod:`joynexus.demo.report` — utilization, device time, plots and ``report.json``.
+* :mod:`joynexus.demo.report` — utilization, device time and ``report.json``;
+* :mod:`joynexus.demo.plots` — its figures.
 * :mod:`joynexus.demo.runner` — :func:`run_demo`, what the command runs.
 """
 

@@ -1,4 +1,5 @@
-"""The demo's report: Table 1 and Figure 9 of §5.1 on measured traces, plots, report.json.
+"""The demo's report: Table 1 and Figure 9 of §5.1 on measured traces, and report.json
+(its figures: :mod:`joynexus.demo.plots`).
 
 Definitions (all from the traces of :mod:`joynexus.demo.phase`):
 
@@ -56,13 +57,12 @@ __all__ = [
     "HOW_TO_READ",
     "LAYOUT_DEVICES_ISOLATED",
     "LAYOUT_DEVICES_MULTI",
-    "MULTI_TENANT_COLOR",
     "build_report",
-    "device_time_bars",
+    "episodes_label",
     "format_success",
-    "plot_report",
+    "loss_curve",
     "report_tables",
-    "success_bars",
+    "return_curve",
     "verdict",
     "write_report",
 ]
@@ -94,32 +94,17 @@ HOW_TO_READ = {
         "episodes"
     ),
 }
-#: The multi-tenant bar of ``device_time.png``: one run of every tenant together, so a
-#: neutral colour no tenant of the isolated stack gets.
-MULTI_TENANT_COLOR = "#4d4d4d"
-# matplotlib's tab10 without its grey (too close to the multi-tenant bar's).
-_TENANT_COLORS = (
-    "tab:blue",
-    "tab:orange",
-    "tab:green",
-    "tab:red",
-    "tab:purple",
-    "tab:brown",
-    "tab:pink",
-    "tab:olive",
-    "tab:cyan",
-)
 
 
 def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None or not math.isfinite(x) else round(x, nd)
 
 
-def _losses(records: Sequence[dict[str, Any]]) -> list[float]:
+def loss_curve(records: Sequence[dict[str, Any]]) -> list[float]:
     return [float(r["loss"]) for r in records if r["kind"] == "train" and r.get("loss") is not None]
 
 
-def _returns(records: Sequence[dict[str, Any]]) -> list[float]:
+def return_curve(records: Sequence[dict[str, Any]]) -> list[float]:
     return [
         float(r["mean_return"])
         for r in records
@@ -129,7 +114,7 @@ def _returns(records: Sequence[dict[str, Any]]) -> list[float]:
 
 def _tenant_row(trace: PhaseTrace, tenant: str) -> dict[str, Any]:
     recs = trace.records.get(tenant, [])
-    losses, rets = _losses(recs), _returns(recs)
+    losses, rets = loss_curve(recs), return_curve(recs)
     done = trace.completed(tenant)
     summ = trace.summary.tenants.get(tenant)
     n = trace.matched.get(tenant, 0)
@@ -363,10 +348,10 @@ def format_success(row: dict[str, Any]) -> str:
     e.g. ``0 % [0, 28] → 40 % [17, 69] (10 episodes)``; ``–`` for a rate not measured."""
     before = _rate(row.get("success_rate_initial"), row.get("success_rate_ci95_initial"))
     after = _rate(row.get("success_rate_final"), row.get("success_rate_ci95_final"))
-    return f"{before} → {after}" + (f" ({_episodes(row)})" if row.get("eval_episodes") else "")
+    return f"{before} → {after}" + (f" ({episodes_label(row)})" if row.get("eval_episodes") else "")
 
 
-def _episodes(row: dict[str, Any]) -> str:
+def episodes_label(row: dict[str, Any]) -> str:
     n = row.get("eval_episodes")
     return "– episodes" if not n else f"{n} episode{'' if n == 1 else 's'}"
 
@@ -508,210 +493,6 @@ def report_tables(report: dict[str, Any]) -> list[Table]:
         )
     success = _success_table((report.get("success_rates") or {}).get("tenants", {}))
     return [util, dev, ten] if success is None else [util, dev, ten, success]
-
-
-def _timeline(trace: PhaseTrace, service: str, bins: int) -> tuple[list[float], list[float]]:
-    width = trace.window_s / bins
-    xs, ys = [], []
-    for k in range(bins):
-        lo = trace.started_at + k * width
-        busy = sum(
-            max(0.0, min(iv.end, lo + width) - max(iv.start, lo))
-            for iv in trace.busy
-            if iv.service == service
-        )
-        xs.append(k * width + width / 2)
-        ys.append(busy / width)
-    return xs, ys
-
-
-def plot_report(
-    report: dict[str, Any],
-    multi: PhaseTrace,
-    isolated: Sequence[PhaseTrace],
-    out_dir: Path,
-) -> list[Path]:
-    """Write ``utilization.png``, ``device_time.png``, ``curves.png`` and, when a tenant's
-    success rate was measured, ``success.png`` into ``out_dir``; their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
-    colors = {"training": "tab:blue", "inference": "tab:orange"}
-
-    fig, axes = plt.subplots(2, 1, figsize=(9, 5.5), sharey=True)
-    for service, color in colors.items():
-        xs, ys = _timeline(multi, service, 40)
-        axes[0].plot(xs, ys, color=color, label=service)
-    axes[0].set_title("multi-tenant: busy fraction per time bin")
-    offset = 0.0
-    for i, tr in enumerate(isolated):
-        for service, color in colors.items():
-            xs, ys = _timeline(tr, service, 15)
-            axes[1].plot(
-                [x + offset for x in xs], ys, color=color, label=service if i == 0 else None
-            )
-        axes[1].axvline(offset, color="grey", lw=0.6, ls=":")
-        axes[1].text(offset, 1.02, next(iter(tr.matched)), fontsize=7, va="bottom")
-        offset += tr.window_s
-    axes[1].set_title("isolated replays, one after another", pad=14)
-    for ax in axes:
-        ax.set_ylim(0, 1.0)
-        ax.set_ylabel("utilization")
-        ax.legend(loc="upper right", fontsize=8)
-    axes[1].set_xlabel("seconds since the loops started")
-    fig.tight_layout()
-    p = out_dir / "utilization.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    paths.append(p)
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    device_time_bars(ax, multi.window_s, [(next(iter(tr.matched)), tr.window_s) for tr in isolated])
-    ax.set_ylabel("device-seconds (window x 1 machine)")
-    ax.set_title(
-        f"device time, same matched work: isolated / multi-tenant = "
-        f"{report['device_time_ratio']}x (above 1 is better)",
-        fontsize=9,
-    )
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    p = out_dir / "device_time.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    paths.append(p)
-
-    tenants = list(report["multi_tenant"]["tenants"])
-    iso_by_tenant = {next(iter(tr.matched)): tr for tr in isolated}
-    fig, axes = plt.subplots(2, len(tenants), figsize=(3.2 * len(tenants), 5.5), squeeze=False)
-    for j, tenant in enumerate(tenants):
-        ax_l, ax_r = axes[0][j], axes[1][j]
-        runs: list[tuple[str, PhaseTrace | None, str]] = [
-            ("multi-tenant", multi, "-"),
-            ("isolated", iso_by_tenant.get(tenant), "--"),
-        ]
-        for label, run, ls in runs:
-            if run is None:
-                continue
-            recs = run.records.get(tenant, [])
-            losses = _losses(recs)
-            ax_l.plot(range(1, len(losses) + 1), losses, ls=ls, marker=".", label=label)
-            rets = _returns(recs)
-            if rets:
-                ax_r.plot(range(1, len(rets) + 1), rets, ls=ls, marker=".", label=label)
-        ax_l.set_title(tenant, fontsize=9)
-        ax_l.set_xlabel("update")
-        ax_r.set_xlabel("rollout")
-        if j == 0:
-            ax_l.set_ylabel("loss")
-            ax_r.set_ylabel("mean episode return")
-        ax_l.legend(fontsize=7)
-        if not ax_r.lines:
-            ax_r.text(0.5, 0.5, "SFT: no rollouts", ha="center", transform=ax_r.transAxes)
-    fig.tight_layout()
-    p = out_dir / "curves.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    paths.append(p)
-
-    rows = (report.get("success_rates") or {}).get("tenants", {})
-    measured = {t: r for t, r in rows.items() if r.get("eval_episodes")}
-    if measured:
-        fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(measured) + 2), 3.8))
-        success_bars(ax, measured)
-        fig.tight_layout()
-        p = out_dir / "success.png"
-        fig.savefig(p, dpi=90)
-        plt.close(fig)
-        paths.append(p)
-    return paths
-
-
-def success_bars(ax: Any, rows: dict[str, dict[str, Any]]) -> list[Any]:
-    """Draw each tenant's success rate before and after training as two bars with
-    their Wilson 95 % intervals as error bars (a rate not measured draws no bar);
-    the bar containers, before then after."""
-    tenants = list(rows)
-    width = 0.38
-    drawn = []
-    for k, (phase, label, color) in enumerate(
-        (
-            ("initial", "before training", "tab:gray"),
-            ("final", "after training", "tab:green"),
-        )
-    ):
-        xs, rates, low, high = [], [], [], []
-        for i, tenant in enumerate(tenants):
-            rate = rows[tenant].get(f"success_rate_{phase}")
-            if rate is None:
-                continue
-            ci = rows[tenant].get(f"success_rate_ci95_{phase}") or (rate, rate)
-            xs.append(i + (k - 0.5) * width)
-            rates.append(rate)
-            low.append(max(rate - ci[0], 0.0))
-            high.append(max(ci[1] - rate, 0.0))
-        drawn.append(
-            ax.bar(
-                xs,
-                rates,
-                width,
-                yerr=[low, high],
-                capsize=4,
-                color=color,
-                label=label,
-                error_kw={"elinewidth": 1},
-            )
-        )
-        # The rate in words above its interval (a rate of 0 draws no bar).
-        for x, rate, up in zip(xs, rates, high, strict=True):
-            ax.text(x, rate + up + 0.01, f"{100 * rate:.0f} %", ha="center", fontsize=7)
-    ax.set_xticks(
-        range(len(tenants)),
-        [f"{t}\n({_episodes(rows[t])})" for t in tenants],
-        fontsize=8,
-    )
-    ax.set_ylim(0, 1.2)  # room for the legend above a rate of 1
-    ax.set_yticks([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
-    ax.set_ylabel("success rate")
-    ax.set_title(
-        "success rate before -> after training, isolated replays (Wilson 95 % intervals)",
-        fontsize=9,
-    )
-    ax.legend(fontsize=7, loc="upper center", ncol=2)
-    return drawn
-
-
-def device_time_bars(
-    ax: Any, multi_window_s: float, isolated: Sequence[tuple[str, float]]
-) -> tuple[Any, list[Any]]:
-    """Draw the device-time bars: the multi-tenant run in :data:`MULTI_TENANT_COLOR`
-    (all tenants, one run) and the isolated replays stacked, one colour per tenant
-    from a palette that never uses the multi-tenant colour; the bar containers."""
-    multi = ax.bar(
-        ["multi-tenant"],
-        [multi_window_s],
-        color=MULTI_TENANT_COLOR,
-        hatch="//",
-        edgecolor="white",
-        label="multi-tenant: all tenants, one run",
-    )
-    palette = _TENANT_COLORS
-    stacked, bottom = [], 0.0
-    for i, (tenant, window_s) in enumerate(isolated):
-        stacked.append(
-            ax.bar(
-                ["isolated"],
-                [window_s],
-                bottom=[bottom],
-                color=palette[i % len(palette)],
-                label=f"isolated: {tenant}",
-            )
-        )
-        bottom += window_s
-    return multi, stacked
 
 
 def write_report(report: dict[str, Any], out_dir: Path) -> Path:

@@ -41,9 +41,9 @@ from joynexus.demo.mixture import (
     choose_envs,
 )
 from joynexus.demo.phase import PhaseTrace, run_phase
+from joynexus.demo.plots import plot_report
 from joynexus.demo.report import (
     build_report,
-    plot_report,
     report_tables,
     verdict,
     write_report,
