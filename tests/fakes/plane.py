@@ -283,6 +283,11 @@ class FakeTrainingService:
     def config(self, tenant_id: str) -> TenantConfig:
         return self._slot(tenant_id).config
 
+    def lose_slots(self) -> None:
+        """Ray re-created the role after its node was lost: the new process holds no
+        tenant slot until the Master's restart rebuilds them (tests)."""
+        self._slots.clear()
+
     def applied(self, tenant_id: str) -> list[str]:
         """The jobs whose updates the tenant's current weights contain (tests)."""
         return list(self._slot(tenant_id).applied)
@@ -1056,6 +1061,7 @@ def master_on(
     heldout_samples: int | None = None,
     watchdog_factor: float = 20.0,
     watchdog_min_s: float = 120.0,
+    restart_grace_s: float = 60.0,
 ) -> MasterService:
     """A Master Service on ``plane`` (constructed like ``LocalRun.open`` builds it)."""
     return MasterService(
@@ -1075,6 +1081,7 @@ def master_on(
         heldout_samples=heldout_samples,
         watchdog_factor=watchdog_factor,
         watchdog_min_s=watchdog_min_s,
+        restart_grace_s=restart_grace_s,
     )
 
 

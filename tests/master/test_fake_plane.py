@@ -434,6 +434,47 @@ def test_restart_training_rebuilds_the_slot_from_its_checkpoint(server: FakeServ
     assert published == sorted(published)
 
 
+def test_jobs_caught_before_a_recreated_role_is_rebuilt_are_not_the_workloads_fault(
+    tmp_path: Path,
+) -> None:
+    """Ray re-creates the training role after its node was lost; until the Master's
+    restart rebuilds the slots, the role answers not_found for every tenant. The jobs
+    the actor leases meanwhile fail ``role_restarted`` (not counted), so the workload
+    outlives the window however many jobs it catches, and then completes."""
+    srv = FakeServer(tmp_path, max_failures=2)
+    try:
+        srv.plane.inference.rollout_delay_s = 0.002
+        wid = _submit(srv, target=6)
+        srv.run_until(lambda: _status(srv, wid).jobs_completed >= 2)
+        srv.plane.training.lose_slots()
+        srv.sleep(0.5)  # the actor leases and meets the missing slot before the restart
+        assert _status(srv, wid).state is WorkloadState.RUNNING
+        srv.run(srv.master.restart_training())
+        done = _wait(srv, wid)
+        assert done.state is WorkloadState.COMPLETED and done.jobs_completed == 6
+        failed = _jobs(srv, wid, JobState.FAILED)
+        assert failed, "no job was caught in the window: the test proves nothing"
+        assert {j.terminal_reason for j in failed} == {ROLE_RESTARTED_REASON}
+        _assert_weights_hold_exactly_the_completed_jobs(srv)
+    finally:
+        srv.close()
+
+
+def test_a_slot_that_never_comes_back_ends_the_workload_failed(tmp_path: Path) -> None:
+    """No restart rebuilds the lost slot within the grace: the failures count, and the
+    workload ends failed with the role's own error instead of retrying forever."""
+    srv = FakeServer(tmp_path, max_failures=2, restart_grace_s=0.2)
+    try:
+        wid = _submit(srv, target=6)
+        srv.run_until(lambda: _status(srv, wid).jobs_completed >= 1)
+        srv.plane.training.lose_slots()
+        st = _wait(srv, wid)
+        assert st.state is WorkloadState.FAILED
+        assert st.error is not None and "has no training slot" in st.error
+    finally:
+        srv.close()
+
+
 def test_a_role_lost_after_the_checkpoint_keeps_the_update_counted(server: FakeServer) -> None:
     """The training role dies right after an update's checkpoint reached the disk (the
     save's reply, the publication are lost with it): the job completes anyway, since

@@ -93,7 +93,13 @@ from joynexus.workflows.compile import (
     CompiledWorkload,
     compile_workloads,
 )
-from joynexus.workflows.context import MetricsLog, WorkflowContext, WorkflowTenant, reason_of
+from joynexus.workflows.context import (
+    ROLE_RESTARTED_REASON,
+    MetricsLog,
+    WorkflowContext,
+    WorkflowTenant,
+    reason_of,
+)
 from joynexus.workflows.sft import SFTSource, heldout_action_error
 from joynexus.workflows.success import Phase, measure_success, recorded_measure
 
@@ -112,8 +118,6 @@ T = TypeVar("T")
 CANCELLED_REASON = "cancelled"
 #: Terminal reason of the jobs a previous process left in flight (not the job's fault).
 RESTARTED_REASON = "runtime_restarted"
-#: Terminal reason of the jobs in flight when the training role was restarted in place.
-ROLE_RESTARTED_REASON = "role_restarted"
 #: Failures that are the service's, not the workload's: they never count against it.
 _NOT_THE_JOBS_FAULT = (CANCELLED_REASON, RESTARTED_REASON, ROLE_RESTARTED_REASON)
 _TRAINABLE = (TaskKind.RL, TaskKind.SFT, TaskKind.CUSTOM)
@@ -262,6 +266,7 @@ class MasterService(ModelPrimitives):
             poll_s=poll_s,
             durable_checkpoints=True,
             in_checkpoint=self._in_checkpoint,
+            slot_grace_s=restart_grace_s,
         )
 
     # ------------------------------------------------------------------ lifetime

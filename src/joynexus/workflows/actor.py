@@ -43,6 +43,7 @@ from joynexus.control.job import JobState, TaskType, TrainingJob
 from joynexus.errors import NotFoundError, StaleLeaseError
 from joynexus.workflows.context import (
     ACTOR_ROLE,
+    ROLE_RESTARTED_REASON,
     WorkflowContext,
     WorkflowTenant,
     job_heartbeat,
@@ -54,6 +55,7 @@ __all__ = [
     "actor_consumer",
     "consume_training_job",
     "consume_training_jobs",
+    "fail_job",
     "publish",
     "settle_committed",
 ]
@@ -150,9 +152,45 @@ async def _drop_stale(ctx: WorkflowContext, job: TrainingJob, actor_version: int
     return dropped
 
 
-async def _fail(ctx: WorkflowContext, job: TrainingJob, error: BaseException) -> None:
+def _has_slot(ctx: WorkflowContext, tenant_id: str) -> bool | None:
+    """Whether the training role holds the tenant's slot (None: the role did not answer)."""
+    try:
+        return tenant_id in ctx.training.tenant_ids()
+    except Exception:  # a role being re-created answers nothing for a while
+        return None
+
+
+async def _slot_lost(ctx: WorkflowContext, job: TrainingJob, error: BaseException) -> bool:
+    """Whether ``error`` is the training role having lost the slot of a tenant whose
+    workload is live — Ray re-created the role after its node was lost, and the
+    Master's restart (:meth:`~joynexus.master.service.MasterService.restart_training`)
+    has not rebuilt the slots yet. Waits up to ``ctx.slot_grace_s`` for the slot to
+    come back: True when it did (the job was merely in flight during a role restart),
+    False when the error is anything else or the slot stays gone (then the failure
+    counts, and a role that never recovers ends the workload instead of looping)."""
+    if not isinstance(error, NotFoundError) or ctx.slot_grace_s <= 0:
+        return False
+    if job.tenant_id not in ctx.tenants or _has_slot(ctx, job.tenant_id):
+        return False  # its workload ended, or the slot is there: a NotFound of its own
+    log.warning(
+        "actor: the training role holds no slot for live tenant %s (restarted?); waiting "
+        "up to %.0f s for it to be rebuilt",
+        job.tenant_id,
+        ctx.slot_grace_s,
+    )
+    deadline = ctx.clock.now() + ctx.slot_grace_s
+    while ctx.clock.now() < deadline and job.tenant_id in ctx.tenants:
+        await ctx.clock.sleep(max(ctx.poll_s, 0.1))
+        if _has_slot(ctx, job.tenant_id):
+            return True
+    return False
+
+
+async def fail_job(ctx: WorkflowContext, job: TrainingJob, error: BaseException) -> None:
     """Best-effort clear, then ``fail`` the job with the error's reason — or complete
-    it when its update already reached the checkpoint (``ctx.in_checkpoint``)."""
+    it when its update already reached the checkpoint (``ctx.in_checkpoint``), or fail
+    it ``role_restarted`` when the training role had lost the tenant's slot
+    (:func:`_slot_lost`)."""
     await ctx.queue.async_clear(job.partition_id)
     if settle_committed(ctx, job):
         log.warning(
@@ -161,9 +199,14 @@ async def _fail(ctx: WorkflowContext, job: TrainingJob, error: BaseException) ->
             reason_of(error),
         )
         return
-    if not ctx.scheduler.get(job.job_id).is_terminal:
-        cancelled = isinstance(error, asyncio.CancelledError)
-        ctx.scheduler.fail(job.job_id, "cancelled" if cancelled else reason_of(error))
+    if ctx.scheduler.get(job.job_id).is_terminal:
+        pass
+    elif isinstance(error, asyncio.CancelledError):
+        ctx.scheduler.fail(job.job_id, "cancelled")
+    else:
+        reason = ROLE_RESTARTED_REASON if await _slot_lost(ctx, job, error) else None
+        if not ctx.scheduler.get(job.job_id).is_terminal:  # the restart may have failed it
+            ctx.scheduler.fail(job.job_id, reason or reason_of(error))
     tenant = ctx.tenants.get(job.tenant_id)  # gone when its workload was cancelled
     if tenant is not None and not isinstance(error, asyncio.CancelledError):
         tenant.errors.append(reason_of(error))
@@ -234,14 +277,14 @@ async def consume_training_job(ctx: WorkflowContext) -> TrainingJob | None:
 
 
 async def _consume_leased(ctx: WorkflowContext, job: TrainingJob) -> TrainingJob:
-    actor_version = ctx.training.policy_version(job.tenant_id)
-    if ctx.scheduler.is_stale(job, actor_version):
-        return await _drop_stale(ctx, job, actor_version)
     try:
+        actor_version = ctx.training.policy_version(job.tenant_id)
+        if ctx.scheduler.is_stale(job, actor_version):
+            return await _drop_stale(ctx, job, actor_version)
         result = await ctx.training.train_job(job, heartbeat=job_heartbeat(ctx.scheduler, job))
         return await _finish(ctx, job, result)
     except BaseException as error:
-        await _fail(ctx, job, error)
+        await fail_job(ctx, job, error)
         raise
 
 
@@ -306,7 +349,7 @@ async def consume_training_jobs(ctx: WorkflowContext) -> list[TrainingJob]:
                     finished.append(await _finish(ctx, job, outcome))
                 except Exception as error:
                     log.warning("actor: training job %s failed: %s", job.job_id, error)
-                    await _fail(ctx, job, error)
+                    await fail_job(ctx, job, error)
                     finished.append(sched.get(job.job_id))
         for job in carried:  # in lease order; each one alone, staleness checked now
             try:
@@ -317,7 +360,7 @@ async def consume_training_jobs(ctx: WorkflowContext) -> list[TrainingJob]:
     except BaseException as error:
         for job in leased:
             if not sched.get(job.job_id).is_terminal:
-                await _fail(ctx, job, error)
+                await fail_job(ctx, job, error)
         raise
     return finished
 

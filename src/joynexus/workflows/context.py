@@ -34,6 +34,7 @@ from joynexus.utils.clock import Clock
 
 __all__ = [
     "ACTOR_ROLE",
+    "ROLE_RESTARTED_REASON",
     "MetricsLog",
     "WorkflowContext",
     "WorkflowTenant",
@@ -43,6 +44,11 @@ __all__ = [
 ACTOR_ROLE = "actor"
 ROLLOUT_ROLE = "rollout"
 SFT_ROLE = "sft"
+
+#: Terminal reason of the jobs in flight when the training role was restarted in place
+#: (or found without the slots it held): the service's fault, never counted against the
+#: workload.
+ROLE_RESTARTED_REASON = "role_restarted"
 
 
 def _finite(value: Any) -> Any:
@@ -160,6 +166,12 @@ class WorkflowContext:
     #: publishing — completes instead: its update is in the weights a restart restores,
     #: so completed jobs stay exactly the updates in the weights. None: never.
     in_checkpoint: Callable[[TrainingJob], bool] | None = None
+    #: How long the actor waits for a live tenant's training slot to come back when the
+    #: role answered without it (Ray re-created the role after its node was lost, and the
+    #: Master's restart has not rebuilt the slots yet). A job caught in that window fails
+    #: ``role_restarted`` — not the job's fault — when the slot returns within it, and
+    #: with its own error (counted) when it does not. 0: never wait.
+    slot_grace_s: float = 0.0
 
 
 def job_heartbeat(scheduler: TrainingScheduler, job: TrainingJob) -> Callable[[], None]:

@@ -31,6 +31,7 @@ from joynexus.errors import InvalidRequestError
 from joynexus.queues.meta import BatchMeta
 from joynexus.services.samples import GROUP, as_numpy
 from joynexus.spec.workload import AlgorithmSpec
+from joynexus.workflows.actor import fail_job
 from joynexus.workflows.context import ACTOR_ROLE, WorkflowContext, reason_of
 
 __all__ = [
@@ -202,9 +203,9 @@ async def actor_forward_once(ctx: WorkflowContext) -> TrainingJob | None:
             job.job_id, JobState.NEEDS_ADVANTAGES, lease_epoch=job.lease_epoch
         )
     except BaseException as error:
-        await ctx.queue.async_clear(job.partition_id)
-        if not ctx.scheduler.get(job.job_id).is_terminal:
-            ctx.scheduler.fail(job.job_id, reason_of(error))
+        # The training role's own failure handling: a slot the role lost while being
+        # re-created is not the job's fault.
+        await fail_job(ctx, job, error)
         raise
     return done
 
