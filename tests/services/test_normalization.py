@@ -157,3 +157,62 @@ def test_checkpoints_carry_the_stats_and_mismatched_stats_are_refused(
     wide = NormalizationStats(action=_feat([0.0] * 3, [1.0] * 3))
     with pytest.raises(SchemaMismatchError, match="action_dim 2"):
         build_slot(config("sft", wide), base)
+
+
+# A gripper held closed in every demonstration: its action dimension has std 0.
+CONSTANT_DIM = NormalizationStats(
+    state=_feat([1.0] * 4, [2.0] * 4), action=_feat([0.5, -1.0], [0.1, 0.0])
+)
+
+
+def test_a_constant_action_dimension_survives_the_trip_through_robot_units() -> None:
+    x = np.random.default_rng(0).normal(0.0, 0.14, (2000, 2)).astype(np.float32)
+    back = CONSTANT_DIM.normalize(CONSTANT_DIM.unnormalize(x, "action"), "action")
+    # Floored at eps = 1e-6 alone, the constant dim came back in steps of 0.06-0.12.
+    np.testing.assert_allclose(back, x, atol=1e-3)
+    env = CONSTANT_DIM.unnormalize(x, "action")
+    assert np.abs(env[:, 1] + 1.0).max() < 1e-2  # still (nearly) the constant to the robot
+
+
+def test_rollout_log_probs_are_those_of_the_actions_the_actor_trains_on(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    """The behaviour log-probs a rollout stores must be the actor's log-probs of the
+    stored actions under the same weights (PPO's ratio starts at exactly 1), also with a
+    constant action dimension in the stats."""
+    from joynexus.control.job import TaskType
+    from joynexus.services.training import TrainingModelService
+    from joynexus.spec.workload import AlgorithmSpec
+    from tests.services.test_training_service import make_job
+
+    cfg = config("rl", CONSTANT_DIM).model_copy(
+        update={"algorithm": AlgorithmSpec(name="ppo", microbatch_size=12), "output_dir": tmp_path}
+    )
+
+    async def main() -> dict[str, np.ndarray]:
+        env = EnvironmentService()
+        queue = TrainingQueue()
+        svc = InferenceModelService(base, env, queue)
+        training = TrainingModelService(base, queue, output_dir=tmp_path)
+        try:
+            await svc.start()
+            await svc.add_tenant(cfg)
+            info = await training.add_tenant(cfg)
+            session = await env.create_session("rl", SPEC)
+            rollout = RolloutConfig(
+                tenant_id="rl",
+                session_id=session.session_id,
+                schema_signature=info.schema_signature,
+                seed=0,
+            )
+            await svc.rollout(rollout, "j", "p", SPEC.num_envs, 3, 0)
+            job = make_job("rl", "p", 12, info.schema_signature, TaskType.RL)
+            await training.actor_forward(job)
+            meta = queue.get_meta("p", ["log_probs", "actor_log_probs"], 100, "check")
+            return {k: np.asarray(v) for k, v in queue.get_data(meta).items()}
+        finally:
+            await svc.stop()
+            await env.aclose()
+
+    data = asyncio.run(main())
+    np.testing.assert_allclose(data["actor_log_probs"], data["log_probs"], atol=1e-3)

@@ -21,9 +21,18 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from joynexus.errors import DatasetError, SchemaMismatchError
 from joynexus.utils.files import atomic_write_bytes
 
-__all__ = ["FeatureNormStats", "NormMode", "NormalizationStats"]
+__all__ = ["RELATIVE_SCALE_FLOOR", "FeatureNormStats", "NormMode", "NormalizationStats"]
 
 NormMode = Literal["mean_std", "quantile"]
+
+#: Smallest scale of a dimension, relative to its center's magnitude. A constant
+#: dimension (std 0: a gripper held closed in every demonstration, at -1) floored at
+#: ``eps`` = 1e-6 alone loses its normalized value on the way through float32 robot
+#: units (-1 + 1e-6 x rounds to steps of 0.06–0.12 in x), so a sampled action came back
+#: from the environment as another action than the one whose log-probability the
+#: rollout recorded, and RL's importance ratios were off before any update (PPO clipped
+#: 70 % of the samples of its first step). At 1e-3 the round trip errs by ~1e-4.
+RELATIVE_SCALE_FLOOR = 1e-3
 
 
 class FeatureNormStats(BaseModel):
@@ -53,7 +62,9 @@ class NormalizationStats(BaseModel):
 
     ``mean_std``: ``(x - mean) / std``. ``quantile``: ``2 (x - q01) / (q99 - q01) - 1``
     (q01..q99 → -1..1, not clipped, so it stays invertible). Denominators are floored
-    at ``eps`` so constant dimensions map to 0 instead of dividing by zero.
+    at ``eps`` so constant dimensions map to 0 instead of dividing by zero, and at
+    ``RELATIVE_SCALE_FLOOR`` × |center| so that float32 can carry a normalized value
+    through robot units and back (see :data:`RELATIVE_SCALE_FLOOR`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -112,12 +123,13 @@ class NormalizationStats(BaseModel):
             raise SchemaMismatchError(f"normalization stats hold no {which} statistics")
         if self.mode == "mean_std":
             center = np.asarray(feat.mean, np.float64)
-            scale = np.maximum(np.asarray(feat.std, np.float64), self.eps)
+            scale = np.asarray(feat.std, np.float64)
         else:
             lo, hi = np.asarray(feat.q01, np.float64), np.asarray(feat.q99, np.float64)
             center = (lo + hi) / 2.0
-            scale = np.maximum(hi - lo, self.eps) / 2.0
-        return center, scale
+            scale = (hi - lo) / 2.0
+        floor = np.maximum(self.eps, RELATIVE_SCALE_FLOOR * np.abs(center))
+        return center, np.maximum(scale, floor)
 
     def _check(self, x: np.ndarray, which: str, dim: int) -> None:
         if x.shape[-1:] != (dim,):
