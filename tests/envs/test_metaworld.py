@@ -50,3 +50,34 @@ def test_metaworld_fast_render_off_still_renders_and_seeds_pick_goals() -> None:
         slow.close()
     with pytest.raises(SpecError, match="unknown MetaWorld MT1 task"):
         make_env(EnvSpec(kind="metaworld", task="fly-to-moon-v3", image_size=8))
+
+
+@pytest.mark.filterwarnings("ignore:Constant:UserWarning")
+def test_sparse_reward_is_the_success_and_a_bad_reward_mode_is_refused() -> None:
+    from metaworld.policies import SawyerReachV3Policy
+
+    spec = EnvSpec(
+        kind="metaworld",
+        task="reach-v3",
+        num_envs=1,
+        image_size=8,
+        options={"reward_mode": "sparse"},
+        observation={"images": False},
+    )
+    env = make_env(spec)
+    policy = SawyerReachV3Policy()  # type: ignore[no-untyped-call]
+    rewards: list[float] = []
+    try:
+        obs = env.reset(seed=0)
+        for _ in range(150):
+            step = env.step(np.stack([policy.get_action(s) for s in obs.state]))
+            rewards.append(float(step.reward[0]))
+            obs = step.observation
+            if step.success[0]:
+                break
+    finally:
+        env.close()
+    # 0 until the successful step, which ends the episode with reward 1: return = success.
+    assert rewards[-1] == 1.0 and set(rewards[:-1]) == {0.0}
+    with pytest.raises(SpecError, match="reward_mode 'shaped'"):
+        make_env(spec.model_copy(update={"options": {"reward_mode": "shaped"}}))

@@ -10,7 +10,12 @@ dominate software-rendering time. Seeding: ``reset(seed=s)`` draws which of MT1'
 goal variations each sub-env starts with from ``s`` (MetaWorld ignores gym seeds).
 
 Options: ``camera`` (default ``"corner"``; also ``corner2``, ``corner3``, ``topview``,
-``behindGripper``, ``gripperPOV``), ``terminate_on_success`` (default true).
+``behindGripper``, ``gripperPOV``), ``terminate_on_success`` (default true),
+``reward_mode``: ``dense`` (default, MetaWorld's shaped reward, 0–10 a step) or
+``sparse`` (1 on a successful step, else 0: the binary success reward of GRPO as
+SimpleVLA-RL trains it; with ``terminate_on_success`` an episode's return is exactly its
+success. A dense return instead grows with the steps spent *before* success, so it
+rewards reaching the goal late).
 
 Observation choices (``EnvSpec.observation``): ``state`` ``default`` / ``privileged``
 is the full 39-D observation (it holds the objects' poses and the goal), ``proprio``
@@ -20,6 +25,7 @@ frame fills the camera), which makes a step ~50× cheaper on a CPU.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,12 +41,20 @@ __all__ = ["CAMERAS", "DEFAULT_IMAGE_SIZE", "make_metaworld", "metaworld_schema"
 
 DEFAULT_IMAGE_SIZE = 224
 CAMERAS = ("corner", "corner2", "corner3", "topview", "behindGripper", "gripperPOV")
-_OPTIONS = {"camera", "terminate_on_success"}
+_OPTIONS = {"camera", "terminate_on_success", "reward_mode"}
+REWARD_MODES = ("dense", "sparse")
 # MetaWorld's corner cameras are mounted rotated by 180°; serve images upright.
 _UPSIDE_DOWN = frozenset({"corner", "corner2", "corner3"})
 
 
-def _options(spec: EnvSpec) -> tuple[str, bool]:
+@dataclass(frozen=True)
+class _Options:
+    camera: str
+    terminate_on_success: bool
+    sparse: bool
+
+
+def _options(spec: EnvSpec) -> _Options:
     unknown = set(spec.options) - _OPTIONS
     if unknown:
         raise SpecError(
@@ -49,7 +63,14 @@ def _options(spec: EnvSpec) -> tuple[str, bool]:
     camera = str(spec.options.get("camera", "corner"))
     if camera not in CAMERAS:
         raise SpecError(f"metaworld camera {camera!r} is not one of {list(CAMERAS)}")
-    return camera, bool(spec.options.get("terminate_on_success", True))
+    reward_mode = spec.options.get("reward_mode", "dense")
+    if reward_mode not in REWARD_MODES:
+        raise SpecError(f"metaworld reward_mode {reward_mode!r} is not one of {list(REWARD_MODES)}")
+    return _Options(
+        camera=camera,
+        terminate_on_success=bool(spec.options.get("terminate_on_success", True)),
+        sparse=reward_mode == "sparse",
+    )
 
 
 def _task(spec: EnvSpec) -> str:
@@ -65,7 +86,7 @@ _PROPRIO_DIM = 4
 def metaworld_schema(spec: EnvSpec) -> DataSchema:
     """The MetaWorld schema: one camera at ``spec.image_size`` (default 224), state 39
     (4 with ``observation.state: proprio``)."""
-    camera, _ = _options(spec)
+    camera = _options(spec).camera
     task = _task(spec)
     size = spec.image_size or DEFAULT_IMAGE_SIZE
     instruction = task.rsplit("-v", 1)[0].replace("-", " ")
@@ -79,9 +100,7 @@ def metaworld_schema(spec: EnvSpec) -> DataSchema:
 
 
 class _MetaWorldSingle:
-    def __init__(
-        self, spec: EnvSpec, schema: DataSchema, camera: str, terminate_on_success: bool
-    ) -> None:
+    def __init__(self, spec: EnvSpec, schema: DataSchema, options: _Options) -> None:
         ensure_headless_gl()
         import metaworld
 
@@ -90,11 +109,12 @@ class _MetaWorldSingle:
             raise SpecError(
                 f"unknown MetaWorld MT1 task {task!r}; known: {', '.join(metaworld.MT1.ENV_NAMES)}"
             )
-        self.camera = camera
+        self.camera = camera = options.camera
+        self.sparse = options.sparse
         self.images = spec.observation.images
         self.state_dim = schema.state_dim
         self.fast = spec.fast_render
-        self.terminate_on_success = terminate_on_success
+        self.terminate_on_success = options.terminate_on_success
         size = self.size = schema.cameras[camera].height
         self.benchmark = metaworld.MT1(task, seed=0)  # type: ignore[no-untyped-call]  # untyped
         self.env: Any = self.benchmark.train_classes[task](
@@ -132,7 +152,7 @@ class _MetaWorldSingle:
         success = bool(info.get("success", 0.0))
         return SingleStep(
             observation=self._obs(state),
-            reward=float(reward),
+            reward=float(success) if self.sparse else float(reward),
             terminated=bool(terminated or (success and self.terminate_on_success)),
             truncated=bool(truncated),
             success=success,
@@ -146,10 +166,8 @@ class _MetaWorldSingle:
 def make_metaworld(spec: EnvSpec) -> EnvAdapter:
     """Build a (possibly vectorized) MetaWorld MT1 adapter from ``spec``."""
     schema = metaworld_schema(spec)
-    camera, terminate_on_success = _options(spec)
-    envs: list[SingleEnv] = [
-        _MetaWorldSingle(spec, schema, camera, terminate_on_success) for _ in range(spec.num_envs)
-    ]
+    options = _options(spec)
+    envs: list[SingleEnv] = [_MetaWorldSingle(spec, schema, options) for _ in range(spec.num_envs)]
     return VectorEnvAdapter(envs, schema)
 
 
