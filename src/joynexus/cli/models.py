@@ -71,14 +71,20 @@ def export_pi0_command(
 ) -> None:
     """Export a tenant's π0 expert with the resident prefix as a complete
     PI0ForConditionalGeneration directory (plain transformers loads it)."""
+    import tempfile
+
     from joynexus.errors import JoyNexusError
-    from joynexus.models.backbone import ResidentBaseModel
     from joynexus.models.payload import read_manifest
     from joynexus.models.pi0_export import export_pi0_checkpoint
+    from joynexus.runtime.plane import load_base_model
+    from joynexus.spec.workload import BaseModelSpec
 
     try:
         model_id = base_model or read_manifest(checkpoint).base_model_id
-        base = ResidentBaseModel.from_pretrained(model_id)
+        # A checkpoint names a tiny model by its spec id (tiny:pi0): it is rebuilt from
+        # its fixed seed, here in a scratch directory; a hub id or path loads as usual.
+        with tempfile.TemporaryDirectory() as cache:
+            base = load_base_model(BaseModelSpec(id=model_id), Path(cache))
         path = export_pi0_checkpoint(checkpoint, out, base=base)
     except JoyNexusError as error:
         raise typer.BadParameter(str(error), param_hint="--checkpoint") from None

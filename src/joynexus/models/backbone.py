@@ -87,8 +87,12 @@ class ResidentBaseModel:
         num_camera_slots: int,
         output_layers: Sequence[int] | None = None,
         pi0: Pi0Checkpoint | None = None,
+        source: str | None = None,
     ) -> None:
+        #: What checkpoints and schema signatures name the backbone by.
         self.model_id = model_id
+        #: Where it was loaded from (a process that loads it again looks there).
+        self.source = source or model_id
         self.pi0 = pi0
         self.arch = arch
         self.model = model
@@ -134,6 +138,7 @@ class ResidentBaseModel:
         canonical_image_size: int | None = None,
         output_layers: Sequence[int] | None = None,
         num_camera_slots: int | None = None,
+        identity: str | None = None,
     ) -> ResidentBaseModel:
         """Load a backbone and its processor the way a user names it.
 
@@ -149,6 +154,10 @@ class ResidentBaseModel:
                 hidden state (0 = embeddings, negative indices count from the end).
             num_camera_slots: Camera slots of the canonical input. Default: the
                 sidecar's value, else 2.
+            identity: The id checkpoints and schema signatures know the backbone by
+                (default ``model_id_or_path``). A model built where the spec says
+                (``tiny:<arch>`` materialized into a run directory) is the spec's id,
+                so a checkpoint trained in one run directory loads in another.
 
         Raises:
             ModelNotFoundError: The id/path cannot be resolved (naming it).
@@ -218,7 +227,8 @@ class ResidentBaseModel:
                 field="num_camera_slots",
             )
         return cls(
-            model_id=model_id_or_path,
+            model_id=identity or model_id_or_path,
+            source=model_id_or_path,
             arch=arch,
             model=model.to(torch_device),
             processor=processor,

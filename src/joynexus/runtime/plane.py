@@ -97,6 +97,7 @@ def load_base_model(spec: BaseModelSpec, cache_dir: Path) -> ResidentBaseModel:
     import torch
 
     model_id = spec.id
+    identity = None
     for prefix, size in ((TINY_PREFIX, "tiny"), (SMALL_PREFIX, "small")):
         if not model_id.startswith(prefix):
             continue
@@ -110,7 +111,9 @@ def load_base_model(spec: BaseModelSpec, cache_dir: Path) -> ResidentBaseModel:
         path = cache_dir / f"{size}-{arch}"
         if not (path / SIDECAR).is_file():
             make_tiny(arch, path, size=size)
-        model_id = str(path)
+        # Built from a fixed seed: the same weights wherever it is materialized, so it
+        # keeps the spec's id (checkpoints carry it to other run directories).
+        model_id, identity = str(path), spec.id
         break
     dtype = None if spec.dtype == "auto" else getattr(torch, _TORCH_DTYPES[spec.dtype])
     return ResidentBaseModel.from_pretrained(
@@ -118,6 +121,7 @@ def load_base_model(spec: BaseModelSpec, cache_dir: Path) -> ResidentBaseModel:
         device=spec.device,
         dtype=dtype,
         canonical_image_size=spec.canonical_image_size,
+        identity=identity,
     )
 
 

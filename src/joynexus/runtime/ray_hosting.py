@@ -603,8 +603,12 @@ class RayPlacement(Placement):
 def _spec_of(base: ResidentBaseModel) -> BaseModelSpec:
     """A spec that reloads ``base`` from where it was loaded (a plane built around an
     already loaded model)."""
+    from joynexus.runtime.plane import SMALL_PREFIX, TINY_PREFIX
+
+    # A tiny model keeps its spec id (its identity): an actor rebuilds it the same way.
+    tiny = base.model_id.startswith((TINY_PREFIX, SMALL_PREFIX))
     return BaseModelSpec(
-        id=base.model_id,
+        id=base.model_id if tiny else base.source,
         device=str(base.device.type),
         canonical_image_size=base.canonical_image_size,
     )
