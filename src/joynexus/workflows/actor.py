@@ -152,10 +152,13 @@ async def _drop_stale(ctx: WorkflowContext, job: TrainingJob, actor_version: int
     return dropped
 
 
-def _has_slot(ctx: WorkflowContext, tenant_id: str) -> bool | None:
-    """Whether the training role holds the tenant's slot (None: the role did not answer)."""
+async def _has_slot(ctx: WorkflowContext, tenant_id: str) -> bool | None:
+    """Whether the training role holds the tenant's slot (None: the role did not answer).
+
+    In a thread: over Ray the getter is a blocking call to an actor that may be being
+    re-created, and the event loop must go on meanwhile."""
     try:
-        return tenant_id in ctx.training.tenant_ids()
+        return tenant_id in await asyncio.to_thread(ctx.training.tenant_ids)
     except Exception:  # a role being re-created answers nothing for a while
         return None
 
@@ -170,7 +173,7 @@ async def _slot_lost(ctx: WorkflowContext, job: TrainingJob, error: BaseExceptio
     counts, and a role that never recovers ends the workload instead of looping)."""
     if not isinstance(error, NotFoundError) or ctx.slot_grace_s <= 0:
         return False
-    if job.tenant_id not in ctx.tenants or _has_slot(ctx, job.tenant_id):
+    if job.tenant_id not in ctx.tenants or await _has_slot(ctx, job.tenant_id):
         return False  # its workload ended, or the slot is there: a NotFound of its own
     log.warning(
         "actor: the training role holds no slot for live tenant %s (restarted?); waiting "
@@ -181,7 +184,7 @@ async def _slot_lost(ctx: WorkflowContext, job: TrainingJob, error: BaseExceptio
     deadline = ctx.clock.now() + ctx.slot_grace_s
     while ctx.clock.now() < deadline and job.tenant_id in ctx.tenants:
         await ctx.clock.sleep(max(ctx.poll_s, 0.1))
-        if _has_slot(ctx, job.tenant_id):
+        if await _has_slot(ctx, job.tenant_id):
             return True
     return False
 
