@@ -324,8 +324,10 @@ def test_a_policy_gradient_step_follows_the_advantage(tiny_backbone: TinyBackbon
 def test_export_pi0_cli_writes_a_tenant_checkpoint_as_a_policy(
     tiny_backbone: TinyBackbone, tiny_model_dir: TinyModelDir, tmp_path: Path
 ) -> None:
-    from transformers import PI0ForConditionalGeneration
+    from transformers import AutoProcessor, PI0ForConditionalGeneration
     from typer.testing import CliRunner
+
+    from joynexus.models.normalization import FeatureNormStats, NormalizationStats
 
     from joynexus.cli.main import app
     from joynexus.models.payload import save_slot
@@ -335,11 +337,16 @@ def test_export_pi0_cli_writes_a_tenant_checkpoint_as_a_policy(
     slot = TenantSlot("a", PUSHT, base, Pi0ExpertConfig(), optimizer=OptimizerConfig(lr=1e-3))
     batch = ObservationBatch.synthetic(PUSHT, 2, seed=8)
     GroupedExecutor(base, [slot]).train_step({"a": batch})
+    # A constant action dimension (std 0): the exported processor gets the floored scale.
+    flat = {"mean": [0.5, -1.0], "std": [0.2, 0.0], "q01": [0.1, -1.0], "q99": [0.9, -1.0]}
+    slot.normalization = NormalizationStats(action=FeatureNormStats(**flat))
     ckpt = save_slot(slot, tmp_path / "outputs", step=1)
     out = tmp_path / "policy"
     args = ["models", "export-pi0", "--checkpoint", str(ckpt), "--out", str(out)]
     result = CliRunner().invoke(app, [*args, "--base-model", str(tiny_model_dir("pi0"))])
     assert result.exit_code == 0, result.output
+    exported_std = AutoProcessor.from_pretrained(out).actions_std
+    assert exported_std[0] == pytest.approx(0.2) and 0 < exported_std[1] < 0.01
     policy = PI0ForConditionalGeneration.from_pretrained(out).eval()
     expert = slot.action_module
     assert isinstance(expert, Pi0Expert)

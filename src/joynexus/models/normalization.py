@@ -117,7 +117,13 @@ class NormalizationStats(BaseModel):
             action=pick(action_key),
         )
 
-    def _params(self, which: Literal["state", "action"]) -> tuple[np.ndarray, np.ndarray]:
+    def center_scale(self, which: Literal["state", "action"]) -> tuple[np.ndarray, np.ndarray]:
+        """The ``(center, scale)`` that :meth:`normalize` uses, floors applied:
+        ``normalized = (x - center) / scale`` (what an exported policy must use too).
+
+        Raises:
+            SchemaMismatchError: no statistics for ``which``.
+        """
         feat = self.state if which == "state" else self.action
         if feat is None:
             raise SchemaMismatchError(f"normalization stats hold no {which} statistics")
@@ -141,7 +147,7 @@ class NormalizationStats(BaseModel):
 
     def normalize(self, x: np.ndarray, which: Literal["state", "action"]) -> np.ndarray:
         """Robot units → normalized float32 (any leading shape, last dim = feature dim)."""
-        center, scale = self._params(which)
+        center, scale = self.center_scale(which)
         arr = np.asarray(x, dtype=np.float64)
         self._check(arr, which, center.shape[0])
         out: np.ndarray = ((arr - center) / scale).astype(np.float32)
@@ -149,7 +155,7 @@ class NormalizationStats(BaseModel):
 
     def unnormalize(self, x: np.ndarray, which: Literal["state", "action"]) -> np.ndarray:
         """Normalized values → robot units (inverse of :meth:`normalize`)."""
-        center, scale = self._params(which)
+        center, scale = self.center_scale(which)
         arr = np.asarray(x, dtype=np.float64)
         self._check(arr, which, center.shape[0])
         out: np.ndarray = (arr * scale + center).astype(np.float32)

@@ -58,7 +58,11 @@ def export_pi0_checkpoint(checkpoint: str | Path, out: str | Path, *, base: Any)
     if NORMALIZATION_FILE in manifest.files:
         stats = NormalizationStats.model_validate_json((root / NORMALIZATION_FILE).read_text())
         if stats.mode == "mean_std":
-            processor.actions_mean, processor.actions_std = stats.action.mean, stats.action.std
+            # The scales the tenant trained with (floored: a constant dimension's std of
+            # 0 would divide by zero in the exported processor).
+            center, scale = stats.center_scale("action")
+            processor.actions_mean, processor.actions_std = center.tolist(), scale.tolist()
             if stats.state is not None:
-                processor.state_mean, processor.state_std = stats.state.mean, stats.state.std
+                center, scale = stats.center_scale("state")
+                processor.state_mean, processor.state_std = center.tolist(), scale.tolist()
     return export_pi0(pi0, processor, expert, out)
