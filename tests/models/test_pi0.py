@@ -327,9 +327,8 @@ def test_export_pi0_cli_writes_a_tenant_checkpoint_as_a_policy(
     from transformers import AutoProcessor, PI0ForConditionalGeneration
     from typer.testing import CliRunner
 
-    from joynexus.models.normalization import FeatureNormStats, NormalizationStats
-
     from joynexus.cli.main import app
+    from joynexus.models.normalization import FeatureNormStats, NormalizationStats
     from joynexus.models.payload import save_slot
 
     base = tiny_backbone("pi0")
