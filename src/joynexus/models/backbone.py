@@ -91,7 +91,7 @@ class ResidentBaseModel:
     ) -> None:
         #: What checkpoints and schema signatures name the backbone by.
         self.model_id = model_id
-        #: Where it was loaded from (a process that loads it again looks there).
+        #: The directory or hub id it was loaded from (a tiny model's materialized copy).
         self.source = source or model_id
         self.pi0 = pi0
         self.arch = arch

@@ -603,12 +603,10 @@ class RayPlacement(Placement):
 def _spec_of(base: ResidentBaseModel) -> BaseModelSpec:
     """A spec that reloads ``base`` from where it was loaded (a plane built around an
     already loaded model)."""
-    from joynexus.runtime.plane import SMALL_PREFIX, TINY_PREFIX
-
-    # A tiny model keeps its spec id (its identity): an actor rebuilds it the same way.
-    tiny = base.model_id.startswith((TINY_PREFIX, SMALL_PREFIX))
+    # ``model_id`` is what load_base_model resolves: a hub id, a path, or a tiny model's
+    # spec id (rebuilt, or found, in the actor's cache directory).
     return BaseModelSpec(
-        id=base.model_id if tiny else base.source,
+        id=base.model_id,
         device=str(base.device.type),
         canonical_image_size=base.canonical_image_size,
     )
