@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml scripts/install-system-deps.sh scripts/enable-debian-ba
 	bash scripts/install-system-deps.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,sim,ray]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,sim,ray,trackers]'
 	bash scripts/install-python-extras.sh $(BIN)/python
 	touch $(STAMP)
 

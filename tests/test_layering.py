@@ -295,7 +295,7 @@ def test_the_tier_map_rejects_known_bad_edges() -> None:
         Edge("joynexus.data.sft", "joynexus.models.normalization", 2),
         Edge("joynexus.client.sync", "joynexus.api", 3),
         Edge("joynexus.cli.control", "joynexus", 4),
-        Edge("joynexus.models.slots", "joynexus.models.heads", 5),  # within a package
+        Edge("joynexus.models.slots", "joynexus.models.policies", 5),  # within a package
     ]
     assert upward_edges(good, allowed={}) == []
     allowed = {("joynexus.models.slots", "joynexus.data.sft"): "test"}

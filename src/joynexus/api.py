@@ -74,6 +74,11 @@ class WorkloadStatus(BaseModel):
     stalled: str | None = Field(
         default=None, description="set by the watchdog: why the workload looks stuck"
     )
+    fault: str | None = Field(
+        default=None,
+        description="a service fault the workload is waiting out (e.g. its checkpoints "
+        "cannot be written: disk full); cleared once it passed",
+    )
 
 
 class WorkloadMetrics(BaseModel):

@@ -10,6 +10,7 @@ so the API layer never has to guess (and never answers 500 for bad input)::
     │   ├── SchemaMismatchError        schema_mismatch      422
     │   ├── DatasetError               invalid_dataset      422
     │   ├── PayloadTooLargeError       payload_too_large    413
+    │   ├── LimitExceededError         limit_exceeded       422
     │   └── UnsupportedMediaTypeError  unsupported_media_type 415
     ├── AuthenticationError            unauthenticated      401
     ├── PermissionDeniedError          permission_denied    403
@@ -19,7 +20,9 @@ so the API layer never has to guess (and never answers 500 for bad input)::
     │   └── ModelNotFoundError         model_not_found      404
     ├── ConflictError                  conflict             409
     │   ├── IllegalTransitionError     illegal_transition   409
-    │   └── StaleLeaseError            stale_lease          409
+    │   ├── StaleLeaseError            stale_lease          409
+    │   ├── RunDirInUseError           run_dir_in_use       409
+    │   └── RunDirStateError           run_dir_state        409
     ├── CapacityError                  capacity_exceeded    429
     │   ├── QueueFullError             queue_full           429
     │   ├── MemoryCapExceededError     memory_cap_exceeded  429
@@ -29,6 +32,7 @@ so the API layer never has to guess (and never answers 500 for bad input)::
     ├── EnvironmentServiceError        environment_error    502
     │   └── SimulatorCrashedError      simulator_crashed    502
     ├── ServiceUnavailableError        unavailable          503
+    │   └── StorageFullError           storage_full         507
     └── InternalError                  internal_error       500
 
 Raise the most specific class; catch the most general one you can handle.
@@ -36,7 +40,7 @@ Raise the most specific class; catch the most general one you can handle.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 
 class JoyNexusError(Exception):
@@ -97,6 +101,14 @@ class PayloadTooLargeError(InvalidRequestError):
 
     code = "payload_too_large"
     http_status = 413
+
+
+class LimitExceededError(InvalidRequestError):
+    """A well-formed request asks for more than one call may (indexes per read, bytes of
+    an answer, rows or text of a prediction); the message names the server setting."""
+
+    code = "limit_exceeded"
+    http_status = 422
 
 
 class UnsupportedMediaTypeError(InvalidRequestError):
@@ -164,6 +176,19 @@ class StaleLeaseError(ConflictError):
     code = "stale_lease"
 
 
+class RunDirInUseError(ConflictError):
+    """Another process holds the run directory (one server per run directory)."""
+
+    code = "run_dir_in_use"
+
+
+class RunDirStateError(ConflictError):
+    """The run directory's durable state is missing or damaged: starting over it would
+    silently lose (or corrupt) what it holds."""
+
+    code = "run_dir_state"
+
+
 class CapacityError(JoyNexusError):
     """A bounded resource is full; retry later or raise the limit."""
 
@@ -223,8 +248,46 @@ class ServiceUnavailableError(JoyNexusError):
     http_status = 503
 
 
+class StorageFullError(ServiceUnavailableError):
+    """A write failed because the disk (or the quota) is full; retried once space returns."""
+
+    code = "storage_full"
+    http_status = 507
+
+
 class InternalError(JoyNexusError):
     """A bug: something that should not happen did. Please report it."""
 
     code = "internal_error"
     http_status = 500
+
+
+#: The tenant-scoped ids a request can name (see :func:`unknown_id`).
+IdKind = Literal["job", "workload", "session", "partition", "future", "artifact"]
+
+_UNKNOWN: dict[str, tuple[type[NotFoundError], str, str]] = {
+    # kind: (class, message with {id}, the details key naming the id)
+    "job": (JobNotFoundError, "no training job {id}", "job_id"),
+    "workload": (NotFoundError, "no workload {id}", "workload_id"),
+    "session": (
+        NotFoundError,
+        "no environment session {id} (closed, reaped, or never created)",
+        "session_id",
+    ),
+    "partition": (
+        PartitionNotFoundError,
+        "training-queue partition {id} does not exist (never written, or already cleared)",
+        "partition_id",
+    ),
+    "future": (NotFoundError, "no future {id} (never created, expired, or deleted)", "future_id"),
+    "artifact": (NotFoundError, "no artifact {id}", "path"),
+}
+
+
+def unknown_id(kind: IdKind, value: str) -> NotFoundError:
+    """The one answer for an id the caller may not see: never issued, gone, or another
+    tenant's. Services raise it for ids they do not know and the tenant gateway for
+    another tenant's, so the two are the same status, code, message and details and
+    nobody learns by probing which ids exist."""
+    cls, message, key = _UNKNOWN[kind]
+    return cls(message.format(id=repr(value)), **{key: value})

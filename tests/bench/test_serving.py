@@ -62,20 +62,20 @@ def test_tiny_run_reports_ratios_and_leaves_no_process(tmp_path: Path) -> None:
 
 def test_servers_are_stopped_on_ctrl_c(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C while the servers start (the slowest phase) leaves none behind."""
-    from joynexus.bench import serving
+    from joynexus.bench import server_procs
 
     before = _children()
     started: list[int] = []
 
-    def interrupted(servers: list[serving._Server]) -> None:
+    def interrupted(servers: list[server_procs.Server]) -> None:
         started.extend(s.proc.pid for s in servers)
         assert all(s.proc.poll() is None for s in servers)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(serving, "_wait_ready", interrupted)
+    monkeypatch.setattr(server_procs, "wait_ready", interrupted)
     with (
         pytest.raises(KeyboardInterrupt),
-        serving._servers(tmp_path, ["a", "b"], "tiny:qwen2_5_vl", 1),
+        server_procs.running_servers(tmp_path, ["a", "b"], "tiny:qwen2_5_vl", 1),
     ):
         raise AssertionError("not reached")
     assert len(started) == 2

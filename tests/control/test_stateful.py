@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from hypothesis import HealthCheck, settings
@@ -68,9 +69,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.sched.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def _by_age(self, ids: Iterable[str]) -> list[str]:
+        # Job ids are random tokens: order them by creation, or the same example would
+        # draw different jobs from one run to the next.
+        return sorted(ids, key=lambda i: self.sched.get(i).created_seq)
+
     def _pick(self, data: st.DataObject) -> TrainingJob:
         self.sched.expire_leases()  # so the snapshot below is what the call will see
-        return self.sched.get(data.draw(st.sampled_from(sorted(self.ids))))
+        return self.sched.get(data.draw(st.sampled_from(self._by_age(self.ids))))
 
     def _epoch(self, data: st.DataObject, job: TrainingJob) -> int | None:
         choice = data.draw(st.sampled_from(["none", "current", "old"]))
@@ -194,7 +200,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.held)
     @rule(data=st.data())
     def heartbeat(self, data: st.DataObject) -> None:
-        job_id = data.draw(st.sampled_from(sorted(self.held)))
+        job_id = data.draw(st.sampled_from(self._by_age(self.held)))
         self.sched.expire_leases()
         before = self.sched.get(job_id)
         epoch = self.held[job_id]
@@ -209,7 +215,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.held)
     @rule(data=st.data())
     def complete(self, data: st.DataObject) -> None:
-        job_id = data.draw(st.sampled_from(sorted(self.held)))
+        job_id = data.draw(st.sampled_from(self._by_age(self.held)))
         self.sched.expire_leases()
         before = self.sched.get(job_id)
         epoch = self.held[job_id]

@@ -55,7 +55,9 @@ def test_only_successful_episodes_are_kept_unless_asked(tmp_path: Path) -> None:
     episodes = np.asarray(ds.column("episode_index"))
     success = np.asarray(ds.column("next.success")).reshape(-1)
     assert {int(e) for e in episodes[success]} == set(range(kept.kept))  # each one succeeds
-    every = record_episodes(spec, tmp_path / "all", episodes=8, max_steps=4, use_videos=False)
+    every = record_episodes(
+        spec, tmp_path / "all", episodes=8, max_steps=4, use_videos=False, keep_failures=True
+    )
     assert every.kept == 8 and every.successes == kept.successes
 
 

@@ -41,6 +41,7 @@ def test_recorded_pusht_loads_into_tenant_batches(tmp_path: Path) -> None:
         max_steps=12,
         seed=3,
         on_episode=lambda ep, n, ok: seen.append((ep, n, ok)),
+        keep_failures=True,
     )
     assert summary.episodes == 2 and summary.frames == 24
     assert [s[:2] for s in seen] == [(0, 12), (1, 12)]
@@ -108,6 +109,7 @@ def test_records_metaworld_with_its_shipped_expert(tmp_path: Path) -> None:
         episodes=1,
         max_steps=6,
         use_videos=False,
+        keep_failures=True,
     )
     assert summary.frames == 6
     ds = LeRobotDataset(root)

@@ -27,7 +27,7 @@ from joynexus.demo.mixture import (
 from joynexus.envs.base import EnvSpec
 from joynexus.envs.libero_setup import ASSETS_ENV_VAR
 from joynexus.errors import SpecError
-from tests.envs.libero_hidden import hide_libero_assets
+from tests.envs.libero_hidden import hide_libero_assets, hide_libero_pack
 
 
 def _installed(*modules: str) -> pytest.MarkDecorator:
@@ -66,6 +66,18 @@ def test_without_the_pack_the_demo_picks_the_fast_simulators_and_says_why(
     assert "LIBERO has no scene assets" in choice.reason and ASSETS_ENV_VAR in choice.reason
     assert "instead the fast simulators: PushT, MetaWorld reach-v3 and reach2d" in choice.reason
     assert set(choice.unavailable) == {"libero"}
+
+
+@_installed("libero", "mani_skill")
+def test_a_fresh_clone_runs_the_paper_simulators_from_the_registry_assets(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # No pack beside the checkout, no environment variable: the project's install brought
+    # LIBERO's assets, so the default budget picks the paper's mixture with LIBERO.
+    hide_libero_pack(monkeypatch, tmp_path)
+    choice = _choose(10.0, check=_files_only)
+    assert choice.profile == "paper", choice.reason
+    assert not choice.unavailable
 
 
 @_installed("libero")

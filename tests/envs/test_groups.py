@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 from starlette.testclient import TestClient
@@ -121,10 +123,12 @@ def test_remote_grouped_reset_matches_the_local_one() -> None:
 
 
 def test_libero_groups_walk_the_fixed_init_states_together() -> None:
-    from joynexus.envs.libero_setup import find_asset_pack
+    from joynexus.envs.registry import unavailable_reason
 
-    if find_asset_pack() is None:
-        pytest.skip("no LIBERO asset pack (see tests/envs/test_libero.py)")
+    # The registry asset packages of the install make it available (tests/envs/test_libero.py).
+    if importlib.util.find_spec("libero") is None:
+        pytest.skip("hf-libero is not installed")
+    assert unavailable_reason("libero") is None, unavailable_reason("libero")
     spec = EnvSpec(
         kind="libero",
         task="libero_spatial/0",

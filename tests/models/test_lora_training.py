@@ -15,8 +15,8 @@ import torch
 from joynexus.bench.figure12 import TENANTS, step_batches
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.grouped import GroupedExecutor
-from joynexus.models.heads import FlowMatchingHeadConfig, OFTHeadConfig
 from joynexus.models.lora import LoRAConfig
+from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig
 from joynexus.models.slots import OptimizerConfig, TenantSlot
 from tests.models.conftest import TinyBackbone
 

@@ -17,7 +17,6 @@ from joynexus.errors import (
 )
 from joynexus.models import payload as payload_mod
 from joynexus.models.backbone import ResidentBaseModel
-from joynexus.models.heads import FlowMatchingHeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.payload import (
     TenantPayload,
     checkpoint_dir,
@@ -27,6 +26,7 @@ from joynexus.models.payload import (
     read_manifest,
     save_slot,
 )
+from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.schema import CALVIN, LIBERO
 from joynexus.models.slots import OptimizerConfig, TenantSlot
 from joynexus.models.types import BackboneOutput

@@ -24,8 +24,8 @@ def test_a_tiny_model_keeps_its_spec_id_wherever_it_is_built(tmp_path: Path) -> 
     """A checkpoint trained on tiny:qwen2_5_vl in one run directory loads in another
     (``init_from`` a checkpoint path): the model is known by its spec id, not by the
     directory it was materialized in."""
-    from joynexus.models.heads import OFTHeadConfig
     from joynexus.models.payload import load_slot, save_slot
+    from joynexus.models.policies import OFTHeadConfig
     from joynexus.models.schema import PUSHT
     from joynexus.models.slots import TenantSlot
 

@@ -240,10 +240,11 @@ def test_inference_role_killed_during_a_mixed_workload(
 def test_inference_role_past_its_budget_fails_the_live_workloads(
     tmp_path: Path, tiny_model: str, reach2d_demos: Path
 ) -> None:
-    # Semantic change: an escalation (no restart left for the killed engine) no longer
-    # ends the run with ServiceUnavailableError. The Master fails every live workload
-    # with the escalation reason, and the run returns its summary with the reason in
-    # each tenant's ``errors`` (and the workload status's ``error``).
+    # An escalation (no restart left for the killed engine) is a global restart: the
+    # plane is rebuilt and each live workload resumes within its own restart budget —
+    # here 0 (recovery_budget=0), so every live workload ends failed with the
+    # escalation reason, and the run returns its summary with the reason in each
+    # tenant's ``errors`` (and the workload status's ``error``).
     out = tmp_path / "out"
     far = 40  # far from done at the kill: both workloads are surely live then
     specs = [

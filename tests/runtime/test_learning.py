@@ -29,11 +29,12 @@ def test_sft_on_recorded_demos_halves_heldout_action_error(
             "optimizer": {"lr": 0.001},
             "algorithm": {"name": "sft", "samples_per_job": 64, "microbatch_size": 32},
             "scheduling": {"completion_target": 20, "prefetch": 2},
-            "output_dir": str(tmp_path / "out"),
             "seed": 0,
+            "tracking": ["mlflow"],  # the spec's own tracker (not tensorboard)
         }
     )
-    summary = asyncio.run(run_workloads([s], tmp_path / "run"))
+    run_dir = tmp_path / "run"
+    summary = asyncio.run(run_workloads([s], run_dir, tracking=["tensorboard"]))
     t = summary.tenants["sft"]
     assert t.state == "completed", t.errors
     assert t.sft_heldout_error_initial is not None and t.sft_heldout_error_final is not None
@@ -42,6 +43,25 @@ def test_sft_on_recorded_demos_halves_heldout_action_error(
         f"{t.sft_heldout_error_final:.4f} after {t.final_version} updates"
     )
     assert t.sft_heldout_error_final <= 0.5 * t.sft_heldout_error_initial
+    _assert_tracked(run_dir, "sft")
+
+
+def _assert_tracked(run_dir: Path, tenant: str) -> None:
+    """The run wrote the tenant's curves to the spec's tracker (MLflow) and to the one
+    ``--tracking`` added for everyone (TensorBoard). Regression: ``run_workloads``
+    subscribed no tracker and a spec could not name one."""
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard" / tenant))
+    acc.Reload()
+    assert acc.Tags()["scalars"], "no scalar reached TensorBoard"
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())
+    experiment = client.get_experiment_by_name("joynexus")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.data.tags["tenant_id"] == tenant and run.data.metrics
+    assert run.info.status == "FINISHED"  # closed with the run
 
 
 def test_sft_on_recorded_metaworld_demos_halves_heldout_action_error(tmp_path: Path) -> None:

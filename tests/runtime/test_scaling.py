@@ -13,10 +13,11 @@ import pytest
 from joynexus.errors import CapacityError, DeadlineExceededError, ServiceUnavailableError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.heads import OFTHeadConfig
+from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.queues.training import TrainingQueue
-from joynexus.runtime.scaling import AutoscalePolicy, Autoscaler, EngineHandle, EnginePool
+from joynexus.runtime.autoscale import AutoscalePolicy, Autoscaler
+from joynexus.runtime.scaling import EngineHandle, EnginePool
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService
 from joynexus.services.tenancy import TenantConfig

@@ -15,7 +15,7 @@ from joynexus.envs.base import EnvSpec
 from joynexus.errors import ConflictError, InvalidRequestError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.heads import OFTHeadConfig
+from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService

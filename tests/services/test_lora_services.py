@@ -14,8 +14,8 @@ import torch
 from joynexus.control.job import TaskType
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.heads import OFTHeadConfig
 from joynexus.models.lora import LoRAConfig
+from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.slots import OptimizerConfig
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService

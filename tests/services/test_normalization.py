@@ -20,9 +20,9 @@ from joynexus.envs.base import EnvSpec
 from joynexus.errors import SchemaMismatchError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.heads import OFTHeadConfig
 from joynexus.models.normalization import FeatureNormStats, NormalizationStats
 from joynexus.models.payload import export_params, load_slot, save_slot
+from joynexus.models.policies import OFTHeadConfig
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService, RolloutConfig

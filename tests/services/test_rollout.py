@@ -12,7 +12,7 @@ import pytest
 from joynexus.envs.base import EnvSpec
 from joynexus.errors import NotFoundError, SchemaMismatchError
 from joynexus.models.backbone import ResidentBaseModel
-from joynexus.models.heads import OFTHeadConfig
+from joynexus.models.policies import OFTHeadConfig
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService, RolloutConfig

@@ -14,7 +14,7 @@ from joynexus.control.job import JobState, JobTimestamps, TaskType, TrainingJob
 from joynexus.errors import InvalidRequestError, PermissionDeniedError, SchemaMismatchError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.heads import FlowMatchingHeadConfig, OFTHeadConfig
+from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.slots import OptimizerConfig
 from joynexus.queues.meta import SampleMeta

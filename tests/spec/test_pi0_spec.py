@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from joynexus.errors import SpecError
-from joynexus.models.heads import Pi0ExpertConfig
+from joynexus.models.policies import Pi0ExpertConfig
 from joynexus.spec.workload import parse_spec
 
 

@@ -12,22 +12,12 @@ reads these inputs with ``get_meta``/``get_data`` and writes ``advantages`` and
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 import numpy as np
 import numpy.typing as npt
 
 from joynexus.errors import InvalidRequestError
 
 FloatArray = npt.NDArray[np.float32]
-
-
-class AdvantageEstimator(StrEnum):
-    """Which estimator an RL workload uses."""
-
-    GAE = "gae"  # PPO with generalized advantage estimation (needs values)
-    GRPO = "grpo"  # group-normalized episode returns (no critic)
-    RETURNS = "returns"  # plain discounted returns (REINFORCE-style)
 
 
 def _check(rewards: np.ndarray, dones: np.ndarray, name: str, other: np.ndarray) -> None:

@@ -35,7 +35,7 @@ from rich.table import Table
 from joynexus.metrics.events import MetricsService
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.heads import OFTHeadConfig
+from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tiny import TinySize, make_tiny, quiet_transformers
 from joynexus.queues.training import TrainingQueue

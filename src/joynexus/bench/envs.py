@@ -23,7 +23,7 @@ from rich.table import Table
 
 from joynexus.envs import EnvSpec, list_envs, make_env
 
-__all__ = ["BenchCase", "default_cases", "print_table", "run_envs_bench"]
+__all__ = ["LIBERO_SUITES", "BenchCase", "default_cases", "print_table", "run_envs_bench"]
 
 
 @dataclass(frozen=True)
@@ -54,13 +54,8 @@ def _unit_actions(dim: int) -> Callable[[np.random.Generator, int], np.ndarray]:
     return sample
 
 
-def _has_libero_assets() -> bool:
-    from joynexus.envs.libero_setup import find_asset_pack
-
-    try:
-        return find_asset_pack() is not None
-    except Exception:  # a bad override is reported by the adapter's own tests
-        return False
+#: One row per LIBERO suite: its first task, from the benchmark's fixed init states.
+LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 
 
 def default_cases(*, num_envs: int = 4, quick: bool = False) -> list[BenchCase]:
@@ -97,14 +92,25 @@ def default_cases(*, num_envs: int = 4, quick: bool = False) -> list[BenchCase]:
         ("aloha", "transfer_cube", 14, "aloha/transfer_cube"),
         ("maniskill", "PickCube-v1", 7, "maniskill/PickCube-v1"),
     ]
-    if not quick and _has_libero_assets():
-        heavy.append(("libero", "libero_spatial/0", 7, "libero/libero_spatial/0"))
     for kind, task, dim, name in heavy if not quick else []:
         if kind not in available:
             continue
         for fast in (True, False):
             spec = EnvSpec(kind=kind, task=task, image_size=128, fast_render=fast)
             cases.append(BenchCase(name, spec, _unit_actions(dim), True))
+    if not quick and "libero" in available:
+        # Every suite with fast rendering (scenes differ in size: kitchen and living-room
+        # scenes of libero_10/90 render more geometry), and one with it off.
+        for suite in LIBERO_SUITES:
+            for fast in (True, False) if suite == "libero_spatial" else (True,):
+                spec = EnvSpec(
+                    kind="libero",
+                    task=f"{suite}/0",
+                    image_size=128,
+                    fast_render=fast,
+                    options={"init_state_index": 0},
+                )
+                cases.append(BenchCase(f"libero/{suite}/0", spec, _unit_actions(7), True))
     return cases
 
 

@@ -18,11 +18,11 @@ from typing import Any
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.grouped import GroupedExecutor
-from joynexus.models.heads import (
-    AnyHeadConfig,
+from joynexus.models.policies import (
     FlowMatchingHeadConfig,
     OFTHeadConfig,
     Pi0ExpertConfig,
+    PolicyConfig,
 )
 from joynexus.models.schema import CALVIN, LIBERO, CameraSpec, DataSchema
 from joynexus.models.slots import OptimizerConfig, TenantSlot
@@ -49,7 +49,7 @@ TENANTS: list[tuple[str, DataSchema]] = [
     ("calvin-a", CALVIN_SMALL),
     ("calvin-b", CALVIN_SMALL),
 ]
-HEADS: dict[str, AnyHeadConfig] = {
+HEADS: dict[str, PolicyConfig] = {
     "oft": OFTHeadConfig(hidden_dim=64),
     "flow_matching": FlowMatchingHeadConfig(hidden_dim=32, num_layers=2, num_heads=4),
     # On a π0 base: each tenant trains its own copy of the checkpoint's action expert.
@@ -57,7 +57,7 @@ HEADS: dict[str, AnyHeadConfig] = {
 }
 
 
-def build_executor(base: ResidentBaseModel, head: AnyHeadConfig) -> GroupedExecutor:
+def build_executor(base: ResidentBaseModel, head: PolicyConfig) -> GroupedExecutor:
     """The four tenants' slots (seeded by position) over ``base``."""
     return GroupedExecutor(
         base,
@@ -98,7 +98,7 @@ class Figure12Run:
 
 def run_figure12(
     base: ResidentBaseModel,
-    head: AnyHeadConfig,
+    head: PolicyConfig,
     *,
     steps: int = 50,
     batch: int = 2,

@@ -28,7 +28,7 @@ from rich.table import Table
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import VLAFeature, max_abs_diff_left_padded
-from joynexus.models.heads import FlowMatchingHeadConfig, OFTHeadConfig
+from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig
 from joynexus.models.schema import CALVIN, LIBERO, DataSchema
 from joynexus.models.slots import TenantSlot
 from joynexus.models.tiny import make_tiny

@@ -10,12 +10,13 @@ HTTP, one after the other, on this machine:
   backbone.
 
 Every server is a subprocess on a free 127.0.0.1 port, started and always stopped by the
-bench (SIGTERM, then SIGKILL, then whatever the server left behind), even on an error or
-Ctrl-C. Memory is the summed RSS of every server process and its descendants, peak over
-the timed load (psutil); PSS after the load is reported too (RSS counts the shared
-libraries' pages once per process, PSS divides them between the processes). Ratios:
-``throughput_ratio`` = ours ÷ baseline req/s, ``memory_ratio`` = baseline ÷ ours RSS
-(``memory_ratio_pss`` the same for PSS), ``p99_ratio`` = ours ÷ baseline p99 latency.
+bench (:mod:`joynexus.bench.server_procs`: SIGTERM, then SIGKILL, then whatever the
+server left behind), even on an error or Ctrl-C. Memory is the summed RSS of every
+server process and its descendants, peak over the timed load (psutil); PSS after the
+load is reported too (RSS counts the shared libraries' pages once per process, PSS
+divides them between the processes). Ratios: ``throughput_ratio`` = ours ÷ baseline
+req/s, ``memory_ratio`` = baseline ÷ ours RSS (``memory_ratio_pss`` the same for PSS),
+``p99_ratio`` = ours ÷ baseline p99 latency.
 """
 
 from __future__ import annotations
@@ -23,9 +24,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -40,6 +38,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from joynexus.bench.server_procs import RssSampler, Server, running_servers
 from joynexus.metrics.stages import PER_BATCH_STAGES, PREDICT_STAGES
 from joynexus.wire import MSGPACK_MEDIA_TYPE, packb
 
@@ -48,163 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = ["print_report", "run_serving_bench"]
 
-START_TIMEOUT_S = 180.0
-STOP_TIMEOUT_S = 10.0
 IMAGE_SIZE = 32
 STATE_DIM = 4  # reach2d's state
-
-
-def _psutil() -> Any:
-    try:
-        import psutil  # type: ignore[import-untyped,unused-ignore]
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise RuntimeError("bench serving needs psutil (pip install psutil)") from exc
-    return psutil
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Linux: the server gets SIGKILL if the bench dies without cleaning up."""
-    with suppress(Exception):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-@dataclass
-class _Server:
-    proc: subprocess.Popen[bytes]
-    url: str
-    run_dir: Path
-    log: Path
-
-    def tree(self) -> list[Any]:
-        psutil = _psutil()
-        try:
-            root = psutil.Process(self.proc.pid)
-            return [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return []
-
-    def rss(self) -> int:
-        psutil = _psutil()
-        total = 0
-        for p in self.tree():
-            with suppress(psutil.Error):
-                total += int(p.memory_info().rss)
-        return total
-
-    def pss(self) -> int:
-        """Proportional set size: pages shared between processes counted once overall."""
-        psutil = _psutil()
-        total = 0
-        for p in self.tree():
-            with suppress(psutil.Error, AttributeError):
-                total += int(p.memory_full_info().pss)
-        return total
-
-    def log_tail(self, chars: int = 2000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-
-def _start(run_dir: Path, model: str, threads: int) -> _Server:
-    port = _free_port()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log = run_dir / "serve.log"
-    exe = Path(sys.executable).with_name("joynexus")
-    prog = [str(exe)] if exe.exists() else [sys.executable, "-m", "joynexus.cli.main"]
-    cmd = [
-        *prog,
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--run-dir",
-        str(run_dir),
-        "--base-model",
-        model,
-    ]
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "OMP_NUM_THREADS": str(threads),
-        "MKL_NUM_THREADS": str(threads),
-    }
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # Ctrl-C reaches the bench, which stops them
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
-    return _Server(proc, f"http://127.0.0.1:{port}", run_dir, log)
-
-
-def _stop(servers: Sequence[_Server]) -> None:
-    """SIGTERM every server, SIGKILL what is left, then every descendant they left."""
-    psutil = _psutil()
-    kids: list[Any] = []
-    for s in servers:
-        kids.extend(s.tree()[1:])
-        if s.proc.poll() is None:
-            with suppress(ProcessLookupError):
-                s.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    for s in servers:
-        try:
-            s.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            s.proc.kill()
-            s.proc.wait(timeout=STOP_TIMEOUT_S)
-    _, alive = psutil.wait_procs(kids, timeout=3)
-    for p in alive:
-        with suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(alive, timeout=3)
-    for s in servers:  # the session's process group: anything that escaped the tree
-        with suppress(ProcessLookupError, PermissionError):
-            os.killpg(s.proc.pid, signal.SIGKILL)
-
-
-@contextmanager
-def _servers(root: Path, names: Sequence[str], model: str, threads: int) -> Iterator[list[_Server]]:
-    started: list[_Server] = []
-    try:
-        for name in names:
-            started.append(_start(root / name, model, threads))
-        _wait_ready(started)
-        yield started
-    finally:
-        _stop(started)
-
-
-def _wait_ready(servers: Sequence[_Server]) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    pending = list(servers)
-    while pending:
-        for s in list(pending):
-            if s.proc.poll() is not None:
-                raise RuntimeError(f"server on {s.url} exited {s.proc.returncode}:\n{s.log_tail()}")
-            with suppress(httpx.TransportError):
-                if httpx.get(f"{s.url}/healthz", timeout=2).status_code == 200:
-                    pending.remove(s)
-        if pending and time.monotonic() > deadline:
-            raise TimeoutError(f"{len(pending)} server(s) not ready after {START_TIMEOUT_S:g} s")
-        if pending:
-            time.sleep(0.2)
 
 
 def _custom_spec(tenant: str, model: str) -> dict[str, Any]:
@@ -218,7 +62,7 @@ def _custom_spec(tenant: str, model: str) -> dict[str, Any]:
     }
 
 
-def _open_tenant(server: _Server, tenant: str, model: str) -> str:
+def _open_tenant(server: Server, tenant: str, model: str) -> str:
     """Create ``tenant`` with a ``custom`` slot (a servable policy); its API key."""
     from joynexus.client import Client
 
@@ -328,7 +172,7 @@ for _stage in PREDICT_STAGES:
 OVERHEAD_STAGES = ("http_decode", "admission", "canonicalize", "http_encode")
 
 
-def _scrape(servers: Sequence[_Server]) -> dict[str, float]:
+def _scrape(servers: Sequence[Server]) -> dict[str, float]:
     """The :data:`_SCRAPED` figures summed over the servers (0 where one is missing)."""
     out = dict.fromkeys(_SCRAPED, 0.0)
     names = {v: k for k, v in _SCRAPED.items()}
@@ -384,46 +228,16 @@ def _stages(
     }
 
 
-class _RssSampler:
-    """Peak summed RSS of the servers, sampled from a thread while the load runs."""
-
-    def __init__(self, servers: Sequence[_Server], period_s: float = 0.25) -> None:
-        self.servers = servers
-        self.period_s = period_s
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def sample(self) -> int:
-        total = sum(s.rss() for s in self.servers)
-        self.peak = max(self.peak, total)
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
-            self.sample()
-
-    def __enter__(self) -> _RssSampler:
-        self.sample()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sample()
-
-
 def _side(
     label: str,
-    servers: Sequence[_Server],
+    servers: Sequence[Server],
     targets: Sequence[_Target],
     *,
     clients: int,
     duration_s: float,
     requests: int | None,
 ) -> dict[str, Any]:
-    with _RssSampler(servers) as rss:
+    with RssSampler(servers) as rss:
         idle = rss.sample()
         before: dict[str, float] = {}
 
@@ -529,7 +343,7 @@ def _run(
         model = str(model_dir)
 
         say(f"ours: one server, {tenants} tenants")
-        with _servers(root / "ours", ["server"], model, threads) as (server,):
+        with running_servers(root / "ours", ["server"], model, threads) as (server,):
             targets = [_Target(t, server.url, _open_tenant(server, t, model)) for t in names]
             say(f"ours: {tenants}x{clients_per_tenant} clients for {duration_s:g} s")
             ours = _side(
@@ -542,7 +356,7 @@ def _run(
             )
 
         say(f"baseline: {tenants} single-policy servers")
-        with _servers(root / "baseline", names, model, threads) as servers:
+        with running_servers(root / "baseline", names, model, threads) as servers:
             targets = [
                 _Target(t, s.url, _open_tenant(s, t, model))
                 for t, s in zip(names, servers, strict=True)

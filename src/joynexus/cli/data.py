@@ -1,4 +1,4 @@
-"""Dataset commands: ``joynexus data record`` and ``joynexus data info``."""
+"""Dataset commands: ``joynexus data record``, ``data import`` and ``data info``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from joynexus.errors import DatasetError, JoyNexusError
 console = Console()
 
 data_app = typer.Typer(
-    help="LeRobot-format datasets: record demonstrations, inspect datasets.",
+    help="LeRobot-format datasets: record or import demonstrations, inspect datasets.",
     no_args_is_help=True,
 )
 app.add_typer(data_app, name="data")
@@ -142,3 +142,49 @@ def info(root: Annotated[Path, typer.Argument(help="Dataset directory.")]) -> No
     for key, feat in meta.features.items():
         table.add_row(key, feat.dtype, str(list(feat.shape)))
     console.print(table)
+
+
+@data_app.command("import")
+def import_dataset(
+    path: Annotated[Path, typer.Argument(help="A file or folder of demonstrations.")],
+    source: Annotated[
+        str, typer.Option("--from", help="Their format: only 'libero-hdf5' (LIBERO's demo files).")
+    ],
+    out: Annotated[Path, typer.Option("--out", help="LeRobot v3.0 dataset directory to create.")],
+    image_size: Annotated[
+        int | None, typer.Option("--image-size", min=8, help="Resize cameras to this square.")
+    ] = None,
+    videos: Annotated[
+        bool, typer.Option("--videos/--images", help="Cameras as mp4 videos or PNG images.")
+    ] = True,
+    repo_id: Annotated[
+        str | None, typer.Option("--repo-id", help="Dataset id written to info.json.")
+    ] = None,
+) -> None:
+    """Convert demonstrations recorded elsewhere into a LeRobot v3.0 dataset.
+
+    ``--from libero-hdf5``: LIBERO's official ``*_demo.hdf5`` files (one file, or a
+    suite's folder); frames come out as the LIBERO env serves them (cameras rotated by
+    180°, state 8, actions 7), so a tenant trains on them and is evaluated in LIBERO.
+    """
+    if source != "libero-hdf5":
+        console.print(f"[red]error:[/red] unknown --from {source!r}; known: libero-hdf5")
+        raise typer.Exit(code=2)
+    from joynexus.data.libero_hdf5 import import_libero_hdf5
+
+    try:
+        summary = import_libero_hdf5(
+            path,
+            out,
+            image_size=image_size,
+            use_videos=videos,
+            repo_id=repo_id,
+            on_episode=lambda task, k, n: console.print(f"{task}: demo {k}, {n} frames"),
+        )
+    except JoyNexusError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(code=2) from exc
+    console.print(
+        f"wrote {summary.root}: {summary.episodes} episodes, {summary.frames} frames, "
+        f"{len(summary.tasks)} tasks from {summary.files} files"
+    )

@@ -96,3 +96,53 @@ def bench_envs(
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(results, indent=2, sort_keys=True))
         console.print(f"wrote {json_path}")
+
+
+@bench_app.command("libero-tasks")
+def bench_libero_tasks(
+    suites: Annotated[
+        list[str] | None,
+        typer.Option("--suite", help="A LIBERO suite (repeatable; default: all five)."),
+    ] = None,
+    image_size: Annotated[int, typer.Option("--image-size", min=8)] = 64,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per task.")] = 5,
+    limit: Annotated[
+        int | None, typer.Option("--limit", min=1, help="Only the first N tasks of each suite.")
+    ] = None,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
+    ] = None,
+) -> None:
+    """Every task of LIBERO's suites: build from BDDL, reset to init state 0, step."""
+    from joynexus.bench.libero_tasks import check_libero_tasks
+    from joynexus.envs.libero import SUITE_MAX_STEPS
+
+    def show(row: dict[str, object]) -> None:
+        what = f"{row['suite']}/{row['index']}"
+        if row["ok"]:
+            console.print(
+                f"{what}: build {row['build_s']} s, reset {row['reset_s']} s, "
+                f"{row['steps_per_s']} steps/s"
+            )
+        else:
+            console.print(f"[red]{what}: {row['error']}[/red]")
+
+    try:
+        results = check_libero_tasks(
+            suites or list(SUITE_MAX_STEPS),
+            image_size=image_size,
+            steps=steps,
+            limit=limit,
+            progress=show,
+        )
+    except JoyNexusError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(2) from exc
+    for suite, row in results["suites"].items():
+        console.print(f"{suite}: {row['ok']}/{row['tasks']} tasks ok, {row['steps_per_s']} steps/s")
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(results, indent=2, sort_keys=True))
+    failed = sum(r["tasks"] - r["ok"] for r in results["suites"].values())
+    if failed:
+        raise typer.Exit(1)

@@ -75,7 +75,7 @@ def export_pi0_command(
 
     from joynexus.errors import JoyNexusError
     from joynexus.models.payload import read_manifest
-    from joynexus.models.pi0_export import export_pi0_checkpoint
+    from joynexus.models.policies.pi0_expert.export import export_pi0_checkpoint
     from joynexus.runtime.plane import load_base_model
     from joynexus.spec.workload import BaseModelSpec
 

@@ -25,6 +25,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from joynexus.cli.app import app
 from joynexus.cli.cores import DEVICE_CORES_HELP, core_plan_or_exit
 from joynexus.cli.ray_cmds import RuntimeKind, make_placement
+from joynexus.cli.tracking import Tracking, trackers_of
 from joynexus.errors import JoyNexusError
 
 console = Console()
@@ -91,15 +92,18 @@ def run(
     device_cores: Annotated[
         str, typer.Option("--device-cores", help=DEVICE_CORES_HELP + " Default: none.")
     ] = "none",
+    tracking: Tracking = None,
 ) -> None:
     """Run workloads (rl, sft, eval) concurrently to completion on an in-process Master."""
     from joynexus.master.run import run_workloads
     from joynexus.runtime.hosting import RuntimeConfig
     from joynexus.services.environment import EnvironmentServiceConfig
     from joynexus.utils.affinity import pin_device
+    from joynexus.utils.rundir_lock import RunDirLock
     from joynexus.workflows.compile import check_spec_files
     from joynexus.workflows.summary import TenantProgress
 
+    trackers = trackers_of(tracking)
     plan = core_plan_or_exit(device_cores, console)
     if plan.pinned and RuntimeKind(runtime_kind) is not RuntimeKind.embedded:
         console.print(
@@ -179,7 +183,8 @@ def run(
             progress.update(record_bars[tenant], completed=ep + 1, info=f"last: {length} frames")
 
         try:
-            with pin_device(plan):
+            # One process per run directory: a second one exits here naming the holder.
+            with RunDirLock(run_dir), pin_device(plan):
                 summary = asyncio.run(
                     run_workloads(
                         compiled,
@@ -190,6 +195,7 @@ def run(
                         on_progress=on_progress,
                         on_status=lambda msg: progress.console.print(f"[dim]{msg}[/dim]"),
                         on_record_episode=on_record,
+                        tracking=trackers,
                     )
                 )
         except JoyNexusError as exc:

@@ -1,8 +1,9 @@
 """``joynexus serve`` and the client commands that talk to a running server.
 
 ``serve`` hosts the HTTP API with a live Master Service on one set of services. The
-other commands (``tenants create|list``, ``submit``, ``status``, ``logs``,
-``artifacts``, ``export``, ``cancel``) go through :class:`joynexus.client.Client`; the
+other commands (``tenants create|list``, ``submit``, ``logs``, ``artifacts``,
+``export``; ``status``, ``pause``, ``resume``, ``cancel`` and ``load-weights`` are in
+:mod:`joynexus.cli.workloads`) go through :class:`joynexus.client.Client`; the
 server URL and API key come from ``--url`` / ``--api-key`` or ``JOYNEXUS_URL`` /
 ``JOYNEXUS_API_KEY``.
 """
@@ -10,20 +11,21 @@ server URL and API key come from ``--url`` / ``--api-key`` or ``JOYNEXUS_URL`` /
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console
-from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
 from joynexus.cli.app import app
+from joynexus.cli.tracking import Tracking, trackers_of
 
 if TYPE_CHECKING:
-    from joynexus.client import Client, WorkloadStatus
+    from fastapi import FastAPI
+
+    from joynexus.client import Client
 
 console = Console()
 tenants_app = typer.Typer(help="Tenants and API keys (admin key).", no_args_is_help=True)
@@ -84,6 +86,15 @@ def serve(
     ] = None,
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    openpi_port: Annotated[
+        int | None,
+        typer.Option(
+            "--openpi-port",
+            help="Also serve openpi's websocket policy protocol on this port (robots connect "
+            "with openpi_client.WebsocketClientPolicy(host, port, api_key=<tenant key>)); "
+            "it is always at ws://HOST:PORT/v1/openpi on the main port too.",
+        ),
+    ] = None,
     run_dir: Annotated[
         Path, typer.Option("--run-dir", help="Scheduler, tenants, model cache, outputs.")
     ] = Path("runs/joynexus-serve"),
@@ -154,8 +165,10 @@ def serve(
         typer.Option(
             "--recovery-budget",
             min=0,
-            help="In-place restarts per role (simulator sessions, engines, training) before "
-            "the live workloads are failed and /readyz reports degraded.",
+            help="Restarts per 10-minute sliding window: of each tenant's simulator "
+            "sessions (past it, that tenant's workload fails), of each role (engines, "
+            "training; past it, a global restart) and of each workload across global "
+            "restarts (past it, the workload fails and /readyz reports degraded).",
         ),
     ] = 3,
     watchdog_factor: Annotated[
@@ -175,6 +188,23 @@ def serve(
             "admin: it needs an admin key.",
         ),
     ] = "none",
+    tracking: Tracking = None,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            "--header-timeout", min=0.001, help="Seconds a client has to send request headers."
+        ),
+    ] = 10.0,
+    idle_timeout: Annotated[
+        float,
+        typer.Option("--idle-timeout", min=0.001, help="Seconds an idle keep-alive lives."),
+    ] = 5.0,
+    max_connections: Annotated[
+        int,
+        typer.Option(
+            "--max-connections", min=1, help="Open connections; more are closed (503 above)."
+        ),
+    ] = 512,
 ) -> None:
     """Serve the HTTP API with a live Master Service (workloads can be submitted any time).
 
@@ -183,8 +213,19 @@ def serve(
     """
     if runtime not in ("local", "ray"):
         raise _fail(ValueError(f"--runtime must be 'local' or 'ray', got {runtime!r}"))
+    trackers = trackers_of(tracking)
     if metrics_auth not in ("none", "admin"):
         raise _fail(ValueError(f"--metrics-auth must be 'none' or 'admin', got {metrics_auth!r}"))
+    # One server per run directory, held until this process exits (the kernel drops
+    # it on a crash): a second `serve` on it stops here, naming the holder's PID, before
+    # anything heavy is imported or loaded.
+    from joynexus.errors import JoyNexusError
+    from joynexus.utils.rundir_lock import RunDirLock
+
+    try:
+        lock = RunDirLock(run_dir).acquire()
+    except JoyNexusError as exc:
+        raise _fail(exc) from None
     if runtime == "ray":
         try:
             import ray  # noqa: F401
@@ -196,7 +237,6 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
-    from joynexus.errors import JoyNexusError
     from joynexus.master.limits import MasterLimits
     from joynexus.master.store import SQLiteWorkloadStore
     from joynexus.runtime.health import HealthManager
@@ -204,6 +244,7 @@ def serve(
     from joynexus.runtime.ray_hosting import RayPlacement
     from joynexus.server.auth import TenantStore
     from joynexus.server.config import ServerConfig
+    from joynexus.server.connections import ConnectionLimits, install_log_limits, uvicorn_options
     from joynexus.server.serve import build_live_app, build_plane, ensure_admin_key
     from joynexus.spec.workload import BaseModelSpec
 
@@ -227,6 +268,11 @@ def serve(
     except JoyNexusError as exc:
         raise _fail(exc) from None
 
+    connection_limits = ConnectionLimits(
+        header_timeout_s=header_timeout,
+        idle_timeout_s=idle_timeout,
+        max_connections=max_connections,
+    )
     server_config = ServerConfig(
         gym_allowed_ids=gym_allow_id or None,
         gym_allowed_imports=gym_allow_import or [],
@@ -242,7 +288,6 @@ def serve(
         else int(tenant_memory_gib * 2**30),
         inference_backbone=_inference_backbone(inference_backbone),
     )
-    run_dir.mkdir(parents=True, exist_ok=True)
     key_file = admin_key_file or run_dir / "admin.key"
     tenants = TenantStore.open(run_dir / "tenants.sqlite")
     if ensure_admin_key(tenants, key_file):
@@ -283,6 +328,16 @@ def serve(
         ),
         metrics_auth="admin" if metrics_auth == "admin" else "none",
     )
+    from joynexus.metrics.tracking import subscribe_trackers
+
+    assert plane.metrics is not None  # build_plane always starts the Metrics Service
+    try:
+        # Closed by the Metrics Service when the server stops.
+        sinks = subscribe_trackers(plane.metrics, run_dir, everyone=trackers)
+    except JoyNexusError as exc:
+        raise _fail(exc) from None
+    if sinks:
+        console.print(f"learning curves of every tenant also go to: {', '.join(sinks)}")
     base_url = f"http://{host}:{port}"
     console.print(f"serving on {base_url} (OpenAPI at /openapi.json)")
     console.print(
@@ -290,9 +345,16 @@ def serve(
         f"{base_url}/dashboard#key=<api key>); Prometheus metrics: {base_url}/metrics"
     )
     try:
-        uvicorn.run(live.app, host=host, port=port, log_level="info")
+        # Slow or half-open clients and accept-error storms: see server.connections.
+        install_log_limits(connection_limits)
+        options = uvicorn_options(connection_limits)
+        if openpi_port is None:
+            uvicorn.run(live.app, host=host, port=port, log_level="info", **options)
+        else:
+            _serve_with_openpi(live.app, host, port, openpi_port, options)
     finally:
         live.host.close()  # workload store, scheduler, Ray actors and placement group
+        lock.release()
 
 
 @tenants_app.command("create")
@@ -345,54 +407,6 @@ def submit(
     except (APIError, ValueError, OSError) as exc:
         raise _fail(exc) from None
     console.print(f"submitted {st.workload_id} ({st.task}, {st.state.value})")
-
-
-def _table(rows: list[WorkloadStatus]) -> Table:
-    table = Table("workload", "task", "state", "jobs", "version", "error")
-    for r in rows:
-        if r.task == "eval":
-            jobs = f"{r.eval_runs_completed}/{r.eval_runs_target} runs"
-        else:
-            jobs = f"{r.jobs_completed}/{r.jobs_target if r.jobs_target is not None else '∞'}"
-        table.add_row(
-            r.workload_id,
-            r.task,
-            r.state.value,
-            jobs,
-            "" if r.policy_version is None else str(r.policy_version),
-            r.error or "",
-        )
-    return table
-
-
-@app.command("status")
-def status(
-    workload: Annotated[str | None, typer.Argument(help="One workload (default: all).")] = None,
-    watch: Annotated[bool, typer.Option("--watch/--once", help="Refresh live.")] = True,
-    interval: Annotated[float, typer.Option(help="Refresh period in seconds.")] = 1.0,
-    url: Url = None,
-    api_key: Key = None,
-) -> None:
-    """A live table of workloads: state, jobs completed / target, policy version."""
-    from joynexus.client import APIError
-
-    try:
-        with _client(url, api_key) as c:
-
-            def rows() -> list[WorkloadStatus]:
-                return [c.status(workload)] if workload else c.list_workloads()
-
-            current = rows()
-            if not watch:
-                console.print(_table(current))
-                return
-            with Live(_table(current), console=console, refresh_per_second=4) as live:
-                while not all(r.state.is_terminal for r in current):
-                    time.sleep(interval)
-                    current = rows()
-                    live.update(_table(current))
-    except APIError as exc:
-        raise _fail(exc) from None
 
 
 @app.command("logs")
@@ -460,19 +474,6 @@ def export(
     console.print(f"wrote {out} ({len(data)} bytes)")
 
 
-@app.command("cancel")
-def cancel(workload: str, url: Url = None, api_key: Key = None) -> None:
-    """Cancel a workload (releases its sessions, partitions and slot)."""
-    from joynexus.client import APIError
-
-    try:
-        with _client(url, api_key) as c:
-            st = c.cancel(workload)
-    except APIError as exc:
-        raise _fail(exc) from None
-    console.print(f"{st.workload_id}: {st.state.value}")
-
-
 def _inference_backbone(value: str) -> Literal["shared", "copy"]:
     if value == "shared":
         return "shared"
@@ -480,4 +481,31 @@ def _inference_backbone(value: str) -> Literal["shared", "copy"]:
         return "copy"
     raise typer.BadParameter(
         f"{value!r}: expected 'shared' or 'copy'", param_hint="--inference-backbone"
+    )
+
+
+def _serve_with_openpi(
+    app: FastAPI, host: str, port: int, openpi_port: int, options: dict[str, Any]
+) -> None:
+    """The main app (with the connection ``options``) and the openpi port's app in one
+    event loop (one Master behind both)."""
+    import asyncio
+
+    import uvicorn
+
+    from joynexus.server.openpi import OPENPI, openpi_app
+    from joynexus.server.openpi.app import serve_together
+
+    state = app.state.joynexus
+    side = openpi_app(state, state.service(OPENPI))
+    console.print(
+        f"openpi websocket policy endpoint: ws://{host}:{openpi_port} (GET /healthz there)"
+    )
+    asyncio.run(
+        serve_together(
+            uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", **options)),
+            uvicorn.Server(
+                uvicorn.Config(side, host=host, port=openpi_port, log_level="info", lifespan="off")
+            ),
+        )
     )

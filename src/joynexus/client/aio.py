@@ -1,16 +1,8 @@
 """The asynchronous Python client (httpx.AsyncClient): ``AsyncClient(url, api_key)``.
 
-The same API as :class:`~joynexus.client.sync.Client`, every method a coroutine.
-The rest of this docstring is the sync client's:
-
-High level: ``submit`` a workload spec, ``status`` / ``wait`` for it with progress,
-``pause`` / ``resume`` / ``cancel``, ``metrics``, ``artifacts``, ``download``, ``export``.
-Low level (paper Figure 4): environment sessions (``create_session`` / ``reset`` /
-``step`` / ``close_session``), ``predict``, ``train_batch``, ``export_params``,
-``load_weights``, ``save``, ``rollout``, ``train_job``, scheduler and queue calls. Long
-operations are futures; the client waits for them (long-polling) and returns their result.
-Requests answered 429 or 503 are retried with exponential backoff honouring
-``Retry-After`` (:class:`~joynexus.client._core.RetryPolicy`).
+The same API as :class:`~joynexus.client.sync.Client` (whose docstring lists it), every
+method a coroutine; the queue and scheduler primitives come from the same definitions
+(:mod:`joynexus.client._primitives`) and return awaitables.
 """
 
 from __future__ import annotations
@@ -39,13 +31,14 @@ from joynexus.client._core import (
     observations,
     train_batch_body,
 )
+from joynexus.client._primitives import Primitives
 
 __all__ = ["AsyncClient"]
 
 TERMINAL = ("completed", "failed", "cancelled")
 
 
-class AsyncClient:
+class AsyncClient(Primitives[Awaitable[Any]]):
     """Asynchronous JoyNexus client.
 
     Args:
@@ -105,6 +98,9 @@ class AsyncClient:
                     return call.result(response)
             await self._sleep(self.retry.delay(attempt, response))
             attempt += 1
+
+    def _run(self, call: Call) -> Awaitable[Any]:
+        return self.call(call)
 
     async def wait_future(
         self,
@@ -326,21 +322,3 @@ class AsyncClient:
 
     async def train_job(self, tenant_id: str, job_id: str) -> dict[str, Any]:
         return await self.wait_future(await self.call(ops.train_job(tenant_id, job_id)))
-
-    # --- scheduler and queue ---------------------------------------------------------------
-
-    async def reserve(self, **body: Any) -> dict[str, Any]:
-        result: dict[str, Any] = await self.call(ops.reserve(body))
-        return result
-
-    async def mark(self, job_id: str, state: str, lease_epoch: int | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = await self.call(ops.mark(job_id, state, lease_epoch))
-        return result
-
-    async def lease(self, consumer_role: str, domains: list[str]) -> dict[str, Any] | None:
-        result: dict[str, Any] | None = await self.call(ops.lease(consumer_role, domains))
-        return result
-
-    async def complete(self, job_id: str, lease_epoch: int | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = await self.call(ops.complete(job_id, lease_epoch))
-        return result

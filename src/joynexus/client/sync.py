@@ -4,7 +4,10 @@ High level: ``submit`` a workload spec, ``status`` / ``wait`` for it with progre
 ``pause`` / ``resume`` / ``cancel``, ``metrics``, ``artifacts``, ``download``, ``export``.
 Low level (paper Figure 4): environment sessions (``create_session`` / ``reset`` /
 ``step`` / ``close_session``), ``predict``, ``train_batch``, ``export_params``,
-``load_weights``, ``save``, ``rollout``, ``train_job``, scheduler and queue calls. Long
+``load_weights``, ``save``, ``rollout``, ``train_job``, and the Training Queue and
+Training Scheduler primitives (``queue_put``, ``get_meta``, ``get_data``, ``put``,
+``clear``, ``reserve``, ``mark``, ``lease_stage``, ``lease``, ``heartbeat``,
+``complete``, ``fail``: :mod:`joynexus.client._primitives`). Long
 operations are futures; the client waits for them (long-polling) and returns their result.
 Requests answered 429 or 503 are retried with exponential backoff honouring
 ``Retry-After`` (:class:`~joynexus.client._core.RetryPolicy`).
@@ -35,13 +38,14 @@ from joynexus.client._core import (
     observations,
     train_batch_body,
 )
+from joynexus.client._primitives import Primitives
 
 __all__ = ["Client"]
 
 TERMINAL = ("completed", "failed", "cancelled")
 
 
-class Client:
+class Client(Primitives[Any]):
     """Synchronous JoyNexus client.
 
     Args:
@@ -101,6 +105,9 @@ class Client:
                     return call.result(response)
             self._sleep(self.retry.delay(attempt, response))
             attempt += 1
+
+    def _run(self, call: Call) -> Any:
+        return self.call(call)
 
     def wait_future(
         self,
@@ -318,21 +325,3 @@ class Client:
 
     def train_job(self, tenant_id: str, job_id: str) -> dict[str, Any]:
         return self.wait_future(self.call(ops.train_job(tenant_id, job_id)))
-
-    # --- scheduler and queue ---------------------------------------------------------------
-
-    def reserve(self, **body: Any) -> dict[str, Any]:
-        result: dict[str, Any] = self.call(ops.reserve(body))
-        return result
-
-    def mark(self, job_id: str, state: str, lease_epoch: int | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = self.call(ops.mark(job_id, state, lease_epoch))
-        return result
-
-    def lease(self, consumer_role: str, domains: list[str]) -> dict[str, Any] | None:
-        result: dict[str, Any] | None = self.call(ops.lease(consumer_role, domains))
-        return result
-
-    def complete(self, job_id: str, lease_epoch: int | None = None) -> dict[str, Any]:
-        result: dict[str, Any] = self.call(ops.complete(job_id, lease_epoch))
-        return result

@@ -68,10 +68,7 @@ class JobIndex:
 
     def add_active(self, rec: JobRecord, delta: int) -> None:
         """Count a job in or out of *active* (reserved, producer lease still held)."""
-        c = self.counts
-        c.active[rec.task_type] = c.active.get(rec.task_type, 0) + delta
-        key = (rec.tenant_id, rec.task_type)
-        c.active_per_tenant[key] = c.active_per_tenant.get(key, 0) + delta
+        self.counts.add_active(rec.tenant_id, rec.task_type, rec.producer_role, delta)
 
     def move(self, rec: JobRecord, new: JobState) -> None:
         """Change state, keeping every index in step; ends any lease the job held."""

@@ -101,11 +101,6 @@ ALLOWED_TRANSITIONS: dict[TaskType, dict[JobState, frozenset[JobState]]] = {
 }
 
 
-def allowed_targets(task_type: TaskType, state: JobState) -> frozenset[JobState]:
-    """The states a ``task_type`` job in ``state`` may move to."""
-    return ALLOWED_TRANSITIONS[task_type][state]
-
-
 def check_transition(job_id: str, task_type: TaskType, src: JobState, dst: JobState) -> None:
     """Raise unless ``src → dst`` is a Table 4 edge for ``task_type``.
 
@@ -123,6 +118,52 @@ def check_transition(job_id: str, task_type: TaskType, src: JobState, dst: JobSt
             from_state=str(src),
             to_state=str(dst),
             allowed=sorted(str(t) for t in targets),
+        )
+
+
+def check_mark_target(job_id: str, src: JobState, dst: JobState) -> None:
+    """Raise unless ``dst`` may be entered by marking: lease states need a lease grant."""
+    if dst in LEASE_STATES:
+        raise IllegalTransitionError(
+            f"training job {job_id!r}: {dst!r} is a lease state; enter it with "
+            f"lease_stage(state={src.value!r}, leased_state={dst.value!r})"
+            + (" or lease_next()" if dst is JobState.LEASED else ""),
+            job_id=job_id,
+            from_state=src.value,
+            to_state=dst.value,
+        )
+
+
+def check_stage_lease(src: JobState, dst: JobState) -> None:
+    """Raise unless ``dst`` is the stage lease state that follows the waiting ``src``."""
+    if LEASE_RETURN.get(dst) is not src:
+        pairs = ", ".join(f"{v.value}->{k.value}" for k, v in LEASE_RETURN.items())
+        raise InvalidRequestError(
+            f"cannot lease from {src.value!r} into {dst.value!r}; stage leases are: {pairs}",
+            field="leased_state",
+        )
+
+
+def check_hand_off(job_id: str, task_type: TaskType, state: JobState) -> None:
+    """Raise unless the job is a ``reserved`` RL job (the only ones with actor-forward)."""
+    if state is not JobState.RESERVED or task_type is not TaskType.RL:
+        raise IllegalTransitionError(
+            f"training job {job_id!r} ({task_type.value}, {state.value!r}) "
+            "cannot be handed off: only reserved RL jobs have an actor-forward stage",
+            job_id=job_id,
+            from_state=state.value,
+        )
+
+
+def check_recoverable(job_id: str, state: JobState) -> None:
+    """Raise if the job ended other than completed: it cannot be recovered as completed."""
+    if state in TERMINAL_STATES and state is not JobState.COMPLETED:
+        raise IllegalTransitionError(
+            f"training job {job_id!r} already ended {state.value}; it cannot be "
+            "recovered as completed",
+            job_id=job_id,
+            from_state=state.value,
+            to_state=JobState.COMPLETED.value,
         )
 
 
@@ -171,6 +212,63 @@ def check_int64(name: str, value: int | None) -> None:
         )
 
 
+def check_reserve_counts(
+    sample_count: int, behavior_policy_version: int | None, max_policy_staleness: int | None
+) -> None:
+    """The integer arguments of ``reserve``, checked before anything is indexed: SQLite
+    stores 64-bit integers only, and a failed write would make the scheduler reload its
+    whole state.
+
+    Raises:
+        InvalidRequestError: an integer beyond 64 bits, or a negative count.
+    """
+    check_int64("sample_count", sample_count)
+    check_int64("behavior_policy_version", behavior_policy_version)
+    check_int64("max_policy_staleness", max_policy_staleness)
+    if sample_count < 0:
+        raise InvalidRequestError(
+            f"sample_count must be >= 0, got {sample_count}", field="sample_count"
+        )
+    if max_policy_staleness is not None and max_policy_staleness < 0:
+        raise InvalidRequestError(
+            f"max_policy_staleness must be >= 0 or None, got {max_policy_staleness}",
+            field="max_policy_staleness",
+        )
+
+
+def unicode_problem(value: Any, where: str = "metadata") -> str | None:
+    """Where ``value`` (JSON data) holds a string that is not valid Unicode (a lone
+    surrogate such as ``"\\ud800"``, which JSON can spell but UTF-8 cannot encode), or
+    None. Stored, such a string fails every later response that includes it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            problem = unicode_problem(k, f"{where} (a key)") or unicode_problem(
+                v, f"{where}[{k!r}]" if isinstance(k, str) and _encodable(k) else where
+            )
+            if problem is not None:
+                return problem
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            problem = unicode_problem(v, f"{where}[{i}]")
+            if problem is not None:
+                return problem
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def metadata_json(metadata: dict[str, Any], max_bytes: int | None = None) -> str:
     """Canonical JSON of job metadata.
 
@@ -179,7 +277,14 @@ def metadata_json(metadata: dict[str, Any], max_bytes: int | None = None) -> str
         PayloadTooLargeError: its JSON is longer than ``max_bytes`` (UTF-8 bytes).
     """
     # Checked up front: metadata that cannot round-trip through the store would come
-    # back different after a restart.
+    # back different after a restart (or, holding a lone surrogate, not at all).
+    bad = unicode_problem(metadata)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"job metadata: {bad} holds a string that is not valid Unicode (a lone "
+            "surrogate such as \\ud800); send UTF-8 text",
+            field="metadata",
+        )
     try:
         text = json.dumps(metadata, sort_keys=True)
     except (TypeError, ValueError) as exc:

@@ -45,31 +45,25 @@ condition of that lock; ``async_wait_for_ready`` parks a future that a transitio
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
-import time
-import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from joynexus.control.admission import (
-    REFUSAL_REASONS,
-    AdmissionPolicy,
-    GlobalLimit,
-    admission_refusal,
-)
+from joynexus.control.admission import Admission, AdmissionPolicy, GlobalLimit
 from joynexus.control.index import JobIndex
 from joynexus.control.job import (
-    LEASE_RETURN,
-    LEASE_STATES,
     TERMINAL_STATES,
     JobState,
     TaskType,
     TrainingJob,
-    check_int64,
+    check_hand_off,
+    check_mark_target,
+    check_recoverable,
+    check_reserve_counts,
+    check_stage_lease,
     check_transition,
     derive_partition_id,
     metadata_json,
@@ -77,27 +71,19 @@ from joynexus.control.job import (
     parse_task_type,
 )
 from joynexus.control.job import is_stale as _is_stale
+from joynexus.control.leases import expire_due, fence, stale_lease
 from joynexus.control.store import InMemoryJobStore, JobRecord, JobStore, SQLiteJobStore
-from joynexus.control.waiting import ReadyWaiters
-from joynexus.errors import (
-    ConflictError,
-    IllegalTransitionError,
-    InternalError,
-    InvalidRequestError,
-    JobNotFoundError,
-    StaleLeaseError,
-)
+from joynexus.control.waiting import ReadyWaiters, async_wait_until, wait_until
+from joynexus.errors import ConflictError, InternalError, InvalidRequestError, unknown_id
 from joynexus.utils.clock import Clock, SystemClock
+from joynexus.utils.ids import random_id
 
-REASON_PRODUCER_LOST = "producer_lost"
-REASON_ATTEMPTS_EXHAUSTED = "attempts_exhausted"
 REASON_COMPLETED = "completed"
 
 #: Backstop on a job's stored metadata (serialized JSON); the HTTP API's own limit
 #: (``ServerConfig.max_job_metadata_bytes``, 64 KiB) is tighter.
 DEFAULT_MAX_METADATA_BYTES = 1 << 20
 
-_DEFAULT_POLICY = AdmissionPolicy()
 _R = JobState.RESERVED
 
 
@@ -113,6 +99,8 @@ class TrainingScheduler:
             between heartbeats (defaults to ``lease_ttl_s``).
         max_metadata_bytes: Longest metadata a job stores (serialized JSON, after a
             ``complete`` merges into it); None: unbounded.
+        turn_ttl_s: A tenant refused by a full global bound keeps its turn (see
+            :mod:`joynexus.control.admission`) while it asks again within this time.
     """
 
     def __init__(
@@ -124,6 +112,7 @@ class TrainingScheduler:
         max_attempts: int = 3,
         producer_lease_ttl_s: float | None = None,
         max_metadata_bytes: int | None = DEFAULT_MAX_METADATA_BYTES,
+        turn_ttl_s: float = 10.0,
     ) -> None:
         if lease_ttl_s <= 0:
             raise InvalidRequestError(f"lease_ttl_s must be > 0, got {lease_ttl_s}")
@@ -141,10 +130,7 @@ class TrainingScheduler:
         self.max_metadata_bytes = max_metadata_bytes
         self._lock = threading.Lock()
         self._waiters = ReadyWaiters(self._lock)
-        self._policies: dict[tuple[str, TaskType], AdmissionPolicy] = {}
-        self._limits: dict[TaskType, GlobalLimit] = {}
-        self._refusals: dict[str, int] = dict.fromkeys(REFUSAL_REASONS, 0)
-        self._last_refusal: dict[tuple[str, TaskType], str] = {}
+        self._admission = Admission(turn_ttl_s)
         self._closed = False
         with self._lock:
             self._rebuild()
@@ -185,22 +171,22 @@ class TrainingScheduler:
     ) -> None:
         """Set the admission policy of one tenant–task pair (replaces the previous one)."""
         with self._lock:
-            self._policies[(tenant_id, parse_task_type(task_type))] = policy
+            self._admission.set_policy(tenant_id, parse_task_type(task_type), policy)
 
     def set_global_limit(self, limit: GlobalLimit) -> None:
         """Set the active-job bounds of ``limit.task_type`` (replaces the previous ones)."""
         with self._lock:
-            self._limits[limit.task_type] = limit
+            self._admission.set_global_limit(limit)
 
     def refusals(self) -> dict[str, int]:
         """How many reservations were refused, by reason (every reason listed)."""
         with self._lock:
-            return dict(self._refusals)
+            return self._admission.refusals()
 
     def last_refusal(self, tenant_id: str, task_type: TaskType | str) -> str | None:
         """The reason of the most recent refusal of this pair (kept after later admissions)."""
         with self._lock:
-            return self._last_refusal.get((tenant_id, parse_task_type(task_type)))
+            return self._admission.last_refusal(tenant_id, parse_task_type(task_type))
 
     def reserve(
         self,
@@ -228,40 +214,22 @@ class TrainingScheduler:
             PayloadTooLargeError: metadata longer than ``max_metadata_bytes`` as JSON.
         """
         task = parse_task_type(task_type)
-        # Before anything is indexed: SQLite stores 64-bit integers only, and a failed
-        # write would make the scheduler reload its whole state.
-        check_int64("sample_count", sample_count)
-        check_int64("behavior_policy_version", behavior_policy_version)
-        check_int64("max_policy_staleness", max_policy_staleness)
-        if sample_count < 0:
-            raise InvalidRequestError(
-                f"sample_count must be >= 0, got {sample_count}", field="sample_count"
-            )
-        if max_policy_staleness is not None and max_policy_staleness < 0:
-            raise InvalidRequestError(
-                f"max_policy_staleness must be >= 0 or None, got {max_policy_staleness}",
-                field="max_policy_staleness",
-            )
+        check_reserve_counts(sample_count, behavior_policy_version, max_policy_staleness)
         meta_json = metadata_json(dict(metadata or {}), self.max_metadata_bytes)
         meta = json.loads(meta_json)  # a deep copy: later changes by the caller do not leak in
         with self._lock:
             self._check_open()
             self._expire_due()
-            key = (tenant_id, task)
-            policy = self._policies.get(key, _DEFAULT_POLICY)
-            reason = admission_refusal(
-                tenant_id, task, policy, self._limits.get(task), self._ix.counts
-            )
-            if reason is not None:
-                self._refusals[reason] = self._refusals.get(reason, 0) + 1
-                self._last_refusal[key] = reason
+            now = self._clock.now()
+            policy = self._admission.admit(tenant_id, task, producer_role, self._ix.counts, now)
+            if policy is None:
                 return None
             self._created_seq += 1
             seq = self._created_seq
-            job_id = f"job-{seq}-{uuid.uuid4().hex[:12]}"
+            job_id = random_id("job")
             partition_id = derive_partition_id(job_id, domain, tenant_id, task)
             while partition_id in self._ix.live_partitions:  # a digest collision: re-draw
-                job_id = f"job-{seq}-{uuid.uuid4().hex[:12]}"
+                job_id = random_id("job")
                 partition_id = derive_partition_id(job_id, domain, tenant_id, task)
             wall = self._clock.wall()
             rec = JobRecord(
@@ -322,17 +290,9 @@ class TrainingScheduler:
             self._check_open()
             self._expire_due()
             rec = self._get(job_id)
-            self._fence(rec, lease_epoch)
+            fence(rec, lease_epoch)
             check_transition(rec.job_id, rec.task_type, rec.state, target)
-            if target in LEASE_STATES:
-                raise IllegalTransitionError(
-                    f"training job {job_id!r}: {target!r} is a lease state; enter it with "
-                    f"lease_stage(state={rec.state.value!r}, leased_state={target.value!r})"
-                    + (" or lease_next()" if target is JobState.LEASED else ""),
-                    job_id=job_id,
-                    from_state=rec.state.value,
-                    to_state=target.value,
-                )
+            check_mark_target(job_id, rec.state, target)
             self._ix.move(rec, target)
             if target is JobState.READY:
                 self._ready_seq += 1
@@ -357,16 +317,10 @@ class TrainingScheduler:
             self._check_open()
             self._expire_due()
             rec = self._get(job_id)
-            if rec.state is not _R or rec.task_type is not TaskType.RL:
-                raise IllegalTransitionError(
-                    f"training job {job_id!r} ({rec.task_type.value}, {rec.state.value!r}) "
-                    "cannot be handed off: only reserved RL jobs have an actor-forward stage",
-                    job_id=job_id,
-                    from_state=rec.state.value,
-                )
+            check_hand_off(job_id, rec.task_type, rec.state)
             if rec.lease_expires_at is None and lease_epoch in (None, rec.lease_epoch):
                 return rec.to_model()
-            self._fence(rec, lease_epoch)
+            fence(rec, lease_epoch)
             self._ix.add_active(rec, -1)
             rec.lease_expires_at = None
             rec.updated_at = self._clock.wall()
@@ -391,12 +345,7 @@ class TrainingScheduler:
                 ``state`` (e.g. ``needs_advantages`` → ``computing_advantages``).
         """
         src, dst = parse_state(state), parse_state(leased_state)
-        if LEASE_RETURN.get(dst) is not src:
-            pairs = ", ".join(f"{v.value}->{k.value}" for k, v in LEASE_RETURN.items())
-            raise InvalidRequestError(
-                f"cannot lease from {src.value!r} into {dst.value!r}; stage leases are: {pairs}",
-                field="leased_state",
-            )
+        check_stage_lease(src, dst)
         with self._lock:
             self._check_open()
             self._expire_due()
@@ -426,7 +375,7 @@ class TrainingScheduler:
             self._expire_due()
             rec = self._get(job_id)
             if rec.lease_expires_at is None or rec.lease_epoch != lease_epoch:
-                raise self._stale(rec, lease_epoch)
+                raise stale_lease(rec, lease_epoch)
             rec.lease_expires_at = self._clock.now() + self._ttl(rec)
             return rec.to_model()
 
@@ -448,7 +397,7 @@ class TrainingScheduler:
             rec = self._get(job_id)
             if rec.state is JobState.COMPLETED and lease_epoch in (None, rec.lease_epoch):
                 return rec.to_model()
-            self._fence(rec, lease_epoch)
+            fence(rec, lease_epoch)
             check_transition(rec.job_id, rec.task_type, rec.state, JobState.COMPLETED)
             if metadata:
                 rec.metadata_json = metadata_json(
@@ -476,14 +425,7 @@ class TrainingScheduler:
             rec = self._get(job_id)
             if rec.state is JobState.COMPLETED:
                 return rec.to_model()
-            if rec.state in TERMINAL_STATES:
-                raise IllegalTransitionError(
-                    f"training job {job_id!r} already ended {rec.state.value}; it cannot be "
-                    "recovered as completed",
-                    job_id=job_id,
-                    from_state=rec.state.value,
-                    to_state=JobState.COMPLETED.value,
-                )
+            check_recoverable(job_id, rec.state)
             self._ix.finish(rec, JobState.COMPLETED, REASON_COMPLETED)
             self._persist((rec,))
             return rec.to_model()
@@ -505,7 +447,7 @@ class TrainingScheduler:
             self._check_open()
             self._expire_due()
             rec = self._get(job_id)
-            self._fence(rec, lease_epoch)
+            fence(rec, lease_epoch)
             check_transition(rec.job_id, rec.task_type, rec.state, target)
             self._ix.finish(rec, target, reason)
             self._persist((rec,))
@@ -523,57 +465,29 @@ class TrainingScheduler:
         self, consumer_role: str, domains: Sequence[str] | str, timeout_s: float
     ) -> bool:
         """Block this thread until a job is ``ready`` for ``consumer_role`` (or timeout)."""
-        doms = (domains,) if isinstance(domains, str) else tuple(domains)
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        with self._lock:
-            while True:
-                self._check_open()
-                self._expire_due()
-                if self._ix.has_ready(consumer_role, doms):
-                    return True
-                wait = self._wait_slice(deadline - time.monotonic())
-                if wait <= 0:
-                    return False
-                self._waiters.wait(wait)
+        poll = self._ready_poll(consumer_role, domains)
+        return wait_until(self._waiters, poll, self._next_due, timeout_s)
 
     async def async_wait_for_ready(
         self, consumer_role: str, domains: Sequence[str] | str, timeout_s: float
     ) -> bool:
         """Like :meth:`wait_for_ready`, but parks the task, not the event loop."""
-        doms = (domains,) if isinstance(domains, str) else tuple(domains)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max(0.0, timeout_s)
-        while True:
-            with self._lock:
-                self._check_open()
-                self._expire_due()
-                if self._ix.has_ready(consumer_role, doms):
-                    return True
-                wait = self._wait_slice(deadline - loop.time())
-                if wait <= 0:
-                    return False
-                waiter = self._waiters.park(loop)
-            try:
-                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
-                # cancellation that arrives as the future resolves (the task survives
-                # its cancel, and a shutdown waits on it forever).
-                async with asyncio.timeout(wait):
-                    await waiter.future
-            except TimeoutError:
-                pass  # re-check: a lease may have expired into ``ready`` meanwhile
-            finally:
-                with self._lock:
-                    self._waiters.unpark(waiter)
+        poll = self._ready_poll(consumer_role, domains)
+        return await async_wait_until(self._waiters, poll, self._next_due, timeout_s)
 
-    def _wait_slice(self, remaining: float) -> float:
-        # Expiry is lazy, so a waiter must also wake when the next lease is due: that
-        # lease's job may return to ``ready`` without any other call happening.
-        if remaining <= 0:
-            return 0.0
+    def _ready_poll(self, consumer_role: str, domains: Sequence[str] | str) -> Callable[[], bool]:
+        doms = (domains,) if isinstance(domains, str) else tuple(domains)
+
+        def poll() -> bool:  # runs under the lock
+            self._check_open()
+            self._expire_due()
+            return self._ix.has_ready(consumer_role, doms)
+
+        return poll
+
+    def _next_due(self) -> float | None:
         deadline = self._ix.next_deadline()
-        if deadline is not None:
-            remaining = min(remaining, max(deadline - self._clock.now(), 1e-3))
-        return remaining
+        return None if deadline is None else deadline - self._clock.now()
 
     # --------------------------------------------------------------------- queries
 
@@ -635,32 +549,11 @@ class TrainingScheduler:
     def _get(self, job_id: str) -> JobRecord:
         rec = self._ix.jobs.get(job_id)
         if rec is None:
-            raise JobNotFoundError(f"no training job {job_id!r}", job_id=job_id)
+            raise unknown_id("job", job_id)
         return rec
 
     def _ttl(self, rec: JobRecord) -> float:
         return self.producer_lease_ttl_s if rec.state is _R else self.lease_ttl_s
-
-    def _stale(self, rec: JobRecord, lease_epoch: int | None) -> StaleLeaseError:
-        held = (
-            f"live lease epoch {rec.lease_epoch}"
-            if rec.lease_expires_at is not None
-            else "no live lease (it expired, ended, or was never granted)"
-        )
-        return StaleLeaseError(
-            f"training job {rec.job_id!r} (state {rec.state.value!r}) has {held}; "
-            f"lease epoch {lease_epoch} is no longer valid",
-            job_id=rec.job_id,
-            lease_epoch=lease_epoch,
-            current_epoch=rec.lease_epoch,
-            state=rec.state.value,
-        )
-
-    def _fence(self, rec: JobRecord, lease_epoch: int | None) -> None:
-        if lease_epoch is not None and (
-            lease_epoch != rec.lease_epoch or rec.lease_expires_at is None
-        ):
-            raise self._stale(rec, lease_epoch)
 
     def _enqueue(self, rec: JobRecord) -> None:
         if self._ix.enqueue(rec):
@@ -677,22 +570,9 @@ class TrainingScheduler:
         return rec.to_model()
 
     def _expire_due(self) -> list[JobRecord]:
-        ix = self._ix
-        deadline = ix.next_deadline()
-        now = self._clock.now()
-        if deadline is None or deadline > now:
-            return []
-        changed = ix.due_leases(now)
-        for rec in changed:
-            if rec.state is _R:
-                ix.finish(rec, JobState.FAILED, REASON_PRODUCER_LOST)
-                continue
-            rec.attempts += 1
-            if rec.attempts >= self.max_attempts:
-                ix.finish(rec, JobState.FAILED, REASON_ATTEMPTS_EXHAUSTED)
-            else:
-                ix.move(rec, LEASE_RETURN[rec.state])
-                self._enqueue(rec)
+        changed, queued = expire_due(self._ix, self._clock.now(), self.max_attempts)
+        if queued:
+            self._waiters.notify()
         self._persist(changed)
         return changed
 

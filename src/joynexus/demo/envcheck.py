@@ -3,8 +3,8 @@
 Two levels, both before the first workload is compiled:
 
 * **Files** (:func:`joynexus.envs.unavailable_reason`): the kind's Python modules and
-  its ``ready`` check, e.g. LIBERO's scene assets (an asset pack or hf-libero's
-  download). It stats files and imports no simulator.
+  its ``ready`` check, e.g. LIBERO's scene assets (the registry packages, a pack or
+  hf-libero's download). It stats files and imports no simulator.
 * **Renderers** (:func:`probe_renderers`): the renderer a kind draws its cameras with
   is started once in a short-lived subprocess — MuJoCo on EGL (LIBERO, MetaWorld,
   ALOHA) renders a one-geom scene, SAPIEN on Vulkan (ManiSkill3) takes a picture with

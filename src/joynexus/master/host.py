@@ -13,9 +13,17 @@ Health wiring:
   rollout engine is restarted in place (both inside :func:`watch_plane`);
 * the training role restarts in place through :meth:`MasterService.restart_training`
   (every live tenant's slot rebuilt from its latest checkpoint);
-* a role past its recovery budget (or a shared role that cannot restart) escalates:
-  :meth:`MasterService.fail_live` ends every live workload ``failed`` with the reason,
-  and :meth:`MasterHost.degraded` reports it (``/readyz`` answers 503 with it).
+* a crashed session past its tenant's budget fails that tenant's workload only
+  (:meth:`Supervisor.fail_holder`);
+* a role past its recovery budget (or a shared role that cannot restart) escalates to
+  a global restart (:func:`~joynexus.master.global_restart.global_restart`): the plane
+  is stopped and started again and every live workload resumes from its checkpoints
+  within its own restart budget; only a workload past it ends ``failed``, and
+  :meth:`MasterHost.readiness` reports the escalation until something resumed
+  (``/readyz`` answers 503, naming no ids).
+
+A stalled workload is that workload's state (its status says so), not the server's:
+:meth:`MasterHost.readiness` reports only how many there are.
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ import contextlib
 import logging
 from pathlib import Path
 
+from joynexus.master.global_restart import global_restart
 from joynexus.master.limits import MasterLimits
 from joynexus.master.service import MasterService
 from joynexus.master.store import WorkloadStore
+from joynexus.runtime.budgets import RecoveryBudget
 from joynexus.runtime.health import HealthManager
 from joynexus.runtime.hosting import RuntimeConfig
 from joynexus.runtime.plane import ExecutionPlane, watch_plane
@@ -92,14 +102,29 @@ class MasterHost:
                 plane,
                 session_holders=self.master.session_holders,
                 restart_training=self.master.restart_training,
+                fail_holder=self.master.supervisor.fail_holder,
             )
             health.on_global_restart = self._global_restart
+            # Each workload resumes from as many global restarts as a role may restart.
+            self.master.supervisor.workload_restarts = RecoveryBudget(
+                health.default_budget, health.window_s, self.clock
+            )
         self._health_task: asyncio.Task[None] | None = None
+        self._restart_task: asyncio.Task[object] | None = None
         self._started = False
 
     async def _global_restart(self, reason: str) -> None:
-        ended = await self.master.fail_live(f"global_restart: {reason}")
-        log.error("recovery budget spent (%s): failed workloads %s", reason, ended)
+        # In a task of its own: the escalation may come from a loop the restart stops.
+        if self._restart_task is not None and not self._restart_task.done():
+            return
+        self._restart_task = asyncio.create_task(
+            global_restart(self.master, self.health, reason, self._rebuild),
+            name="master:global-restart",
+        )
+
+    async def _rebuild(self) -> None:
+        await self.plane.stop()
+        await self.plane.start()
 
     def degraded(self) -> list[str]:
         """Why the service is not fully healthy (empty when it is): an escalated role,
@@ -108,6 +133,18 @@ class MasterHost:
         if self.health is not None and self.health.escalated is not None:
             why.append(f"global restart: {self.health.escalated}")
         return why + self.master.degraded()
+
+    def readiness(self) -> tuple[str | None, dict[str, int]]:
+        """What an unauthenticated probe may learn: why the plane is not ready (None when
+        it is; no tenant's ids), and counts (stalled workloads do not fail readiness:
+        one tenant's stuck workload must not turn the whole server red)."""
+        down = None
+        if self.health is not None and self.health.escalated is not None:
+            down = (
+                "a role spent its recovery budget: a global restart is resuming the live "
+                "workloads, or they failed past their own restart budgets"
+            )
+        return down, {"stalled_workloads": len(self.master.degraded())}
 
     async def start(self) -> None:
         """Start monitoring, the services, the Master (which recovers the stored
@@ -128,10 +165,11 @@ class MasterHost:
         if not self._started:
             return
         self._started = False
-        if self._health_task is not None:
-            self._health_task.cancel()
-            await asyncio.gather(self._health_task, return_exceptions=True)
-            self._health_task = None
+        for task in (self._health_task, self._restart_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._health_task = self._restart_task = None
         try:
             await self.master.aclose()
         finally:

@@ -78,7 +78,9 @@ def check_limits(spec: WorkloadSpec, lim: MasterLimits, base_model_id: str) -> N
             (p.field, p.message) for p in env_limit_problems(spec.env, lim, prefix="env.")
         )
     if spec.evaluation is not None:
-        checks.append(("evaluation.episodes", spec.evaluation.episodes, lim.max_eval_episodes))
+        checks.append(
+            ("evaluation.episodes", spec.evaluation.episodes_per_run, lim.max_eval_episodes)
+        )
     for name, value, limit in checks:
         if value is not None and value > limit:
             problems.append((name, f"{value} exceeds this server's limit of {limit}"))

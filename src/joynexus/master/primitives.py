@@ -1,10 +1,12 @@
 """Low-level model primitives of the Master Service (paper Figure 4), per tenant slot.
 
-:class:`ModelPrimitives` is mixed into :class:`~joynexus.master.service.MasterService`:
-every call first checks that the tenant has a resident slot (from a running or finished
-workload; task ``custom`` creates one and nothing else) and that a scheduler job it
-names is the tenant's own, then calls the Training / Inference Model Service. Tensors
-cross this boundary as numpy arrays, so the HTTP routes never import torch.
+:class:`ModelPrimitives` is one part :class:`~joynexus.master.service.MasterService`
+is composed of: every call first checks that the tenant has a resident slot (from a
+running or finished workload; task ``custom`` creates one and nothing else) and that a
+scheduler job it names is the tenant's own — another tenant's job answers exactly as
+an unknown one (:func:`joynexus.errors.unknown_id`) — then calls the Training /
+Inference Model Service. Tensors cross this boundary as numpy arrays, so the HTTP
+routes never import torch.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import torch
 
 from joynexus.control.job import JobState, TrainingJob
 from joynexus.control.scheduler import TrainingScheduler
-from joynexus.errors import ConflictError, NotFoundError
+from joynexus.errors import ConflictError, NotFoundError, unknown_id
+from joynexus.master.records import WorkloadBook
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.slots import StepResult
 from joynexus.services.protocols import InferenceModelServiceAPI, TrainingModelServiceAPI
@@ -33,14 +36,17 @@ class ModelPrimitives:
     """``predict``, ``train_batch``, ``export_params``, ``export``, ``load_weights``,
     ``save``, ``rollout`` and ``train_job`` on the caller's own slot."""
 
-    scheduler: TrainingScheduler
-    training: TrainingModelServiceAPI
-    inference: InferenceModelServiceAPI
-    base_model_id: str
-    _tenants: dict[str, WorkflowTenant]
-
-    def tenant_dir(self, tenant_id: str) -> Path:
-        raise NotImplementedError
+    def __init__(
+        self,
+        book: WorkloadBook,
+        *,
+        training: TrainingModelServiceAPI,
+        inference: InferenceModelServiceAPI,
+    ) -> None:
+        self.book = book
+        self.scheduler: TrainingScheduler = book.scheduler
+        self.training = training
+        self.inference = inference
 
     def require_slot(self, tenant_id: str) -> WorkflowTenant:
         """The tenant's resident slot (from a running or finished workload).
@@ -48,7 +54,7 @@ class ModelPrimitives:
         Raises:
             NotFoundError: the tenant has none; submit a workload (e.g. ``custom``).
         """
-        tenant = self._tenants.get(tenant_id)
+        tenant = self.book.tenants.get(tenant_id)
         if tenant is None:
             raise NotFoundError(
                 f"tenant {tenant_id!r} has no model slot; submit a workload (task 'custom' "
@@ -105,7 +111,7 @@ class ModelPrimitives:
             "schema": tenant.schema.model_dump(mode="json"),
             "head": config.head.model_dump(mode="json"),
             "value_head": config.value_head,
-            "base_model": self.base_model_id,
+            "base_model": self.book.base_model_id,
             "tensors": {
                 k: {"dtype": str(v.dtype), "shape": list(v.shape)} for k, v in named.items()
             },
@@ -131,13 +137,13 @@ class ModelPrimitives:
         else:
             paths = await self.training.save(version, [tenant_id], include_optim=include_optim)
             tenant.last_checkpoint_version = version
-        root = self.tenant_dir(tenant_id).resolve()
+        root = self.book.tenant_dir(tenant_id).resolve()
         return [str(Path(p).resolve().relative_to(root)) for p in paths]
 
     def _own_job(self, tenant_id: str, job_id: str) -> TrainingJob:
-        job = self.scheduler.get(job_id)  # NotFoundError for an unknown id
-        if job.tenant_id != tenant_id:  # ... and the same for another tenant's
-            raise NotFoundError(f"no job {job_id!r}", job_id=job_id)
+        job = self.scheduler.get(job_id)  # unknown_id("job", ...) for an unknown id
+        if job.tenant_id != tenant_id:  # ... and exactly the same for another tenant's
+            raise unknown_id("job", job_id)
         return job
 
     async def rollout(

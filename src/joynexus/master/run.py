@@ -36,7 +36,7 @@ from joynexus.master.store import SQLiteWorkloadStore
 from joynexus.runtime.health import HealthManager
 from joynexus.runtime.hosting import InProcess, Placement
 from joynexus.runtime.plane import ExecutionPlane, RuntimeConfig, build_plane, load_base_model
-from joynexus.spec.workload import TaskKind, WorkloadSpec
+from joynexus.spec.workload import TaskKind, TrackerName, WorkloadSpec
 from joynexus.utils.clock import Clock, SystemClock
 from joynexus.workflows.compile import CompiledRun, compile_workloads
 from joynexus.workflows.success import recorded_measure
@@ -60,7 +60,11 @@ RUN_STATE = (
     "usage.json",
     "outputs",
     "metrics",
+    # What the experiment trackers wrote (joynexus.metrics.tracking).
     "tensorboard",
+    "wandb",
+    "mlruns",
+    "clearml",
 )
 
 
@@ -119,6 +123,8 @@ class LocalRun:
         self.plane: ExecutionPlane | None = None
         self.master: MasterService | None = None
         self.workload_ids: dict[str, str] = {}  # tenant -> its workload of this run
+        # Tracker name -> its sink; the Metrics Service closes them when the run stops.
+        self.trackers: dict[str, Any] = {}
         self.started_at = time.monotonic()
 
     async def open(self, compiled: CompiledRun, *, status: Callable[[str], None]) -> None:
@@ -298,6 +304,8 @@ class LocalRun:
                         success_rate=float(r["success_rate"]),
                         mean_return=float(r["mean_return"]),
                         success_ci95=tuple(r["success_ci95"]) if r.get("success_ci95") else None,
+                        per_task=r.get("per_task"),
+                        seeds=r.get("seeds"),
                     )
                     for r in records
                     if r.get("kind") == "eval"
@@ -312,6 +320,19 @@ class LocalRun:
         return RunSummary(
             run_dir=str(self.run_dir), wall_s=time.monotonic() - self.started_at, tenants=out
         )
+
+    def track(self, compiled: CompiledRun, everyone: Sequence[TrackerName] = ()) -> None:
+        """Write learning curves to the trackers each spec's ``tracking`` names, and to
+        ``everyone`` for every tenant (after :meth:`open`, before :meth:`submit_all`)."""
+        from joynexus.metrics.tracking import subscribe_trackers
+
+        if self.plane is None or self.plane.metrics is None:
+            raise RuntimeError("track: the run is not open (or has no metrics)")
+        by_tenant = {w.tenant_id: w.spec.tracking for w in compiled.workloads}
+        sinks = subscribe_trackers(
+            self.plane.metrics, self.run_dir, everyone=everyone, by_tenant=by_tenant
+        )
+        self.trackers = {str(name): sink for name, sink in sinks.items()}
 
     async def close(self) -> None:
         """Stop the Master and the services (records and checkpoints stay)."""
@@ -388,6 +409,7 @@ async def run_workloads(
     on_status: Callable[[str], None] | None = None,
     on_record_episode: Callable[[str, int, int, bool], None] | None = None,
     on_open: Callable[[LocalRun], None] | None = None,
+    tracking: Sequence[TrackerName] = (),
 ) -> RunSummary:
     """Validate, then run every workload to its end on an in-process Master.
 
@@ -402,6 +424,8 @@ async def run_workloads(
         on_progress / on_status / on_record_episode: Progress callbacks.
         on_open: Called with the run once its workloads are submitted (to adjust
             admission through ``run.plane.scheduler``, for instance).
+        tracking: Experiment trackers for every tenant, beside each spec's own
+            ``tracking`` (``--tracking``).
 
     Raises:
         SpecError / DatasetError: a bad spec, before anything starts.
@@ -422,6 +446,7 @@ async def run_workloads(
     )
     try:
         await run.open(compiled, status=status)
+        run.track(compiled, tracking)
         status("starting tenants and environment sessions")
         await run.submit_all(compiled)
         if on_open is not None:

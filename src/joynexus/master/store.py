@@ -34,7 +34,7 @@ class WorkloadRecord(BaseModel):
     """One workload as it is stored.
 
     Attributes:
-        workload_id: Its id (``wl-<n>-<hex>``).
+        workload_id: Its id (``wl-<random hex>``).
         tenant_id: Its tenant.
         seq: Submission order (ids are issued above the highest stored).
         spec: The workload spec as JSON data (``WorkloadSpec.model_dump(mode="json")``).

@@ -1,25 +1,28 @@
-"""Experiment-tracker sinks for learning signals: TensorBoard (default), W&B, MLflow.
+"""Experiment-tracker sinks for learning signals: TensorBoard (default), W&B, MLflow,
+ClearML.
 
-Each tenant gets its own run (TensorBoard: its own log directory), so a tenant's curves
-never mix with another's. The tag is the event name, with any labels appended
+Each tenant gets its own run (TensorBoard: its own log directory; ClearML, which allows
+one task per process, its own series of every metric), so a tenant's curves never mix
+with another's. The tag is the event name, with any labels appended
 (``eval.success_rate/task:push``); the step is the event's step (the policy version)
 or, when absent, a per-tag counter.
 
 The tracker libraries are imported when a sink is built, not when this module is: W&B
-and MLflow are optional extras (``pip install joynexus[wandb]`` / ``[mlflow]``).
+MLflow and ClearML are extras (``pip install joynexus[trackers]``; ``make install``
+installs them).
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from joynexus.metrics.events import MetricCategory, MetricEvent
 
-__all__ = ["MLflowSink", "TensorBoardSink", "WandbSink", "tag_of"]
+__all__ = ["ClearMLSink", "MLflowSink", "TensorBoardSink", "WandbSink", "tag_of"]
 
 SERVICE_RUN = "_service"
 _DEFAULT_CATEGORIES: frozenset[str] = frozenset({"learning"})
@@ -40,6 +43,9 @@ class _PerRunSink:
         self._categories = frozenset(categories) if categories is not None else _DEFAULT_CATEGORIES
         self._steps: dict[tuple[str, str], int] = {}
         self._lock = threading.Lock()
+        #: Which tenants' events this sink writes (None: everyone's); a workload spec's
+        #: ``tracking`` selects the trackers of its tenant.
+        self.tenants: Callable[[str | None], bool] | None = None
 
     def _step(self, run: str, e: MetricEvent) -> int:
         if e.step is not None:
@@ -52,7 +58,9 @@ class _PerRunSink:
     def handle(self, events: Sequence[MetricEvent]) -> None:
         with self._lock:
             for e in events:
-                if e.category in self._categories:
+                if e.category in self._categories and (
+                    self.tenants is None or self.tenants(e.tenant_id)
+                ):
                     run = e.tenant_id or SERVICE_RUN
                     self._write(run, e, self._step(run, e))
             self._flush()
@@ -223,3 +231,75 @@ class MLflowSink(_PerRunSink):
             for rid in self.run_ids.values():
                 self.client.set_terminated(rid)
             self.run_ids.clear()
+
+
+#: ClearML settings of an offline session: metrics reported in this process (its
+#: default reporter subprocess makes every close wait seconds for a poll).
+_CLEARML_OFFLINE_CONF = "sdk { development { report_use_subprocess: false } }\n"
+
+
+class ClearMLSink(_PerRunSink):
+    """Logs to ClearML; offline by default (no server: a session folder and zip).
+
+    ClearML allows one task per process, so the run is one task and each tenant is a
+    series of every metric (``report_scalar(title=tag, series=tenant)``).
+
+    Args:
+        log_dir: Where the offline session is written (``<log_dir>/offline/<task id>``,
+            zipped on :meth:`close`); ClearML's cache directory of this process.
+        project / task_name: The ClearML project and task.
+        offline: False reports to the ClearML server of ``clearml.conf`` instead.
+        categories: Categories logged (default: learning).
+    """
+
+    def __init__(
+        self,
+        log_dir: str | Path,
+        *,
+        project: str = "joynexus",
+        task_name: str = "run",
+        offline: bool = True,
+        categories: Collection[MetricCategory] | None = None,
+    ) -> None:
+        super().__init__(categories)
+        self.log_dir = Path(log_dir)
+        if offline:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            conf = self.log_dir / "clearml.conf"
+            conf.write_text(_CLEARML_OFFLINE_CONF)
+            # ClearML reads where it writes from the environment only (before import);
+            # a user's own configuration file wins.
+            os.environ["CLEARML_CACHE_DIR"] = str(self.log_dir.resolve())
+            os.environ.setdefault("CLEARML_CONFIG_FILE", str(conf.resolve()))
+        from clearml import Task
+
+        Task.set_offline(offline_mode=offline)
+        self.task: Any = Task.init(
+            project_name=project,
+            task_name=task_name,
+            reuse_last_task_id=False,
+            auto_connect_arg_parser=False,
+            auto_connect_frameworks=False,
+            auto_resource_monitoring=False,
+            auto_connect_streams=False,
+        )
+        self._logger: Any = self.task.get_logger()
+        self._closed = False
+
+    @property
+    def session_dir(self) -> Path | None:
+        """The offline session's folder (None online)."""
+        folder = self.task.get_offline_mode_folder()  # ClearML's own Path class
+        return None if folder is None else Path(str(folder))
+
+    def _write(self, run: str, e: MetricEvent, step: int) -> None:
+        self._logger.report_scalar(tag_of(e), run, value=e.value, iteration=step)
+
+    def _flush(self) -> None:
+        self._logger.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self.task.close()  # zips the offline session

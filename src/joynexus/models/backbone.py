@@ -23,7 +23,7 @@ from joynexus.models.batch import ObservationBatch
 from joynexus.models.canonicalize import CanonicalSpec, canonicalize
 from joynexus.models.feature import VLAFeature
 from joynexus.models.lora import LoRAHost
-from joynexus.models.pi0 import PI0_MODEL_TYPE, Pi0Checkpoint
+from joynexus.models.policies.pi0_expert.checkpoint import PI0_MODEL_TYPE, Pi0Checkpoint
 from joynexus.models.schema import DataSchema, prefix_key, schema_signature
 from joynexus.models.tiny import SIDECAR, quiet_transformers
 from joynexus.models.types import BackboneOutput
@@ -71,7 +71,7 @@ class ResidentBaseModel:
     A π0 checkpoint (``arch == "pi0"``) is resident as its PaliGemma prefix (``model``);
     ``pi0`` keeps its config and pretrained action expert, and :meth:`encode` also
     returns the prefix KV cache that ``pi0_expert`` tenants attend to
-    (:mod:`joynexus.models.pi0`).
+    (:mod:`joynexus.models.policies.pi0_expert`).
     """
 
     def __init__(
@@ -340,13 +340,6 @@ class ResidentBaseModel:
         if want_layers:
             layers = {i: out.hidden_states[i].masked_fill(pad, 0.0) for i in self.output_layers}
         return BackboneOutput(hidden_states=hidden, attention_mask=mask, layers=layers)
-
-    def encode_groups(
-        self, groups: Sequence[tuple[str, DataSchema, ObservationBatch]]
-    ) -> tuple[VLAFeature, BackboneOutput]:
-        """``canonicalize`` then ``encode`` (the grouped shared forward)."""
-        feature = self.canonicalize(groups)
-        return feature, self.encode(feature)
 
 
 def _default_size(arch: str, config: Any) -> int:

@@ -13,7 +13,6 @@ they are the baseline of the equivalence proof (Figure 12) and of the benchmark
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,15 +25,10 @@ import torch
 from joynexus.errors import CapacityError, ConflictError, InvalidRequestError, NotFoundError
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import VLAFeature
+from joynexus.models.grouped_step import sft_step
 from joynexus.models.lora import LoRAAdapter, LoRARows, LoRASegment, lora_rows
 from joynexus.models.schema import DataSchema
-from joynexus.models.slots import (
-    BaseModelRef,
-    StepResult,
-    TenantSlot,
-    apply_losses,
-    unique_parameter_bytes,
-)
+from joynexus.models.slots import BaseModelRef, StepResult, TenantSlot, unique_parameter_bytes
 from joynexus.models.types import BackboneOutput
 
 
@@ -311,71 +305,14 @@ class GroupedExecutor:
 
     # --- training --------------------------------------------------------------------
 
-    def _check_training(
-        self,
-        batches: Mapping[str, ObservationBatch],
-        action_masks: Mapping[str, torch.Tensor] | None,
-    ) -> None:
-        for tid, batch in batches.items():
-            self.slot(tid)
-            if batch.actions is None:
-                raise InvalidRequestError(
-                    f"tenant {tid!r}: a training batch needs actions "
-                    "(float32 [B, action_chunk, action_dim])",
-                    tenant_id=tid,
-                    field="actions",
-                )
-        for tid in action_masks or {}:
-            if tid not in batches:
-                raise InvalidRequestError(
-                    f"action_masks names tenant {tid!r}, which has no batch in this step",
-                    tenant_id=tid,
-                )
-
-    def _step_tenants(
-        self,
-        features: Mapping[str, BackboneOutput],
-        batches: Mapping[str, ObservationBatch],
-        action_masks: Mapping[str, torch.Tensor] | None,
-    ) -> dict[str, StepResult]:
-        results: dict[str, StepResult] = {}
-        device = self.base.device
-        if any(self.slot(tid).lora is not None for tid in batches):
-            # The LoRA tenants' losses share the grouped forward's graph: one backward.
-            pairs: list[tuple[TenantSlot, torch.Tensor]] = []
-            for tid, batch in batches.items():
-                assert batch.actions is not None  # checked by _check_training
-                slot = self.slot(tid)
-                feats = features[tid] if slot.lora is not None else features[tid].detach()
-                loss = slot.loss(
-                    feats,
-                    _to_tensor(batch.state, device),
-                    _to_tensor(batch.actions, device),
-                    (action_masks or {}).get(tid),
-                )
-                pairs.append((slot, loss))
-            for tid, outcome in zip(batches, apply_losses(pairs), strict=True):
-                if isinstance(outcome, Exception):
-                    raise outcome
-                results[tid] = outcome
-            return results
-        for tid, batch in batches.items():
-            assert batch.actions is not None  # checked by _check_training
-            results[tid] = self.slot(tid).train_step(
-                features[tid],
-                _to_tensor(batch.state, device),
-                _to_tensor(batch.actions, device),
-                (action_masks or {}).get(tid),
-            )
-        return results
-
     def train_step(
         self,
         batches: Mapping[str, ObservationBatch],
         *,
         action_masks: Mapping[str, torch.Tensor] | None = None,
     ) -> dict[str, StepResult]:
-        """One grouped SFT step: shared forward, then an independent update per tenant.
+        """One grouped SFT step (:func:`~joynexus.models.grouped_step.sft_step`): shared
+        forward, then an independent update per tenant.
 
         Args:
             batches: tenant id → its batch (with actions).
@@ -389,10 +326,10 @@ class GroupedExecutor:
             InvalidRequestError: a batch without actions.
             SchemaMismatchError: a batch that does not match its tenant's schema.
         """
-        self._check_training(batches, action_masks)
-        with self._lock:
-            features = self.shared_forward(batches, grad=True)
-            return self._step_tenants(features, batches, action_masks)
+        slots = {tid: self.slot(tid) for tid in batches}
+        return sft_step(
+            slots, batches, forward=self.shared_forward, lock=self._lock, action_masks=action_masks
+        )
 
     def serial_train_step(
         self,
@@ -401,13 +338,12 @@ class GroupedExecutor:
         action_masks: Mapping[str, torch.Tensor] | None = None,
     ) -> dict[str, StepResult]:
         """The same step, tenant by tenant with one backbone forward each (baseline)."""
-        self._check_training(batches, action_masks)
-        with self._lock:
-            results: dict[str, StepResult] = {}
-            for tid, batch in batches.items():
-                features = self.shared_forward({tid: batch}, grad=True)
-                results.update(self._step_tenants(features, {tid: batch}, action_masks))
-            return results
+        masks = action_masks or {}
+        results: dict[str, StepResult] = {}
+        for tid, batch in batches.items():
+            one = {tid: masks[tid]} if tid in masks else None
+            results.update(self.train_step({tid: batch}, action_masks=one))
+        return results
 
     # --- inference -------------------------------------------------------------------
 
@@ -594,39 +530,6 @@ class GroupedExecutor:
             if times is not None:
                 times.head_s += time.perf_counter() - heads
         return [r for r in results if r is not None]
-
-    def inference_batch_fn(
-        self,
-        mode: Literal["mean", "sample"] = "mean",
-        *,
-        resolve_slot: SlotResolver | None = None,
-    ) -> InferenceBatchFn:
-        """An async batch function for the Inference Queue (torch runs in a worker thread).
-
-        If any request is invalid the whole call raises; the queue then retries the
-        members alone, so only the culprit fails.
-        """
-        return InferenceBatchFn(self, mode, resolve_slot=resolve_slot)
-
-
-class InferenceBatchFn:
-    """``await fn(requests) -> results`` adapter over :meth:`GroupedExecutor.run_requests`."""
-
-    def __init__(
-        self,
-        executor: GroupedExecutor,
-        mode: Literal["mean", "sample"],
-        *,
-        resolve_slot: SlotResolver | None = None,
-    ):
-        self.executor = executor
-        self.mode: Literal["mean", "sample"] = mode
-        self.resolve_slot = resolve_slot
-
-    async def __call__(self, requests: Sequence[ServeRequest]) -> list[InferenceResult]:
-        return await asyncio.to_thread(
-            self.executor.run_requests, list(requests), self.mode, resolve_slot=self.resolve_slot
-        )
 
 
 @dataclass(frozen=True)

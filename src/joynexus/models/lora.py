@@ -386,8 +386,17 @@ def peft_config(adapter: LoRAAdapter) -> dict[str, Any]:
 
 def save_peft_adapter(adapter: LoRAAdapter, directory: str | Path) -> Path:
     """Write ``adapter_model.safetensors`` + ``adapter_config.json`` into ``directory``."""
+    return write_peft_adapter(adapter.peft_state_dict(), peft_config(adapter), directory)
+
+
+def write_peft_adapter(
+    tensors: Mapping[str, torch.Tensor], config: Mapping[str, Any], directory: str | Path
+) -> Path:
+    """Write an adapter already in PEFT form (:meth:`LoRAAdapter.peft_state_dict`,
+    :func:`peft_config`): a checkpoint snapshots them under the backbone lock and
+    writes them after releasing it."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(adapter.peft_state_dict(), str(out / PEFT_WEIGHTS_FILE))
-    (out / PEFT_CONFIG_FILE).write_text(json.dumps(peft_config(adapter), indent=2) + "\n")
+    save_file(dict(tensors), str(out / PEFT_WEIGHTS_FILE))
+    (out / PEFT_CONFIG_FILE).write_text(json.dumps(dict(config), indent=2) + "\n")
     return out

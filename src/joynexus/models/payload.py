@@ -42,8 +42,9 @@ from joynexus.errors import (
     NotFoundError,
     SchemaMismatchError,
 )
-from joynexus.models.lora import save_peft_adapter
+from joynexus.models.lora import peft_config, write_peft_adapter
 from joynexus.models.normalization import NormalizationStats
+from joynexus.models.optim_state import optimizer_tensors, restore_optimizer
 from joynexus.models.slots import TenantSlot, validate_tenant_id
 
 ACTION_MODULE_FILE = "action_module.safetensors"
@@ -232,68 +233,52 @@ def checkpoint_dir(output_dir: str | os.PathLike[str], tenant_id: str, step: int
     return Path(output_dir) / validate_tenant_id(tenant_id) / f"step_{step}"
 
 
-def _optimizer_tensors(slot: TenantSlot) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Flatten AdamW state to ``state.<param name>.<key>`` tensors + JSON hyperparameters.
+@dataclass(frozen=True)
+class SlotSnapshot:
+    """Everything one slot's checkpoint holds, copied off the live slot.
 
-    Parameters are identified by name, not by position, so a reordering of modules
-    cannot silently attach moments to the wrong tensor.
+    :func:`snapshot_slot` takes it under the backbone lock (in-memory copies only);
+    :func:`write_checkpoint` writes it with no lock held, so no tenant's predict or
+    training step waits for the disk.
     """
-    names = {id(p): n for n, p in slot.named_parameters()}
-    sd = slot.optimizer.state_dict()
-    index_to_name: dict[int, str] = {}
-    for group in slot.optimizer.param_groups:
-        for p in group["params"]:
-            index_to_name[len(index_to_name)] = names[id(p)]
-    tensors: dict[str, torch.Tensor] = {}
-    for idx, state in sd["state"].items():
-        pname = index_to_name[int(idx)]
-        for key, value in state.items():
-            t = value if isinstance(value, torch.Tensor) else torch.tensor(value)
-            tensors[f"state.{pname}.{key}"] = t.detach().to("cpu").contiguous()
-    groups = []
-    for group, sd_group in zip(slot.optimizer.param_groups, sd["param_groups"], strict=True):
-        hyper = {k: v for k, v in sd_group.items() if k != "params"}
-        hyper["param_names"] = [names[id(p)] for p in group["params"]]
-        groups.append(hyper)
-    return tensors, {"type": type(slot.optimizer).__name__, "param_groups": groups}
+
+    tenant_id: str
+    schema_signature: str
+    base_model_id: str
+    policy_version: int
+    head: dict[str, Any]
+    value_head: dict[str, Any] | None
+    tensors: dict[str, torch.Tensor]
+    peft: tuple[dict[str, torch.Tensor], dict[str, Any]] | None
+    optimizer: tuple[dict[str, torch.Tensor], dict[str, Any]] | None
+    normalization: NormalizationStats | None
 
 
-def _restore_optimizer(
-    slot: TenantSlot, tensors: dict[str, torch.Tensor], meta: dict[str, Any]
-) -> None:
-    names = [n for n, _ in slot.named_parameters()]
-    groups = meta.get("param_groups", [])
-    if meta.get("type") != type(slot.optimizer).__name__ or len(groups) != len(
-        slot.optimizer.param_groups
-    ):
-        raise SchemaMismatchError(
-            f"optimizer checkpoint is {meta.get('type')} with {len(groups)} group(s); the "
-            f"slot has {type(slot.optimizer).__name__} with "
-            f"{len(slot.optimizer.param_groups)}",
-            field="optimizer",
-        )
-    param_groups: list[dict[str, Any]] = []
-    order: list[str] = []
-    for g in groups:
-        g = dict(g)
-        gnames = list(g.pop("param_names"))
-        g["params"] = list(range(len(order), len(order) + len(gnames)))
-        order.extend(gnames)
-        if "betas" in g:
-            g["betas"] = tuple(g["betas"])
-        param_groups.append(g)
-    if sorted(order) != sorted(names):
-        raise SchemaMismatchError(
-            "optimizer checkpoint parameter names do not match the slot's action module",
-            field="optimizer",
-        )
-    state: dict[int, dict[str, torch.Tensor]] = {}
-    for idx, pname in enumerate(order):
-        prefix = f"state.{pname}."
-        entry = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-        if entry:
-            state[idx] = entry
-    slot.optimizer.load_state_dict({"state": state, "param_groups": param_groups})
+def snapshot_slot(slot: TenantSlot, *, include_optim: bool = True) -> SlotSnapshot:
+    """CPU copies of the slot's tensors (and AdamW state): nothing touches the disk."""
+    peft = None
+    if slot.lora is not None:
+        weights = {k: v.clone() for k, v in slot.lora.peft_state_dict().items()}
+        peft = (weights, peft_config(slot.lora))
+    optimizer = None
+    if include_optim:
+        optimizer = optimizer_tensors(slot)
+    return SlotSnapshot(
+        tenant_id=slot.tenant_id,
+        schema_signature=slot.schema_signature,
+        base_model_id=slot.base_model_id,
+        policy_version=slot.policy_version,
+        head=slot.head_config.model_dump(mode="json"),
+        value_head=None
+        if slot.value_head_config is None
+        else slot.value_head_config.model_dump(mode="json"),
+        tensors={
+            n: t.detach().to("cpu", copy=True).contiguous() for n, t in slot.state_tensors().items()
+        },
+        peft=peft,
+        optimizer=optimizer,
+        normalization=slot.normalization,
+    )
 
 
 def save_slot(
@@ -307,58 +292,69 @@ def save_slot(
     clock: Callable[[], float] = time.time,
     ledger: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write ``slot`` to ``<output_dir>/<tenant>/step_<step>/`` atomically.
+    """Write ``slot`` to ``<output_dir>/<tenant>/step_<step>/`` atomically
+    (:func:`snapshot_slot` then :func:`write_checkpoint`)."""
+    return write_checkpoint(
+        snapshot_slot(slot, include_optim=include_optim),
+        output_dir,
+        step,
+        base_model_id=base_model_id,
+        base_model_hash=base_model_hash,
+        clock=clock,
+        ledger=ledger,
+    )
 
-    Args:
-        slot: The tenant slot.
-        output_dir: Root of the tenant checkpoints.
-        step: Training step recorded in the directory name and the manifest.
-        include_optim: Also write the AdamW state (needed to resume training).
-        base_model_id: Recorded in the manifest; defaults to the slot's base model id.
-        base_model_hash: Optional digest of the base weights, checked on load.
-        clock: Returns the creation timestamp (seconds since the epoch).
-        ledger: JSON data recorded in the manifest with the weights (the Master's
-            job ledger), so weights and the account of what is in them commit together.
 
-    Returns:
-        The checkpoint directory.
+def write_checkpoint(
+    snapshot: SlotSnapshot,
+    output_dir: str | os.PathLike[str],
+    step: int,
+    *,
+    base_model_id: str | None = None,
+    base_model_hash: str | None = None,
+    clock: Callable[[], float] = time.time,
+    ledger: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``snapshot`` to ``<output_dir>/<tenant>/step_<step>/`` atomically, with
+    its optimizer state when it holds one (needed to resume training).
+
+    ``base_model_id`` (default: the slot's) and ``base_model_hash`` (checked on load)
+    go into the manifest with ``clock()``'s creation time and ``ledger``: JSON data (the
+    Master's job ledger) committed together with the weights it accounts for.
 
     Raises:
         InvalidRequestError: bad tenant id or step.
         ConflictError: that checkpoint directory already exists.
     """
-    final = checkpoint_dir(output_dir, slot.tenant_id, step)
+    final = checkpoint_dir(output_dir, snapshot.tenant_id, step)
     if final.exists():
         raise ConflictError(f"checkpoint {final} already exists", path=str(final))
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}.", suffix=".tmp", dir=final.parent))
     try:
-        tensors = {n: t.detach().to("cpu").contiguous() for n, t in slot.state_tensors().items()}
-        save_file(tensors, str(tmp / ACTION_MODULE_FILE))
-        if slot.lora is not None:
+        save_file(snapshot.tensors, str(tmp / ACTION_MODULE_FILE))
+        if snapshot.peft is not None:
             # The adapter again in PEFT format, for peft.PeftModel.from_pretrained(base,
             # <this dir>); the base model itself is never in a tenant checkpoint.
-            save_peft_adapter(slot.lora, tmp)
-        if include_optim:
-            opt_tensors, opt_meta = _optimizer_tensors(slot)
+            write_peft_adapter(*snapshot.peft, tmp)
+        if snapshot.optimizer is not None:
+            opt_tensors, opt_meta = snapshot.optimizer
             save_file(opt_tensors, str(tmp / OPTIMIZER_FILE))
             (tmp / OPTIMIZER_META_FILE).write_text(json.dumps(opt_meta, indent=2, sort_keys=True))
-        if slot.normalization is not None:
-            (tmp / NORMALIZATION_FILE).write_text(slot.normalization.model_dump_json(indent=2))
+        if snapshot.normalization is not None:
+            (tmp / NORMALIZATION_FILE).write_text(snapshot.normalization.model_dump_json(indent=2))
         files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
         manifest = CheckpointManifest(
-            tenant_id=slot.tenant_id,
-            schema_signature=slot.schema_signature,
-            base_model_id=base_model_id or slot.base_model_id,
+            tenant_id=snapshot.tenant_id,
+            schema_signature=snapshot.schema_signature,
+            base_model_id=base_model_id or snapshot.base_model_id,
             base_model_hash=base_model_hash,
-            policy_version=slot.policy_version,
+            policy_version=snapshot.policy_version,
             step=step,
             created=float(clock()),
-            head=slot.head_config.model_dump(mode="json"),
-            value_head=None
-            if slot.value_head_config is None
-            else slot.value_head_config.model_dump(mode="json"),
-            includes_optimizer=include_optim,
+            head=snapshot.head,
+            value_head=snapshot.value_head,
+            includes_optimizer=snapshot.optimizer is not None,
             files=files,
             ledger=dict(ledger or {}),
         )
@@ -373,21 +369,23 @@ def save_slot(
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
-def find_latest_checkpoint(output_dir: str | os.PathLike[str], tenant_id: str) -> Path | None:
-    """The tenant's checkpoint with the highest step under ``output_dir``, or None.
-
-    Only complete checkpoints count (written atomically: their manifest exists).
-    """
+def checkpoint_steps(output_dir: str | os.PathLike[str], tenant_id: str) -> list[tuple[int, Path]]:
+    """The tenant's complete checkpoints under ``output_dir`` as ``(step, directory)``,
+    oldest first (written atomically: only those whose manifest exists count)."""
     root = Path(output_dir) / tenant_id
-    best: tuple[int, Path] | None = None
-    if root.is_dir():
-        for child in root.iterdir():
-            m = _STEP_DIR.match(child.name)
-            if m and (child / MANIFEST_FILE).is_file():
-                n = int(m.group(1))
-                if best is None or n > best[0]:
-                    best = (n, child)
-    return None if best is None else best[1]
+    if not root.is_dir():
+        return []
+    return sorted(
+        (int(m.group(1)), child)
+        for child in root.iterdir()
+        if (m := _STEP_DIR.match(child.name)) and (child / MANIFEST_FILE).is_file()
+    )
+
+
+def find_latest_checkpoint(output_dir: str | os.PathLike[str], tenant_id: str) -> Path | None:
+    """The tenant's checkpoint with the highest step under ``output_dir``, or None."""
+    steps = checkpoint_steps(output_dir, tenant_id)
+    return steps[-1][1] if steps else None
 
 
 def read_manifest(path: str | os.PathLike[str]) -> CheckpointManifest:
@@ -503,6 +501,62 @@ def init_slot_from(
     return manifest
 
 
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A checkpoint read from disk and verified against a slot, not yet installed:
+    :func:`read_checkpoint` needs no lock, :func:`install_checkpoint` copies in memory."""
+
+    manifest: CheckpointManifest
+    tensors: dict[str, torch.Tensor]
+    normalization: NormalizationStats | None
+    optimizer: tuple[dict[str, torch.Tensor], dict[str, Any]] | None
+
+
+def read_checkpoint(
+    slot: TenantSlot,
+    path: str | os.PathLike[str],
+    *,
+    base_model_hash: str | None = None,
+    load_optim: bool = True,
+) -> LoadedCheckpoint:
+    """Read and verify the checkpoint at ``path`` for ``slot`` (every file against the
+    manifest's sha256); the slot is not changed.
+
+    Raises:
+        NotFoundError: no checkpoint at ``path``.
+        InvalidRequestError: another tenant's checkpoint or a hash mismatch.
+        SchemaMismatchError: a different schema signature or base model.
+    """
+    root = Path(path)
+    manifest = _verified_manifest(slot, root, base_model_hash, same_tenant=True)
+    normalization = _normalization_of(slot, root, manifest)
+    optimizer = None
+    if load_optim and manifest.includes_optimizer:
+        device = next(slot.parameters()).device
+        optimizer = (
+            load_file(str(root / OPTIMIZER_FILE), device=str(device)),
+            json.loads((root / OPTIMIZER_META_FILE).read_text()),
+        )
+    tensors = load_file(str(root / ACTION_MODULE_FILE))
+    return LoadedCheckpoint(manifest, tensors, normalization, optimizer)
+
+
+def install_checkpoint(slot: TenantSlot, loaded: LoadedCheckpoint) -> CheckpointManifest:
+    """Copy a read checkpoint into ``slot``: module, optimizer, normalization, version.
+
+    Raises:
+        InvalidRequestError / SchemaMismatchError: tensors or optimizer state that do
+            not fit the slot.
+    """
+    _copy_validated(slot, loaded.tensors)
+    if loaded.normalization is not None:
+        slot.normalization = loaded.normalization
+    if loaded.optimizer is not None:
+        restore_optimizer(slot, *loaded.optimizer)
+    slot.policy_version = loaded.manifest.policy_version
+    return loaded.manifest
+
+
 def load_slot(
     slot: TenantSlot,
     path: str | os.PathLike[str],
@@ -510,26 +564,7 @@ def load_slot(
     base_model_hash: str | None = None,
     load_optim: bool = True,
 ) -> CheckpointManifest:
-    """Restore ``slot``'s module, optimizer (when saved) and policy version from ``path``.
-
-    Every file is verified against the manifest's sha256 before anything is loaded.
-
-    Raises:
-        NotFoundError: no checkpoint at ``path``.
-        InvalidRequestError: another tenant's checkpoint, a hash mismatch, or tensors
-            that do not fit the slot.
-        SchemaMismatchError: a different schema signature or base model.
-    """
-    root = Path(path)
-    manifest = _verified_manifest(slot, root, base_model_hash, same_tenant=True)
-    normalization = _normalization_of(slot, root, manifest)
-    _copy_validated(slot, load_file(str(root / ACTION_MODULE_FILE)))
-    if normalization is not None:
-        slot.normalization = normalization
-    if load_optim and manifest.includes_optimizer:
-        device = next(slot.parameters()).device
-        opt_tensors = load_file(str(root / OPTIMIZER_FILE), device=str(device))
-        meta = json.loads((root / OPTIMIZER_META_FILE).read_text())
-        _restore_optimizer(slot, opt_tensors, meta)
-    slot.policy_version = manifest.policy_version
-    return manifest
+    """Restore ``slot``'s module, optimizer (when saved) and policy version from ``path``
+    (:func:`read_checkpoint`, then :func:`install_checkpoint`)."""
+    loaded = read_checkpoint(slot, path, base_model_hash=base_model_hash, load_optim=load_optim)
+    return install_checkpoint(slot, loaded)

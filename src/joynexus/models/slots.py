@@ -11,27 +11,20 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from joynexus.errors import InvalidRequestError
-from joynexus.models.heads import (
-    ActionModule,
-    AnyHeadConfig,
-    FlowMatchingHead,
-    OFTHead,
-    Pi0Expert,
-    ValueHead,
-    ValueHeadConfig,
-    build_action_module,
-)
 from joynexus.models.lora import LoRAAdapter, LoRAConfig
 from joynexus.models.normalization import NormalizationStats
+from joynexus.models.policies.base import PolicyConfig, PolicyHead, PolicySample
+from joynexus.models.policies.registry import build_action_module
+from joynexus.models.policies.value import ValueHead, ValueHeadConfig
 from joynexus.models.schema import DataSchema
 from joynexus.models.types import BackboneOutput
 
@@ -107,21 +100,6 @@ class StepResult:
     grad_norm: float
 
 
-class PolicySample(NamedTuple):
-    """Stochastic actions of one decode (``TenantSlot.sample``).
-
-    Attributes:
-        actions: ``[B, chunk, A]``.
-        log_probs: ``[B]`` log-probability of each sample, or None (no density).
-        chain: ``[B, steps + 1, chunk, A]`` Flow-SDE chain of a flow head (what the
-            actor needs to recompute ``log_probs``), else None.
-    """
-
-    actions: torch.Tensor
-    log_probs: torch.Tensor | None
-    chain: torch.Tensor | None = None
-
-
 class TenantSlot:
     """One tenant's private training/serving state on top of a shared base model.
 
@@ -129,7 +107,7 @@ class TenantSlot:
         tenant_id: The tenant (validated: it becomes a checkpoint directory name).
         schema: The tenant's data schema.
         base: The resident base model; referenced, never copied.
-        head: Action module config (OFT, flow matching or π0 expert).
+        head: Action module config (any registered policy family).
         optimizer: AdamW settings for this tenant alone.
         value_head: Optional critic config (RL).
         seed: Seeds the module initialisation and the tenant's own generator, so two
@@ -146,7 +124,7 @@ class TenantSlot:
         tenant_id: str,
         schema: DataSchema,
         base: BaseModelRef,
-        head: AnyHeadConfig,
+        head: PolicyConfig,
         *,
         optimizer: OptimizerConfig | None = None,
         value_head: ValueHeadConfig | None = None,
@@ -187,7 +165,7 @@ class TenantSlot:
         self.lora: LoRAAdapter | None = (
             adapter.to(device=device, dtype=dtype) if adapter is not None else None
         )
-        self.action_module: ActionModule = module.to(device=device, dtype=dtype)
+        self.action_module: PolicyHead = module.to(device=device, dtype=dtype)
         self.value_head: ValueHead | None = (
             critic.to(device=device, dtype=dtype) if critic is not None else None
         )
@@ -268,8 +246,8 @@ class TenantSlot:
         """Backward ``loss`` into this slot only, clip, step AdamW, bump the version.
 
         This is the one place a tenant's parameters change, so custom algorithms (PPO,
-        GRPO) call it with their own loss. (Grouped LoRA steps, whose losses share one
-        autograd graph, go through :func:`apply_losses` instead.)
+        GRPO) call it with their own loss. (Grouped steps, whose losses share one
+        autograd graph, go through :func:`~joynexus.models.grouped_step.grouped_step`.)
 
         Gradients are clipped per module (action module and value head each to
         ``grad_clip``), as when actor and critic have their own optimizers. One global
@@ -354,20 +332,11 @@ class TenantSlot:
         *,
         generator: torch.Generator | None = None,
     ) -> PolicySample:
-        """Stochastic actions for RL rollouts with their log-probs.
-
-        Gaussian OFT heads sample their policy; flow-matching heads sample a Flow-SDE
-        chain (and return it, see :mod:`joynexus.models.heads.flow_policy`); any other
-        head returns its prediction and no log-probs.
-        """
+        """Stochastic actions for RL rollouts with their log-probs (see
+        :meth:`PolicyHead.sample`: a Gaussian head samples its policy, a flow head a
+        Flow-SDE chain it also returns, a head without a density its prediction)."""
         self.action_module.eval()
-        state = self._state_tensor(state)
-        module = self.action_module
-        if isinstance(module, OFTHead):
-            return PolicySample(*module.sample(features, state, generator=generator))
-        if isinstance(module, FlowMatchingHead | Pi0Expert):
-            return PolicySample(*module.sample(features, state, generator=generator))
-        return PolicySample(module.predict(features, state, generator=generator), None)
+        return self.action_module.sample(features, self._state_tensor(state), generator=generator)
 
     @torch.no_grad()
     def value(self, features: BackboneOutput, state: torch.Tensor) -> torch.Tensor | None:
@@ -376,32 +345,6 @@ class TenantSlot:
             return None
         out: torch.Tensor = self.value_head(features, self._state_tensor(state))
         return out
-
-
-def apply_losses(
-    pairs: Sequence[tuple[TenantSlot, torch.Tensor]],
-) -> list[StepResult | Exception]:
-    """Step several slots whose losses may share one autograd graph (grouped LoRA).
-
-    ONE backward of the summed losses: the tenants' rows never mix in the backbone, so
-    each slot's gradient is exactly the gradient of its own loss. Then each slot clips
-    and steps on its own. A slot whose loss is not a finite scalar gets its error and
-    is left out; the others still step.
-    """
-    results: list[StepResult | Exception | None] = [None] * len(pairs)
-    good: list[tuple[int, TenantSlot, torch.Tensor, float]] = []
-    for i, (slot, loss) in enumerate(pairs):
-        try:
-            good.append((i, slot, loss, slot.check_loss(loss)))
-        except InvalidRequestError as error:
-            results[i] = error
-    for _, slot, _, _ in good:
-        slot.optimizer.zero_grad(set_to_none=True)
-    if good:
-        torch.autograd.backward(torch.stack([loss for _, _, loss, _ in good]).sum())
-    for i, slot, _, value in good:
-        results[i] = slot.step_optimizer(value)
-    return [r for r in results if r is not None]
 
 
 def _build_adapter(

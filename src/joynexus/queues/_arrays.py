@@ -7,6 +7,7 @@ trailing shape, copy, gather by sample index — exists here once for both kinds
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
@@ -33,6 +34,14 @@ class FieldSpec:
     dtype: str
     sample_shape: tuple[int, ...]
     device: str = "cpu"
+
+    def row_nbytes(self) -> int:
+        """Bytes of one sample of this field."""
+        if self.kind == "torch":
+            itemsize = int(getattr(torch, self.dtype).itemsize)
+        else:
+            itemsize = np.dtype(self.dtype).itemsize
+        return itemsize * math.prod(self.sample_shape)
 
     def describe(self) -> str:
         where = f" on {self.device}" if self.kind == "torch" else ""

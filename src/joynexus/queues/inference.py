@@ -10,10 +10,15 @@ encode + per-tenant decode). Each request gets its own result or its own error.
 Batching policy (B = ``max_batch_size`` in samples, T = ``max_wait_s``):
 
 * **Head-first, compatible-skip.** The *head* is the oldest queued request. Its batch
-  takes, in arrival order, queued requests with the head's ``compat_key`` until adding
-  the next one would pass B samples; incompatible requests in between are skipped
-  over, not blocking the head's group (a strict prefix would make interleaved tenants
-  run at batch size 1).
+  takes queued requests with the head's ``compat_key`` until adding the next one would
+  pass B samples; incompatible requests in between are skipped over, not blocking the
+  head's group (a strict prefix would make interleaved tenants run at batch size 1).
+* **Fair across tenants.** Within a group, a batch takes requests round-robin over the
+  tenants that have some queued — one request of each in turn, FIFO within a tenant —
+  and the tenant that opened a batch goes to the back of the rotation for the next.
+  A tenant that floods the queue (within its rate quota) therefore gets one request
+  per turn like everyone else: another tenant's request rides in the next batch
+  instead of waiting behind the whole flood.
 * **When a batch fires.** The head's batch fires when the head has waited T, or when
   its group holds ≥ B samples. A group other than the head's fires early only when it
   already holds ≥ B samples (a full batch gains nothing by waiting); the oldest such
@@ -22,8 +27,8 @@ Batching policy (B = ``max_batch_size`` in samples, T = ``max_wait_s``):
   has waited less than T; once the head is due, it fires next. So after a request R
   has waited T, every batch that runs before R's own is headed by a request older than
   R: R is overtaken by younger requests only during its first T, and its total wait is
-  bounded by T plus the time to serve the requests queued before it. Within a group,
-  order is strictly FIFO.
+  bounded by T plus the time to serve the requests queued before it. Within a tenant
+  of a group, order is strictly FIFO (across tenants too when each has one request).
 * **Oversize requests.** A request with ``num_samples`` > B is never split: it runs
   alone, as its own batch, as soon as it reaches the front of its group (it counts as
   a full group). The batch function receives it whole; the model layer decides how to
@@ -130,12 +135,38 @@ class _Entry:
 
 
 class _Group:
-    __slots__ = ("entries", "key", "samples")
+    __slots__ = ("entries", "key", "rotation", "samples", "tenants")
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.entries: deque[_Entry] = deque()
         self.samples = 0  # samples of live queued entries
+        # Per-tenant FIFO queues (same entries; finished ones dropped lazily) and the
+        # round-robin order of the tenants that have some.
+        self.tenants: dict[str, deque[_Entry]] = {}
+        self.rotation: deque[str] = deque()
+
+    def add(self, entry: _Entry) -> None:
+        self.entries.append(entry)
+        tenant = entry.request.tenant_id
+        own = self.tenants.get(tenant)
+        if own is None:
+            own = self.tenants[tenant] = deque()
+            self.rotation.append(tenant)
+        own.append(entry)
+
+    def tenant_head(self, tenant: str) -> _Entry | None:
+        """The tenant's oldest live queued entry; forgets a tenant with none."""
+        own = self.tenants.get(tenant)
+        while own:
+            e = own[0]
+            if e.state == _QUEUED and not e.future.done():
+                return e
+            own.popleft()
+        self.tenants.pop(tenant, None)
+        with contextlib.suppress(ValueError):
+            self.rotation.remove(tenant)
+        return None
 
     def head(self) -> _Entry | None:
         """Oldest live queued entry, dropping finished ones from the front."""
@@ -290,7 +321,7 @@ class InferenceQueue:
         expires_at = None if request.deadline_s is None else now + request.deadline_s
         self._seq += 1
         entry = _Entry(self, request, future, group, self._seq, now, expires_at)
-        group.entries.append(entry)
+        group.add(entry)
         group.samples += n
         self._size += 1
         self._stats.requests += 1
@@ -418,28 +449,38 @@ class InferenceQueue:
         return None, max(0.0, wake - now)
 
     def _collect(self, group: _Group) -> list[_Entry]:
-        """Take the group's queued requests oldest first, up to B samples."""
+        """Take up to B samples of the group's queued requests, round-robin over its
+        tenants (FIFO within each); the first tenant served goes to the back."""
         now = self._clock.now()
         batch: list[_Entry] = []
         total = 0
-        entries = group.entries
         b = self._b
-        while entries:
-            e = entries[0]
-            if e.state != _QUEUED or e.future.done():
-                entries.popleft()
-                self._discard(e)
-                continue
-            if total and total + e.n > b:
+        first: str | None = None
+        full = False
+        while not full:
+            progressed = False
+            for tenant in list(group.rotation):
+                e = group.tenant_head(tenant)
+                if e is None:
+                    continue
+                if total and total + e.n > b:
+                    full = True  # the next in turn does not fit: the batch is complete
+                    break
+                group.tenants[tenant].popleft()
+                e.state = _DISPATCHED
+                group.samples -= e.n
+                self._size -= 1
+                batch.append(e)
+                total += e.n
+                first = tenant if first is None else first
+                progressed = True
+                if total >= b:
+                    full = True
+                    break
+            if not progressed:
                 break
-            entries.popleft()
-            e.state = _DISPATCHED
-            group.samples -= e.n
-            self._size -= 1
-            batch.append(e)
-            total += e.n
-            if total >= b:
-                break
+        if first is not None and first in group.tenants and group.rotation[0] == first:
+            group.rotation.rotate(-1)
         self._stats.record_batch(total, b)
         self._stats.record_waits([now - e.t0 for e in batch])
         return batch

@@ -21,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from joynexus.errors import InternalError, InvalidRequestError, PartitionNotFoundError
+from joynexus.errors import InternalError, InvalidRequestError, unknown_id
 from joynexus.queues._arrays import Array, FieldSpec, IndexArray, gather, nbytes, spec_of
 from joynexus.queues.meta import SampleMeta
 
@@ -182,11 +182,7 @@ class InMemoryPartitionStorage:
         try:
             return self._partitions[partition_id]
         except KeyError:
-            raise PartitionNotFoundError(
-                f"training-queue partition {partition_id!r} does not exist "
-                "(never written, or already cleared)",
-                partition_id=partition_id,
-            ) from None
+            raise unknown_id("partition", partition_id) from None
 
     def create(self, partition_id: str) -> None:
         if partition_id in self._partitions:

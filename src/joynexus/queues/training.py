@@ -42,8 +42,8 @@ import numpy.typing as npt
 from joynexus.errors import (
     InvalidRequestError,
     MemoryCapExceededError,
-    PartitionNotFoundError,
     SchemaMismatchError,
+    unknown_id,
 )
 from joynexus.queues._arrays import (
     Array,
@@ -308,6 +308,14 @@ class TrainingQueue:
         with self._lock:
             return [self._info(pid) for pid in self._storage.partition_ids()]
 
+    def read_nbytes(self, partition_id: str, fields: Sequence[str], count: int) -> int:
+        """Bytes ``get_data`` of ``count`` samples of ``fields`` would return (unknown
+        fields count 0: ``get_data`` refuses them), known before anything is read."""
+        with self._lock:
+            self._require(partition_id)
+            specs = self._storage.field_specs(partition_id)
+            return count * sum(specs[f].row_nbytes() for f in set(fields) if f in specs)
+
     def info(self, partition_id: str) -> PartitionInfo:
         with self._lock:
             self._require(partition_id)
@@ -361,11 +369,7 @@ class TrainingQueue:
     def _require(self, partition_id: str) -> _PartitionState:
         state = self._state.get(partition_id)
         if state is None or not self._storage.exists(partition_id):
-            raise PartitionNotFoundError(
-                f"training-queue partition {partition_id!r} does not exist "
-                "(never written, or already cleared)",
-                partition_id=partition_id,
-            )
+            raise unknown_id("partition", partition_id)
         return state
 
     def _check_indexes(self, meta: BatchMeta) -> IndexArray:

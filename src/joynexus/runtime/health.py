@@ -11,9 +11,13 @@ role in its own allocation, restoring it from recorded progress) and, optionally
 * **error reports**: a caller that saw a role fail calls :meth:`report_error`.
 
 On a failure only that role is restarted; other roles and tenants keep running. Each
-role has a recovery budget; past it, or for a role marked ``shared`` (a coordination
-component whose loss affects everyone), the manager escalates to a global restart
-through ``on_global_restart``. Every step is recorded as a :class:`HealthEvent`.
+role has a recovery budget of restarts per sliding window
+(:class:`~joynexus.runtime.budgets.RecoveryBudget`: it refills as old restarts leave
+the window); past it, or for a role marked ``shared`` (a coordination component whose
+loss affects everyone), the manager escalates to a global restart through
+``on_global_restart``. A role that serves many tenants (the simulator sessions) is
+registered ``self_budgeted``: it charges per-tenant budgets itself and never spends a
+budget shared by every tenant. Every step is recorded as a :class:`HealthEvent`.
 Concurrent reports of the same failure are coalesced into one restart.
 """
 
@@ -28,6 +32,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from joynexus.errors import ConflictError, NotFoundError
+from joynexus.runtime.budgets import DEFAULT_WINDOW_S, RecoveryBudget
 from joynexus.utils.clock import Clock, SystemClock
 
 __all__ = ["HealthEvent", "HealthEventKind", "HealthManager", "RoleHealth", "RoleState"]
@@ -80,8 +85,10 @@ class _Role:
     restart: Callable[[], Awaitable[None]]
     probe: Callable[[], Awaitable[None]] | None
     budget: int
+    window: RecoveryBudget
     heartbeat_timeout_s: float | None
     shared: bool
+    self_budgeted: bool
     last_heartbeat: float
     state: RoleState = "healthy"
     restarts: int = 0
@@ -93,7 +100,8 @@ class HealthManager:
 
     Args:
         clock: Time of heartbeats and events (tests pass a ``FakeClock``).
-        default_budget: Restarts a role may use before escalation.
+        default_budget: Restarts a role may use within ``window_s`` before escalation.
+        window_s: The sliding window of the budgets (None: the process's whole life).
         heartbeat_timeout_s: Default silence after which a role counts as failed
             (None: heartbeats are not required, only probes and reports count).
         check_interval_s: Period of :meth:`run`.
@@ -105,12 +113,14 @@ class HealthManager:
         clock: Clock | None = None,
         *,
         default_budget: int = 3,
+        window_s: float | None = DEFAULT_WINDOW_S,
         heartbeat_timeout_s: float | None = 30.0,
         check_interval_s: float = 1.0,
         on_global_restart: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.clock: Clock = clock or SystemClock()
         self.default_budget = default_budget
+        self.window_s = window_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.check_interval_s = check_interval_s
         self.on_global_restart = on_global_restart
@@ -129,6 +139,7 @@ class HealthManager:
         budget: int | None = None,
         heartbeat_timeout_s: float | None = None,
         shared: bool = False,
+        self_budgeted: bool = False,
     ) -> None:
         """Watch ``role``.
 
@@ -139,17 +150,22 @@ class HealthManager:
             budget: Restarts before escalation (default: the manager's).
             heartbeat_timeout_s: Overrides the manager's default for this role.
             shared: A coordination component: any failure escalates at once.
+            self_budgeted: The role's restart charges finer budgets itself (per
+                tenant) and fails only what spent them; the role never escalates.
 
         Raises:
             ConflictError: the role is already registered.
         """
         if role in self._roles:
             raise ConflictError(f"health role {role!r} is already registered")
+        limit = self.default_budget if budget is None else budget
         self._roles[role] = _Role(
             name=role,
             restart=restart,
             probe=probe,
-            budget=self.default_budget if budget is None else budget,
+            budget=limit,
+            window=RecoveryBudget(limit, self.window_s, self.clock),
+            self_budgeted=self_budgeted,
             heartbeat_timeout_s=heartbeat_timeout_s
             if heartbeat_timeout_s is not None
             else self.heartbeat_timeout_s,
@@ -187,6 +203,10 @@ class HealthManager:
 
     def events_of(self, role: str) -> list[HealthEvent]:
         return [e for e in self.events if e.role == role]
+
+    def record(self, role: str, kind: HealthEventKind, detail: str = "") -> None:
+        """Record an event a role's own recovery decided (e.g. a tenant's budget spent)."""
+        self._record(role, kind, detail)
 
     def _record(self, role: str, kind: HealthEventKind, detail: str = "") -> None:
         r = self._roles.get(role)
@@ -260,8 +280,13 @@ class HealthManager:
         async with r.lock:
             if r.state == "failed":
                 return False
-            if r.shared or r.restarts >= r.budget:
-                why = "shared coordination component" if r.shared else "recovery budget spent"
+            # A self-budgeted role charges its tenants' budgets in its restart instead.
+            if r.shared or not (r.self_budgeted or r.window.charge()):
+                why = (
+                    "shared coordination component"
+                    if r.shared
+                    else f"recovery budget spent ({r.window.describe()})"
+                )
                 self._record(r.name, "budget_exhausted", f"{why}: {reason}")
                 r.state = "failed"
                 await self._escalate(f"{r.name}: {why} ({reason})")
@@ -277,8 +302,21 @@ class HealthManager:
                 return False
             r.state = "healthy"
             r.last_heartbeat = self.clock.now()
-            self._record(r.name, "restarted", f"restart {r.restarts} of {r.budget}")
+            used = "per tenant" if r.self_budgeted else f"{r.window.used()} used"
+            self._record(
+                r.name, "restarted", f"restart {r.restarts} ({used}, {r.window.describe()})"
+            )
             return True
+
+    def recovered(self, detail: str = "") -> None:
+        """A global restart rebuilt the plane: every role is healthy again with a
+        fresh budget, and the escalation is over (the next one escalates again)."""
+        now = self.clock.now()
+        for r in self._roles.values():
+            r.state, r.last_heartbeat = "healthy", now
+            r.window.forget("")
+        self._record("*", "restarted", f"global restart done ({self.escalated}): {detail}")
+        self.escalated = None
 
     async def _escalate(self, reason: str) -> None:
         if self.escalated is not None:

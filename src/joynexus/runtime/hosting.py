@@ -33,13 +33,8 @@ from joynexus.metrics.events import MetricsService
 from joynexus.metrics.usage import UsageMeter
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.queues.training import TrainingQueue
-from joynexus.runtime.scaling import (
-    AutoscalePolicy,
-    Autoscaler,
-    EngineHandle,
-    EnginePool,
-    EngineStatus,
-)
+from joynexus.runtime.autoscale import AutoscalePolicy, Autoscaler
+from joynexus.runtime.scaling import EngineHandle, EnginePool, EngineStatus
 from joynexus.services.environment import EnvironmentService, EnvironmentServiceConfig
 from joynexus.services.inference import InferenceModelService
 from joynexus.services.protocols import (
@@ -81,6 +76,8 @@ class RuntimeConfig:
         max_failures_per_tenant: A tenant with this many failed jobs stops producing.
         heldout_samples: Held-out frames used to measure SFT action error.
         max_batch_size / max_wait_s: Inference Queue group batching.
+        predict_deadline_s: Longest a predict may wait in the Inference Queue
+            (504 ``deadline_exceeded`` after it); None: no limit.
         watchdog_factor / watchdog_min_s: The Master flags a running workload
             ``stalled`` after this many expected job times without progress (never
             before ``watchdog_min_s`` seconds).
@@ -104,6 +101,7 @@ class RuntimeConfig:
     heldout_samples: int = 64
     max_batch_size: int = 128
     max_wait_s: float = 0.005
+    predict_deadline_s: float | None = 60.0
     watchdog_factor: float = 20.0
     watchdog_min_s: float = 120.0
     queue_memory_cap_bytes: int | None = None
@@ -165,6 +163,7 @@ def new_inference(
         queue,
         max_batch_size=s.config.max_batch_size,
         max_wait_s=s.config.max_wait_s,
+        request_deadline_s=s.config.predict_deadline_s,
         clock=s.clock,
         metrics=s.metrics,
         usage=s.usage,

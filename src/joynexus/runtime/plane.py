@@ -25,6 +25,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from joynexus.control.integrity import check_run_dir_database
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.errors import ServiceUnavailableError, SpecError
 from joynexus.metrics.events import MetricsService
@@ -211,7 +212,14 @@ def open_scheduler(
     Training Queue lives in memory): they are failed ``runtime_restarted`` instead of
     being waited for forever — unless ``keep_in_flight``, for a caller that reconciles
     them itself (the Master, against its checkpoint ledgers).
+
+    Raises:
+        RunDirStateError: the database is missing or empty while checkpoints or workload
+            records exist, or it fails SQLite's integrity check.
     """
+    # A missing, empty or damaged database next to existing checkpoints is refused
+    # here, before opening it would create an empty one over them.
+    check_run_dir_database(run_dir)
     scheduler = TrainingScheduler.open(
         run_dir / "scheduler.sqlite",
         clock=clock,
@@ -307,12 +315,14 @@ def watch_plane(
     *,
     session_holders: Callable[[], Iterable[WorkflowTenant]],
     restart_training: Callable[[], Awaitable[None]] | None = None,
+    fail_holder: Callable[[WorkflowTenant, str], Awaitable[object]] | None = None,
 ) -> SessionRecovery:
     """Register the plane's restartable roles with ``health`` (call once per plane).
 
     * ``environment``: a crashed simulator session is closed and recreated with the
-      same spec for the tenant that holds it
-      (:class:`~joynexus.runtime.sessions.SessionRecovery`);
+      same spec for the tenant that holds it, within that tenant's own budget
+      (:class:`~joynexus.runtime.sessions.SessionRecovery`; past it ``fail_holder``
+      ends that tenant's workload, never anyone else's);
     * inference: with an engine pool, one ``inference/<id>`` role per engine, kept in
       step with scaling; a failed engine (probe, or a call that found it dead) is
       replaced in place — under Ray by a new actor — and synced to every tenant's
@@ -330,6 +340,7 @@ def watch_plane(
         plane: The plane to watch (before or after :meth:`ExecutionPlane.start`).
         session_holders: Lists the tenants that may hold a simulator session now.
         restart_training: Redeploys the training role; None: escalate instead.
+        fail_holder: Fails the workload of a tenant whose session budget is spent.
 
     Returns:
         The environment role's session recovery.
@@ -337,7 +348,7 @@ def watch_plane(
     Raises:
         ConflictError: a role is already registered (the plane is watched already).
     """
-    sessions = SessionRecovery(plane.env, session_holders, health)
+    sessions = SessionRecovery(plane.env, session_holders, health, on_exhausted=fail_holder)
     sessions.register()
     pool = plane.pool
     if pool is not None:

@@ -25,15 +25,16 @@ by default; ``SPREAD`` / ``STRICT_SPREAD`` put the roles on different nodes), an
 ``role_resources`` pins a role's bundle to the nodes that advertise a custom resource
 (``{"actor": "trainer"}`` → only nodes started with ``--resources '{"trainer": 1}'``).
 Every model actor loads the resident backbone itself, on its own node, from the model
-path the plane was built from (:class:`BaseModelSource`; a tiny model is built once
-into the run directory, which the nodes must see; a hub id is fetched by each node) —
-nothing is shipped from the driver. The Training Queue actor is pinned to the driver's
-node, so the loss of a worker node never takes the queue's index with it; its columns
-are objects in the node's store, and a worker reading a microbatch pulls them into
-its own node's store. The actors keep their own ``SystemClock`` (a fake clock cannot
-be shared across processes) and report to no Metrics Service of the driver; each meters
-its work in a usage meter of its own, which the hosting drains into the plane's meter
-every ``usage_interval_s`` and on stop, so usage counts work wherever it ran.
+path the plane was built from (:class:`~joynexus.runtime.ray_actors.BaseModelSource`; a
+tiny model is built once into the run directory, which the nodes must see; a hub id is
+fetched by each node) — nothing is shipped from the driver. The Training Queue actor is
+pinned to the driver's node, so the loss of a worker node never takes the queue's index
+with it; its columns are objects in the node's store, and a worker reading a microbatch
+pulls them into its own node's store. The actors keep their own ``SystemClock`` (a fake
+clock cannot be shared across processes) and report to no Metrics Service of the driver;
+each meters its work in a usage meter of its own, which the hosting drains into the
+plane's meter every ``usage_interval_s`` and on stop, so usage counts work wherever it
+ran.
 """
 
 from __future__ import annotations
@@ -41,10 +42,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from joynexus.api import UsageReport
@@ -53,6 +52,7 @@ from joynexus.metrics.usage import UsageMeter
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.queues.ray_storage import RayObjectStorePartitionStorage
 from joynexus.queues.training import TrainingQueue
+from joynexus.runtime.autoscale import AutoscalePolicy
 from joynexus.runtime.hosting import Hosting, Placement, PlaneSettings, Probe, check_engines
 from joynexus.runtime.placement import (
     ROLES,
@@ -63,145 +63,31 @@ from joynexus.runtime.placement import (
     build_placement,
 )
 from joynexus.runtime.ranks import DataParallelRole
+from joynexus.runtime.ray_actors import (
+    BaseModelSource,
+    actor_class,
+    connect,
+    drain_usage,
+    engine_running,
+    is_engine_failure,
+    node_of,
+    queue_alive,
+    rendezvous,
+    spec_of,
+    when_up,
+)
 from joynexus.runtime.ray_proxy import ActorProxy, await_ref
-from joynexus.runtime.scaling import AutoscalePolicy, EngineHandle, EnginePool
+from joynexus.runtime.scaling import EngineHandle, EnginePool
 from joynexus.services.data_parallel import DataParallelTrainingService, RankGroup
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService
 from joynexus.services.protocols import TrainingModelServiceAPI
 from joynexus.services.training import TrainingModelService
-from joynexus.spec.workload import BaseModelSpec
 from joynexus.utils.clock import SystemClock
 
 log = logging.getLogger(__name__)
 
 __all__ = ["BaseModelSource", "RayHosting", "RayPlacement", "connect", "node_of"]
-
-
-def connect(address: str | None = None, **init_kwargs: Any) -> bool:
-    """Attach to a Ray cluster (``address="auto"`` or ``"host:port"``) or start a local
-    one (``address=None``). Returns True if this call started Ray.
-
-    A local cluster started here gets ``RAY_AUTH_MODE=disabled`` unless the caller set
-    it: it accepts connections only from this machine's processes.
-    """
-    import ray
-
-    if ray.is_initialized():
-        return False
-    if address is None:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-        init_kwargs.setdefault("include_dashboard", False)
-        # "local": a new instance, never one another process left recorded on this
-        # machine (a plain ray.init() would attach to it).
-        address = "local"
-    ray.init(address=address, **init_kwargs)
-    return True
-
-
-@dataclass(frozen=True)
-class BaseModelSource:
-    """Where an actor loads the resident backbone from, on its own node.
-
-    Attributes:
-        spec: The plane's base model (hub id, local path or ``tiny:<arch>``).
-        cache_dir: Where a tiny model was built (the run directory's ``models``).
-    """
-
-    spec: BaseModelSpec
-    cache_dir: Path
-
-    def load(self) -> ResidentBaseModel:
-        from joynexus.runtime.plane import load_base_model  # plane imports the placements
-
-        return load_base_model(self.spec, self.cache_dir)
-
-
-def _actor_class(cls: type[Any], *, loads_base: bool = True) -> type[Any]:
-    """``cls`` as an actor class: its constructor takes a :class:`BaseModelSource` in
-    place of the base model and loads it in the actor's process (``loads_base``), and
-    meters the service's work in a usage meter of the actor's own (a meter holds locks:
-    it cannot be shipped), which the host drains (:func:`_drain_usage`). Only the
-    constructor differs; the proxy keeps ``cls`` as the class it mirrors."""
-
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-        from joynexus.metrics.usage import UsageMeter
-
-        if loads_base:
-            args = (args[0].load(), *args[1:])
-        self.actor_usage = kwargs["usage"] = UsageMeter()
-        cls.__init__(self, *args, **kwargs)
-
-    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": __name__})
-
-
-def _drain_usage(svc: Any) -> UsageReport:
-    report: UsageReport = svc.actor_usage.drain()
-    return report
-
-
-def _where(_svc: Any) -> str:
-    import ray
-
-    return str(ray.get_runtime_context().get_node_id())
-
-
-def node_of(proxy: ActorProxy[Any]) -> str:
-    """The id of the node an actor runs on (waits for a restarting actor)."""
-    import ray
-
-    return str(ray.get(proxy.actor.__ray_call__.remote(_where)))
-
-
-def _rendezvous() -> tuple[str, int]:
-    """A free TCP port on this node, for rank 0's process-group rendezvous."""
-    import socket
-
-    import ray
-
-    host = str(ray.util.get_node_ip_address())  # type: ignore[no-untyped-call]  # untyped in ray
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return host, int(sock.getsockname()[1])
-
-
-def _incarnation(_svc: Any) -> tuple[str, int]:
-    """Which process hosts the actor now (node id, pid): it changes when Ray re-creates
-    the actor after its node was lost."""
-    import ray
-
-    return str(ray.get_runtime_context().get_node_id()), os.getpid()
-
-
-async def _when_up(proxy: ActorProxy[Any], poll_s: float = 0.5) -> tuple[str, int]:
-    """The actor's incarnation, waiting while Ray re-creates it (after its node was
-    lost the actor is "restarting" until its bundle is re-placed on a node that fits:
-    :meth:`RayHosting.waiting_for` says what it waits for). An actor that is dead for
-    good raises."""
-    from ray.exceptions import ActorUnavailableError
-
-    while True:
-        try:
-            incarnation: tuple[str, int] = await await_ref(
-                proxy.actor.__ray_call__.remote(_incarnation)
-            )
-            return incarnation
-        except ActorUnavailableError:
-            await asyncio.sleep(poll_s)
-
-
-def _running(svc: Any) -> bool:
-    return bool(svc.inference_queue.running)
-
-
-def _alive(svc: Any) -> bool:
-    return True
-
-
-def _is_engine_failure(error: BaseException) -> bool:
-    from ray.exceptions import RayActorError
-
-    return isinstance(error, RayActorError | ServiceUnavailableError)
 
 
 @dataclass
@@ -308,7 +194,7 @@ class RayHosting(Hosting):
                 if isinstance(e := self.pool.engine(i), ActorProxy)
             ]
         reports = await asyncio.gather(
-            *(await_ref(p.actor.__ray_call__.remote(_drain_usage)) for p in proxies),
+            *(await_ref(p.actor.__ray_call__.remote(drain_usage)) for p in proxies),
             return_exceptions=True,
         )
         answered = 0
@@ -326,7 +212,7 @@ class RayHosting(Hosting):
     def probes(self) -> dict[str, Probe]:
         async def training() -> None:
             for i, rank in enumerate(self.training_ranks):
-                now = await _when_up(rank)
+                now = await when_up(rank)
                 seen = self._incarnations.setdefault(i, now)
                 if now != seen:
                     # Ray re-created the actor (its node was lost): it is alive but
@@ -338,7 +224,7 @@ class RayHosting(Hosting):
                     )
 
         async def training_queue() -> None:
-            await await_ref(self.queue_proxy.actor.__ray_call__.remote(_alive))
+            await await_ref(self.queue_proxy.actor.__ray_call__.remote(queue_alive))
 
         return {"training": training, "training_queue": training_queue}
 
@@ -482,7 +368,7 @@ class RayPlacement(Placement):
             role_resources=self.role_resources,
         )
         reserved.group = group
-        source = BaseModelSource(settings.base_model or _spec_of(base), settings.run_dir / "models")
+        source = BaseModelSource(settings.base_model or spec_of(base), settings.run_dir / "models")
         cfg = settings.config
 
         driver_node = ray.get_runtime_context().get_node_id()
@@ -498,7 +384,7 @@ class RayPlacement(Placement):
         reserved.actors.append(queue_handle)
         queue = ActorProxy(queue_handle, TrainingQueue)
         env_handle = (
-            ray.remote(_actor_class(EnvironmentService, loads_base=False))
+            ray.remote(actor_class(EnvironmentService, loads_base=False))
             .options(max_concurrency=64, **group.actor_options("environment"))
             .remote(cfg.env, clock=SystemClock())
         )
@@ -510,7 +396,7 @@ class RayPlacement(Placement):
 
         async def make_engine(slot: int) -> EngineHandle:
             handle: Any = (
-                ray.remote(_actor_class(InferenceModelService))
+                ray.remote(actor_class(InferenceModelService))
                 .options(max_concurrency=256, **group.actor_options("inference"))
                 .remote(
                     source,
@@ -532,7 +418,7 @@ class RayPlacement(Placement):
                 ray.kill(handle)
 
             async def probe() -> None:
-                if not await await_ref(handle.__ray_call__.remote(_running)):
+                if not await await_ref(handle.__ray_call__.remote(engine_running)):
                     raise ServiceUnavailableError("inference engine stopped unexpectedly")
 
             return EngineHandle(engine=engine, release=release, probe=probe)
@@ -541,7 +427,7 @@ class RayPlacement(Placement):
             make_engine,
             clock=SystemClock(),
             max_engines=layout.engines,
-            is_engine_failure=_is_engine_failure,
+            is_engine_failure=is_engine_failure,
         )
         return RayHosting(
             reserved,
@@ -580,33 +466,21 @@ class RayPlacement(Placement):
             # and the Master rebuilds the tenant slots from their checkpoints. (k ranks
             # are not re-created: their process group met on the lost node.)
             handle = (
-                ray.remote(_actor_class(TrainingModelService))
+                ray.remote(actor_class(TrainingModelService))
                 .options(max_concurrency=64, max_restarts=-1, **options)
                 .remote(source, queue, **kwargs)
             )
             return [ActorProxy(handle, TrainingModelService)]
         if "num_gpus" in options:
             options["num_gpus"] = options["num_gpus"] / k
-        host, port = ray.get(ray.remote(_rendezvous).options(**{**options, "num_gpus": 0}).remote())
+        host, port = ray.get(ray.remote(rendezvous).options(**{**options, "num_gpus": 0}).remote())
         ranks: list[ActorProxy[TrainingModelService]] = []
         for rank in range(k):
             group_of_rank = RankGroup(rank, k, f"tcp://{host}:{port}")
             handle = (
-                ray.remote(_actor_class(DataParallelTrainingService))
+                ray.remote(actor_class(DataParallelTrainingService))
                 .options(max_concurrency=64, **options)
                 .remote(source, queue, ranks=group_of_rank, **kwargs)
             )
             ranks.append(ActorProxy(handle, TrainingModelService))
         return ranks
-
-
-def _spec_of(base: ResidentBaseModel) -> BaseModelSpec:
-    """A spec that reloads ``base`` from where it was loaded (a plane built around an
-    already loaded model)."""
-    # ``model_id`` is what load_base_model resolves: a hub id, a path, or a tiny model's
-    # spec id (rebuilt, or found, in the actor's cache directory).
-    return BaseModelSpec(
-        id=base.model_id,
-        device=str(base.device.type),
-        canonical_image_size=base.canonical_image_size,
-    )

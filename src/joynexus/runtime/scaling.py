@@ -20,8 +20,9 @@ The pool satisfies :class:`~joynexus.services.protocols.InferenceModelServiceAPI
 ``metrics`` add up the engines' Inference Queue counters), so the plane hands it to the
 Master and the workflow loops in place of one engine.
 
-:class:`Autoscaler` is the optional policy (off unless started): it scales out when the
-outstanding calls per engine exceed a threshold and in when they fall below another.
+:class:`~joynexus.runtime.autoscale.Autoscaler` is the optional policy that resizes the
+pool; :func:`~joynexus.runtime.engine_metrics.combine_metrics` adds up the engines'
+queue metrics.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from joynexus.errors import (
     CapacityError,
@@ -43,7 +44,8 @@ from joynexus.errors import (
     ServiceUnavailableError,
 )
 from joynexus.models.payload import TenantPayload
-from joynexus.queues.inference_metrics import InferenceQueueMetrics, QueueWaitStats
+from joynexus.queues.inference_metrics import InferenceQueueMetrics
+from joynexus.runtime.engine_metrics import combine_metrics
 from joynexus.services.protocols import InferenceModelServiceAPI
 from joynexus.services.tenancy import TenantConfig
 from joynexus.utils.clock import Clock, SystemClock
@@ -55,8 +57,6 @@ if TYPE_CHECKING:
     from joynexus.services.rollout import EvalResult, PredictResult, RolloutConfig, RolloutStats
 
 __all__ = [
-    "AutoscalePolicy",
-    "Autoscaler",
     "EngineHandle",
     "EnginePool",
     "EngineState",
@@ -358,6 +358,13 @@ class EnginePool:
         except BaseException as error:
             if not isinstance(error, asyncio.CancelledError) and self._is_failure(error):
                 self._report(m, error)
+                if not isinstance(error, ServiceUnavailableError):
+                    # A dead engine (a Ray actor error, say) is a role being restarted
+                    # to every caller: the Master waits such an answer out (publish,
+                    # held-out error, final success) instead of failing the workload.
+                    raise ServiceUnavailableError(
+                        f"rollout engine {m.engine_id} failed and is being restarted: {error}"
+                    ) from error
             raise
         else:
             m.answered += 1
@@ -560,108 +567,3 @@ class EnginePool:
             new.step = len(self._steps) - 1
             self._members[self._members.index(old)] = new
             self._changed.set()
-
-
-def combine_metrics(parts: Sequence[InferenceQueueMetrics]) -> InferenceQueueMetrics:
-    """Several engines' Inference Queue metrics as one queue's.
-
-    Depth, counters and the batch-size histogram add up; ``max_batch_size`` and
-    ``max_wait_s`` are the largest engine's; the mean batch size and fill ratio are
-    weighted by batches and the mean queue wait by waits. The wait percentiles are the
-    largest over the engines: an upper bound, since each engine keeps only its own
-    recent waits. No engines: every number is zero.
-    """
-    histogram: dict[int, int] = {}
-    for p in parts:
-        for size, n in p.batch_size_histogram.items():
-            histogram[size] = histogram.get(size, 0) + n
-    batches = sum(p.batches for p in parts)
-    waits = sum(p.queue_wait.count for p in parts)
-
-    return InferenceQueueMetrics(
-        max_batch_size=max((p.max_batch_size for p in parts), default=0),
-        max_wait_s=max((p.max_wait_s for p in parts), default=0.0),
-        queue_depth=sum(p.queue_depth for p in parts),
-        requests=sum(p.requests for p in parts),
-        completed=sum(p.completed for p in parts),
-        errors=sum(p.errors for p in parts),
-        validation_failures=sum(p.validation_failures for p in parts),
-        rejections=sum(p.rejections for p in parts),
-        timeouts=sum(p.timeouts for p in parts),
-        cancellations=sum(p.cancellations for p in parts),
-        batches=batches,
-        retried_batches=sum(p.retried_batches for p in parts),
-        samples=sum(p.samples for p in parts),
-        batch_size_histogram=dict(sorted(histogram.items())),
-        mean_batch_size=sum(p.samples for p in parts) / batches if batches else 0.0,
-        fill_ratio=sum(p.fill_ratio * p.batches for p in parts) / batches if batches else 0.0,
-        queue_wait=QueueWaitStats(
-            count=waits,
-            mean_s=sum(p.queue_wait.mean_s * p.queue_wait.count for p in parts) / waits
-            if waits
-            else 0.0,
-            max_s=max((p.queue_wait.max_s for p in parts), default=0.0),
-            p50_s=max((p.queue_wait.p50_s for p in parts), default=0.0),
-            p95_s=max((p.queue_wait.p95_s for p in parts), default=0.0),
-            p99_s=max((p.queue_wait.p99_s for p in parts), default=0.0),
-        ),
-    )
-
-
-class AutoscalePolicy(BaseModel):
-    """When the optional autoscaler changes the pool size (off by default)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    enabled: bool = False
-    min_engines: int = Field(default=1, ge=1)
-    max_engines: int = Field(default=4, ge=1)
-    scale_out_above: float = Field(default=4.0, gt=0, description="outstanding calls / engine")
-    scale_in_below: float = Field(default=0.5, ge=0, description="outstanding calls / engine")
-    interval_s: float = Field(default=5.0, gt=0)
-    cooldown_s: float = Field(default=30.0, ge=0)
-
-
-class Autoscaler:
-    """Inference-pressure-driven pool sizing (see :class:`AutoscalePolicy`)."""
-
-    def __init__(self, pool: EnginePool, policy: AutoscalePolicy, clock: Clock) -> None:
-        self.pool = pool
-        self.policy = policy
-        self.clock = clock
-        self._last_change: float | None = None
-        self.decisions: list[tuple[float, int, int]] = []  # (time, from, to)
-
-    def target(self) -> int:
-        """The size the policy wants now (the current size when nothing should change)."""
-        size = self.pool.size
-        pressure = self.pool.in_flight / max(size, 1)
-        if pressure > self.policy.scale_out_above and size < self.policy.max_engines:
-            return size + 1
-        if pressure < self.policy.scale_in_below and size > self.policy.min_engines:
-            return size - 1
-        return size
-
-    async def step(self) -> int:
-        """Apply one decision (respecting the cooldown); returns the pool size."""
-        now = self.clock.now()
-        if self._last_change is not None and now - self._last_change < self.policy.cooldown_s:
-            return self.pool.size
-        want = self.target()
-        if want != self.pool.size:
-            before = self.pool.size
-            try:
-                await self.pool.scale_to(want)
-            except Exception as error:  # rolled back by the pool; try again next interval
-                log.warning("autoscaler: scale %s → %s failed: %s", before, want, error)
-                return self.pool.size
-            self._last_change = now
-            self.decisions.append((now, before, want))
-        return self.pool.size
-
-    async def run(self) -> None:
-        if not self.policy.enabled:
-            return
-        while True:
-            await self.clock.sleep(self.policy.interval_s)
-            await self.step()

@@ -28,6 +28,7 @@ from joynexus.server.errors import (
     install_error_handlers,
 )
 from joynexus.server.futures import FutureRegistry
+from joynexus.server.gateway import TenantGateway
 from joynexus.server.ownership import PartitionOwnership
 from joynexus.server.quotas import QuotaManager
 from joynexus.server.routes import env, futures, health, queue, scheduler, tenants
@@ -66,19 +67,28 @@ def create_app(
     cfg = config or ServerConfig()
     clk: Clock = clock or SystemClock()
     quota_manager = QuotaManager(clk)
+    future_registry = FutureRegistry(
+        clk,
+        quota_manager,
+        retention_s=cfg.future_retention_s,
+        read_retention_s=cfg.future_read_retention_s,
+        max_per_tenant=cfg.max_futures_per_tenant,
+    )
+    partitions = PartitionOwnership(services.scheduler, services.training_queue)
     state = ServerState(
         config=cfg,
         services=services,
         clock=clk,
         quotas=quota_manager,
-        futures=FutureRegistry(
-            clk,
-            quota_manager,
-            retention_s=cfg.future_retention_s,
-            read_retention_s=cfg.future_read_retention_s,
-            max_per_tenant=cfg.max_futures_per_tenant,
+        futures=future_registry,
+        gateway=TenantGateway(
+            scheduler=services.scheduler,
+            queue=services.training_queue,
+            env=services.environment,
+            futures=future_registry,
+            partitions=partitions,
+            master=services.master,
         ),
-        partitions=PartitionOwnership(services.scheduler, services.training_queue),
     )
 
     @asynccontextmanager
@@ -98,7 +108,11 @@ def create_app(
     install_error_handlers(app)
     install_access_log_redaction()  # a key in a URL's query never reaches the access log
     # Added before the request-id middleware, so it runs inside it (413s carry the id).
-    body_limits = BodyLimits(bulk_bytes=cfg.max_body_bytes, control_bytes=cfg.max_json_body_bytes)
+    body_limits = BodyLimits(
+        bulk_bytes=cfg.max_body_bytes,
+        control_bytes=cfg.max_json_body_bytes,
+        drain_bytes=cfg.max_drain_bytes,
+    )
     app.add_middleware(BodyLimitMiddleware, limits=body_limits)
 
     @app.middleware("http")

@@ -200,16 +200,6 @@ class TenantStore:
             ).fetchall()
         return [_tenant(r) for r in rows]
 
-    def set_quotas(self, tenant_id: str, quotas: TenantQuotas | None) -> TenantRecord:
-        """Replace a tenant's quotas (``None``: the server defaults)."""
-        self.get_tenant(tenant_id)
-        with self._lock:
-            self._db.execute(
-                "UPDATE tenants SET quotas_json = ? WHERE tenant_id = ?",
-                (None if quotas is None else quotas.model_dump_json(), tenant_id),
-            )
-        return self.get_tenant(tenant_id)
-
     # --------------------------------------------------------------------- keys
 
     def create_key(self, tenant_id: str, *, label: str = "") -> IssuedKey:

@@ -12,10 +12,20 @@ in ``details.limit_bytes``, whatever the route does with the failed read (FastAP
 own body parsing would turn it into a 400). Routes that carry tensors (their OpenAPI
 request body comes from :func:`~joynexus.server.wire.tensor_body`) get the bulk limit,
 every other route the (much smaller) control-message limit.
+
+Ordinary HTTP clients (``requests``, ``httpx``, curl without ``Expect: 100-continue``)
+send the whole body before they read the answer: a server that answers and closes
+while they still send leaves them with a reset connection instead of the 413. So the
+rest of a refused body is read and discarded first, up to ``drain_bytes`` more bytes
+within ``drain_timeout_s``; past either, the 413 goes out with ``Connection: close``
+and the connection ends (a client that sends gigabytes gets no free ride). A client
+that asked ``Expect: 100-continue`` has not sent the body: it gets the 413 at once
+(reading would make the server invite the body it refuses).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -41,8 +51,46 @@ def too_large(limit: int, setting: str, declared: int | None = None) -> PayloadT
     )
 
 
-def _response(error: PayloadTooLargeError) -> JSONResponse:
-    return JSONResponse(error.to_dict(), status_code=error.http_status)
+async def _drain(receive: Receive, budget: int, timeout_s: float) -> bool:
+    """Read and discard the rest of the request body; True when it all arrived within
+    ``budget`` bytes and ``timeout_s`` (the connection can then stay open)."""
+    read = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return False  # the client went away
+                read += len(message.get("body", b""))
+                if read > budget:
+                    return False
+                if not message.get("more_body", False):
+                    return True
+    except TimeoutError:
+        return False
+
+
+async def _refuse(
+    error: PayloadTooLargeError,
+    limits: BodyLimits,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    *,
+    body_done: bool = False,
+) -> None:
+    """Answer the 413 so that the client can read it (see the module docstring)."""
+    expects = any(
+        name == b"expect" and value.lower() == b"100-continue"
+        for name, value in scope.get("headers", ())
+    )
+    drained = (
+        body_done or expects or await _drain(receive, limits.drain_bytes, limits.drain_timeout_s)
+    )
+    headers = None if drained else {"connection": "close"}
+    await JSONResponse(error.to_dict(), status_code=error.http_status, headers=headers)(
+        scope, receive, send
+    )
 
 
 @dataclass
@@ -52,10 +100,15 @@ class BodyLimits:
     Args:
         bulk_bytes: Limit of routes that read tensors (``ServerConfig.max_body_bytes``).
         control_bytes: Limit of every other route (``ServerConfig.max_json_body_bytes``).
+        drain_bytes: Most bytes of a refused body read and discarded so the client can
+            read the 413 (``ServerConfig.max_drain_bytes``).
+        drain_timeout_s: Longest time spent discarding one refused body.
     """
 
     bulk_bytes: int
     control_bytes: int
+    drain_bytes: int = 128 << 20
+    drain_timeout_s: float = 30.0
     _bulk: list[tuple[frozenset[str], re.Pattern[str]]] = field(default_factory=list)
 
     def add_routers(self, routers: Iterable[APIRouter]) -> None:
@@ -94,33 +147,35 @@ class BodyLimitMiddleware:
         if root and path.startswith(root):
             path = path[len(root) :]
         limit, setting = self.limits.of(scope.get("method", ""), path)
-        await _Limited(self.app, limit, setting)(scope, receive, send)
+        await _Limited(self.app, limit, setting, self.limits)(scope, receive, send)
 
 
 class _Limited:
     """One request's app call, refusing a body above ``limit`` bytes."""
 
-    def __init__(self, app: ASGIApp, limit: int, setting: str) -> None:
+    def __init__(self, app: ASGIApp, limit: int, setting: str, limits: BodyLimits) -> None:
         self.app = app
         self.limit = limit
         self.setting = setting
+        self.limits = limits
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await _response(too_large(self.limit, self.setting, int(value)))(
-                    scope, receive, send
-                )
+                error = too_large(self.limit, self.setting, int(value))
+                await _refuse(error, self.limits, scope, receive, send)
                 return
         received = 0
         exceeded = False
         started = False
+        body_done = False
 
         async def limited_receive() -> Message:
-            nonlocal received, exceeded
+            nonlocal received, exceeded, body_done
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                body_done = not message.get("more_body", False)
                 if received > self.limit:
                     exceeded = True
                     raise too_large(self.limit, self.setting)
@@ -131,7 +186,8 @@ class _Limited:
             if exceeded:  # whatever the route made of the failed read: answer the 413
                 if message["type"] == "http.response.start" and not started:
                     started = True
-                    await _response(too_large(self.limit, self.setting))(scope, receive, send)
+                    error = too_large(self.limit, self.setting)
+                    await _refuse(error, self.limits, scope, receive, send, body_done=body_done)
                 return
             if message["type"] == "http.response.start":
                 started = True
@@ -143,4 +199,5 @@ class _Limited:
             if not exceeded or started:
                 raise
             started = True
-            await _response(too_large(self.limit, self.setting))(scope, receive, send)
+            error = too_large(self.limit, self.setting)
+            await _refuse(error, self.limits, scope, receive, send, body_done=body_done)

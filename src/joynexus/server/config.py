@@ -50,6 +50,25 @@ class ServerConfig(BaseModel):
         max_job_metadata_bytes: Largest ``metadata`` of a training job (its serialized
             JSON, after a ``complete`` merges into it); 413 above it. The scheduler
             stores it with the job for good.
+        max_drain_bytes: Most bytes of a refused (413) body the server reads and
+            discards so that a client still sending it can read the 413; past it, the
+            connection is closed.
+        max_get_data_indexes: Sample indexes one ``get_data`` may name (repeats
+            count); 422 ``limit_exceeded`` above it: page the read.
+        max_response_bytes: Bytes of tensors one ``get_data`` may return (indexes ×
+            bytes per sample of the fields asked for, known before anything is read);
+            422 ``limit_exceeded`` above it: page the read.
+        max_predict_rows: Observations (rows) one ``predict`` may carry; 422 above it.
+            The Inference Queue still splits a request into batch-sized pieces so other
+            tenants' requests run between them.
+        max_predict_text_chars: Characters of instructions (all rows together) one
+            ``predict`` may carry; 422 above it. Text becomes backbone tokens: this
+            bounds the tokens one request makes the shared backbone process.
+        max_reserved_jobs_per_tenant: Jobs one tenant may hold in ``reserved`` through
+            the scheduler primitives at once (429 ``quota_exceeded`` above it). They do
+            not count against the Master's bounds on active rollouts (§5.1), which
+            cover the workloads' own jobs, so they cannot keep other tenants' workloads
+            from being admitted.
         queue_memory_cap_bytes: Bytes the Training Queue may hold in total (all
             tenants) before a tenant's write over HTTP answers 429
             ``memory_cap_exceeded``; None: no server-wide bound.
@@ -84,6 +103,12 @@ class ServerConfig(BaseModel):
     max_json_body_bytes: int = Field(default=4 << 20, gt=0)
     max_tensor_bytes: int = Field(default=128 << 20, gt=0)
     max_job_metadata_bytes: int = Field(default=64 << 10, gt=0)
+    max_drain_bytes: int = Field(default=128 << 20, ge=0)
+    max_get_data_indexes: int = Field(default=16_384, ge=1)
+    max_response_bytes: int = Field(default=256 << 20, gt=0)
+    max_predict_rows: int = Field(default=256, ge=1)
+    max_predict_text_chars: int = Field(default=262_144, ge=1)
+    max_reserved_jobs_per_tenant: int = Field(default=8, ge=1)
     queue_memory_cap_bytes: int | None = Field(default=8 << 30, gt=0)
     max_long_poll_s: float = Field(default=30.0, ge=0)
     future_retention_s: float = Field(default=3600.0, gt=0)

@@ -35,8 +35,6 @@ from joynexus.server.state import ServerState
 
 __all__ = ["check_session_spec", "check_workload_env", "env_limits", "gym_allowlist"]
 
-_MASTER = "master"
-
 
 @dataclass(frozen=True)
 class _Limits:
@@ -47,8 +45,8 @@ class _Limits:
 
 def env_limits(state: ServerState) -> EnvLimitsLike:
     """The hosted Master's limits (``MasterLimits``), else the defaults."""
-    limits: EnvLimitsLike | None = getattr(state.services.extras.get(_MASTER), "limits", None)
-    return limits if limits is not None else EnvLimits()
+    master = state.services.master
+    return master.limits if master is not None else EnvLimits()
 
 
 def gym_allowlist(config: ServerConfig) -> GymAllowlist:

@@ -22,7 +22,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from joynexus.errors import AuthenticationError, JoyNexusError, QuotaExceededError
+from joynexus.errors import (
+    AuthenticationError,
+    JoyNexusError,
+    QuotaExceededError,
+    StorageFullError,
+)
+from joynexus.utils.files import storage_full_cause
 
 __all__ = [
     "REQUEST_ID_HEADER",
@@ -107,6 +113,21 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     rid = request_id(request)
+    full = storage_full_cause(exc)
+    if full is not None:  # a write hit a full disk: the reason, not a generic 500
+        log.error(
+            "storage full in %s %s (request %s): %s", request.method, request.url.path, rid, full
+        )
+        error = StorageFullError(
+            f"the server's disk is full ({full.strerror or 'no space left on device'}); "
+            "retry once an operator freed space",
+            request_id=rid,
+        )
+        return JSONResponse(
+            _body(error.code, error.message, error.details),
+            status_code=error.http_status,
+            headers={REQUEST_ID_HEADER: rid, "Retry-After": "60"},
+        )
     log.error(
         "internal error in %s %s (request %s)",
         request.method,

@@ -19,9 +19,7 @@ ones are forgotten first, so history never locks a tenant out.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -29,9 +27,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from joynexus.errors import CapacityError, JoyNexusError, NotFoundError
+from joynexus.errors import CapacityError, JoyNexusError, unknown_id
 from joynexus.server.quotas import QuotaManager
 from joynexus.utils.clock import Clock
+from joynexus.utils.ids import random_id
 
 __all__ = ["FutureRef", "FutureRegistry", "FutureState", "FutureStatus"]
 
@@ -141,7 +140,6 @@ class FutureRegistry:
         self._read_retention_s = min(read_retention_s, retention_s)
         self._max_per_tenant = max_per_tenant
         self._futures: dict[str, _Future] = {}
-        self._seq = itertools.count(1)
 
     def submit(
         self,
@@ -179,7 +177,7 @@ class FutureRegistry:
                 "server's limit of futures per tenant; wait for some to finish or cancel them",
                 limit=self._max_per_tenant,
             )
-        future_id = f"fut-{next(self._seq)}-{secrets.token_hex(6)}"
+        future_id = random_id("fut")
 
         async def run() -> dict[str, Any]:
             return await work()
@@ -213,10 +211,7 @@ class FutureRegistry:
         fut = self._futures.get(future_id)
         if fut is None or fut.tenant_id != tenant_id:
             # Another tenant's future answers exactly as an unknown one: no existence oracle.
-            raise NotFoundError(
-                f"no future {future_id!r} (never created, expired, or deleted)",
-                future_id=future_id,
-            )
+            raise unknown_id("future", future_id)
         return fut
 
     def _read(self, fut: _Future) -> FutureStatus:

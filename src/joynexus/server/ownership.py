@@ -7,9 +7,8 @@ falls back to the scheduler for partitions of jobs created elsewhere (by workloa
 the Master runs in process, or before a restart). A partition that exists in the
 queue but that nobody can vouch for is nobody's over HTTP.
 
-No existence oracle: another tenant's partition (or job) answers exactly as an unknown
-one does — 404 with the same message — so nobody learns which ids exist by probing
-(scheduler-derived ids are digests of random job ids anyway). The one difference left
+The tenant gateway (:mod:`joynexus.server.gateway`) turns an owner into an answer:
+another tenant's partition answers exactly as an unknown one. The one difference left
 is inherent to names a tenant chooses: ``queue_put`` to a name another tenant already
 uses answers 409 (the name is taken), not 201.
 """
@@ -17,69 +16,24 @@ uses answers 409 (the name is taken), not 201.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from joynexus.errors import (
     ConflictError,
     InvalidRequestError,
-    JobNotFoundError,
-    NotFoundError,
-    PartitionNotFoundError,
-    PermissionDeniedError,
 )
 
 if TYPE_CHECKING:  # the Training Queue module imports torch; the server must not
-    from joynexus.control.job import TrainingJob
     from joynexus.control.scheduler import TrainingScheduler
     from joynexus.services.protocols import TrainingQueueAPI
 
-__all__ = ["SCHEDULER_PARTITION_PREFIX", "PartitionOwnership", "own_job", "unknown_if_foreign"]
+__all__ = ["SCHEDULER_PARTITION_PREFIX", "PartitionOwnership"]
 
 #: Prefix of partition ids the scheduler derives; tenants cannot create such names by
 #: ``queue_put`` (they must reserve a job), so no tenant can squat a future job's id.
 SCHEDULER_PARTITION_PREFIX = "part-"
 
 _NOBODY = ""
-
-
-def own_job(scheduler: TrainingScheduler, job_id: str, tenant_id: str) -> TrainingJob:
-    """The tenant's job ``job_id``; JobNotFoundError for an unknown *or* foreign one.
-
-    The message is the scheduler's own for an unknown id, so the two are alike.
-    """
-    job = scheduler.get(job_id)
-    if job.tenant_id != tenant_id:
-        raise JobNotFoundError(f"no training job {job_id!r}", job_id=job_id)
-    return job
-
-
-@contextmanager
-def unknown_if_foreign(
-    field: str, value: str, not_found: Callable[[], NotFoundError]
-) -> Iterator[None]:
-    """Turn a service's "belongs to another tenant" into its "unknown id" answer.
-
-    For services this package may not change: a PermissionDeniedError whose
-    ``details[field]`` is ``value`` becomes ``not_found()`` (which should carry the
-    service's own message for an unknown id), so both answer alike.
-    """
-    try:
-        yield
-    except PermissionDeniedError as exc:
-        if exc.details.get(field) != value:
-            raise
-        raise not_found() from None
-
-
-def _not_found(partition_id: str) -> PartitionNotFoundError:
-    # Word for word the Training Queue's message for a partition that does not exist.
-    return PartitionNotFoundError(
-        f"training-queue partition {partition_id!r} does not exist "
-        "(never written, or already cleared)",
-        partition_id=partition_id,
-    )
 
 
 def _derived_only(partition_id: str) -> InvalidRequestError:
@@ -128,16 +82,6 @@ class PartitionOwnership:
                     self._owners[partition_id] = job.tenant_id
                 return job.tenant_id
         return _NOBODY if self._queue.has_partition(partition_id) else None
-
-    def require(self, partition_id: str, tenant_id: str) -> None:
-        """Raise PartitionNotFoundError unless the partition is unused or the tenant's.
-
-        An unused name passes: the queue then answers ``partition_not_found`` itself,
-        with the same message another tenant's partition gets here.
-        """
-        owner = self.owner(partition_id)
-        if owner is not None and owner != tenant_id:
-            raise _not_found(partition_id)
 
     def check_put(self, partition_id: str, tenant_id: str) -> bool:
         """May ``tenant_id`` ``queue_put`` to ``partition_id``? True if it is a new one.

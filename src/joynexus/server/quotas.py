@@ -92,8 +92,3 @@ class QuotaManager:
                 current=current,
                 requested=adding,
             )
-
-    def forget(self, tenant_id: str) -> None:
-        """Drop a tenant's bucket (it refills to ``burst`` on the next request)."""
-        with self._lock:
-            self._buckets.pop(tenant_id, None)

@@ -58,6 +58,8 @@ from joynexus.server.app import create_app
 from joynexus.server.auth import TenantStore
 from joynexus.server.config import ServerConfig
 from joynexus.server.dashboard import DashboardFeed
+from joynexus.server.openpi import OPENPI, OpenPIGateway
+from joynexus.server.openpi import router as openpi_router
 from joynexus.server.routes import dashboard, engines, models, workloads
 from joynexus.server.routes import health as health_routes
 from joynexus.server.routes import metrics as metrics_routes
@@ -75,8 +77,6 @@ __all__ = [
     "build_plane",
     "ensure_admin_key",
 ]
-
-MASTER = "master"
 
 log = logging.getLogger(__name__)
 
@@ -155,10 +155,10 @@ def build_live_app(
     feed = DashboardFeed(bucket_s=dashboard_bucket_s)
     sampler: ControlSampler | None = None
     extras: dict[str, Any] = {
-        MASTER: master,
         engines.PLANE: plane,
         metrics_routes.METRICS_AUTH: metrics_auth,
-        health_routes.DEGRADED: host.degraded,
+        health_routes.READINESS: host.readiness,
+        OPENPI: OpenPIGateway(),  # openpi's websocket protocol (/v1/openpi, --openpi-port)
     }
     extras[dashboard.DASHBOARD] = feed
     if plane.metrics is not None:
@@ -180,6 +180,7 @@ def build_live_app(
         scheduler=plane.scheduler,
         training_queue=plane.queue,
         environment=plane.env,
+        master=master,
         extras=extras,
     )
     app = create_app(
@@ -192,6 +193,7 @@ def build_live_app(
             metrics_routes.router,
             dashboard.router,
             engines.router,
+            openpi_router,
         ),
     )
     inner = app.router.lifespan_context

@@ -19,12 +19,13 @@ from joynexus.errors import AuthenticationError, PermissionDeniedError, ServiceU
 from joynexus.server.auth import Principal, TenantStore
 from joynexus.server.config import ServerConfig, TenantQuotas
 from joynexus.server.futures import FutureRegistry
-from joynexus.server.ownership import PartitionOwnership
+from joynexus.server.gateway import TenantGateway
 from joynexus.server.quotas import QuotaManager
 from joynexus.utils.clock import Clock
 
-if TYPE_CHECKING:  # the Training Queue module imports torch; the server must not
+if TYPE_CHECKING:  # the Training Queue and the Master import torch; the server must not
     from joynexus.control.scheduler import TrainingScheduler
+    from joynexus.master.service import MasterService
     from joynexus.services.protocols import EnvironmentServiceAPI, TrainingQueueAPI
 
 __all__ = [
@@ -45,6 +46,8 @@ class ServiceRegistry:
         scheduler: The Training Scheduler.
         training_queue: The Training Queue.
         environment: The Environment Service.
+        master: The Master, where this server hosts workloads and model slots
+            (``joynexus serve``); routes reach it through :class:`TenantGateway`.
         extras: Services added by later routers (looked up by name with
             :meth:`ServerState.service`), so new endpoints need no change here.
     """
@@ -53,6 +56,7 @@ class ServiceRegistry:
     scheduler: TrainingScheduler
     training_queue: TrainingQueueAPI
     environment: EnvironmentServiceAPI
+    master: MasterService | None = None
     extras: dict[str, Any] = field(default_factory=dict)
 
 
@@ -63,7 +67,7 @@ class ServerState:
     clock: Clock
     quotas: QuotaManager
     futures: FutureRegistry
-    partitions: PartitionOwnership
+    gateway: TenantGateway
     pending_sessions: dict[str, int] = field(default_factory=dict)
 
     def quotas_of(self, tenant_id: str) -> TenantQuotas:

@@ -27,8 +27,6 @@ distribution, not the same numbers).
 from __future__ import annotations
 
 import dataclasses
-import math
-import time
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any, cast
@@ -39,17 +37,15 @@ import torch.distributed as dist
 
 from joynexus.errors import InternalError, InvalidRequestError
 from joynexus.models.backbone import ResidentBaseModel
-from joynexus.models.slots import StepResult, TenantSlot
+from joynexus.models.grouped_step import GradientReduce, LocalLoss, TenantStep
+from joynexus.models.slots import TenantSlot
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.job_plan import Microbatch
 from joynexus.services.samples import as_numpy
+from joynexus.services.train_batch import microbatch_loss
 from joynexus.services.training import TrainingModelService
 
 __all__ = ["DataParallelTrainingService", "RankGroup", "loss_share", "row_range"]
-
-_Outcome = tuple[StepResult, dict[str, float]] | Exception
-#: A rank's part of one tenant's step: its scaled loss, its loss statistics, its share.
-_Local = tuple[torch.Tensor, dict[str, float], float]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,66 +175,36 @@ class DataParallelTrainingService(TrainingModelService):
     def rank(self) -> int:
         return self.ranks.rank
 
-    def _grouped_step(self, items: list[Microbatch], isolate: bool = False) -> list[_Outcome]:
-        ranks = self.ranks
-        parts: list[tuple[Microbatch, Microbatch | None, float]] = []
+    def _tenant_steps(self, items: list[Microbatch]) -> list[TenantStep]:
+        """This rank's contiguous share of each tenant's rows, its loss weighted by the
+        share (a tenant with no rows here still takes part in the reduce)."""
+        ranks, steps = self.ranks, []
         for it in items:
             lo, hi = row_range(it.batch.batch_size, ranks.rank, ranks.world_size)
-            parts.append((it, shard(it, lo, hi) if hi > lo else None, loss_share(it, lo, hi)))
-        with self._lock:
-            start = time.perf_counter()
-            local = {it.slot.tenant_id: p.batch for it, p, _ in parts if p is not None}
-            lora = any(it.slot.lora is not None for it in items)
-            features = self._executor.shared_forward(local, grad=lora) if local else {}
-            self._sync_for_timing()
-            shared_s = time.perf_counter() - start
-            t0 = time.perf_counter()
-            losses: dict[str, _Local | Exception] = {}
-            for it, part, weight in parts:
-                it.slot.optimizer.zero_grad(set_to_none=True)
-                if part is None:
-                    continue
-                try:
-                    loss, stats = self._loss_one(part, features[it.slot.tenant_id])
-                    if loss.dim() != 0:
-                        raise InvalidRequestError(
-                            f"loss must be a scalar tensor, got shape {list(loss.shape)}",
-                            field="loss",
-                        )
-                    losses[it.slot.tenant_id] = (loss * weight, stats, weight)
-                except Exception as error:
-                    losses[it.slot.tenant_id] = error
-            scaled = [out[0] for out in losses.values() if not isinstance(out, Exception)]
-            if scaled and any(t.requires_grad for t in scaled):
-                torch.autograd.backward(torch.stack(scaled).sum())
-            outcomes = [
-                self._reduce_and_step(it.slot, losses.get(it.slot.tenant_id)) for it in items
-            ]
-            self._sync_for_timing()
-            # Heads, the joint backward and the all-reduces: split evenly by tenant.
-            own = (time.perf_counter() - t0) / max(len(items), 1)
-        for outcome in outcomes:
-            if isinstance(outcome, Exception) and not isolate:
-                raise outcome
-        if self._instruments.enabled:
-            # This rank's own work: its rows, its time (each rank meters itself).
-            rows = {it.slot.tenant_id: p.batch.batch_size for it, p, _ in parts if p is not None}
-            self._instruments.training_step(rows, shared_s, {t: own for t in rows})
-            for it, outcome in zip(items, outcomes, strict=True):
-                if not isinstance(outcome, Exception):
-                    step = outcome[0]
-                    self._instruments.learning_step(
-                        it.slot.tenant_id, step.policy_version, step.loss, step.grad_norm
-                    )
-        return outcomes
+            part = shard(it, lo, hi) if hi > lo else None
+            steps.append(
+                TenantStep(
+                    it.slot,
+                    None if part is None else part.batch,
+                    microbatch_loss(part if part is not None else it),
+                    weight=loss_share(it, lo, hi),
+                )
+            )
+        return steps
 
-    def _reduce_and_step(self, slot: TenantSlot, local: _Local | Exception | None) -> _Outcome:
-        """All-reduce the tenant's gradients, loss and failure flag; step if no rank
-        failed. Every rank calls this for every tenant of the step, in the same order."""
+    def _gradient_reduce(self) -> GradientReduce:
+        return self._reduce
+
+    def _reduce(
+        self, slot: TenantSlot, local: LocalLoss | Exception | None
+    ) -> tuple[float, dict[str, float]] | Exception:
+        """All-reduce the tenant's gradients, loss and failure flag (a
+        :class:`~joynexus.models.grouped_step.GradientReduce`). Every rank calls this
+        for every tenant of the step, in the same order."""
         params = list(slot.parameters())
         failed = isinstance(local, Exception)
         mine = None if isinstance(local, Exception) else local
-        value = 0.0 if mine is None else float(mine[0].detach())
+        value = 0.0 if mine is None else mine.value
         device = params[0].device
         flat = torch.cat(
             [
@@ -258,10 +224,6 @@ class DataParallelTrainingService(TrainingModelService):
             if isinstance(local, Exception):
                 return local
             return InternalError(f"tenant {slot.tenant_id!r}: the step failed on another rank")
-        if not math.isfinite(value):
-            return InvalidRequestError(
-                f"tenant {slot.tenant_id!r}: loss is {value}; refusing to step", field="loss"
-            )
         offset = n
         for i, p in enumerate(params):
             size = p.numel()
@@ -270,14 +232,14 @@ class DataParallelTrainingService(TrainingModelService):
             else:
                 p.grad = None
             offset += size
-        return slot.step_optimizer(value), stats
+        return value, stats
 
-    def _reduce_stats(self, local: _Local | None) -> dict[str, float]:
+    def _reduce_stats(self, local: LocalLoss | None) -> dict[str, float]:
         """The loss statistics of the whole microbatch: each rank's, weighted by its
         share (a rank without rows contributes nothing)."""
         mine: tuple[float, Mapping[str, float]] | None = None
         if local is not None:
-            mine = (local[2], local[1])
+            mine = (local.weight, local.stats)
         gathered: list[Any] = [None] * self.ranks.world_size
         dist.all_gather_object(gathered, mine)
         out: dict[str, float] = {}

@@ -15,8 +15,6 @@ other session keeps running. Episodes auto-reset inside ``step`` (see
 from __future__ import annotations
 
 import asyncio
-import itertools
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,8 +36,8 @@ from joynexus.errors import (
     EnvironmentServiceError,
     InvalidRequestError,
     JoyNexusError,
-    NotFoundError,
     SimulatorCrashedError,
+    unknown_id,
 )
 from joynexus.metrics.events import MetricsService
 from joynexus.metrics.hooks import Instruments
@@ -47,6 +45,7 @@ from joynexus.metrics.usage import UsageMeter
 from joynexus.models.schema import DataSchema
 from joynexus.services.env_worker import SimulatorWorker
 from joynexus.utils.clock import Clock, SystemClock
+from joynexus.utils.ids import random_id
 
 __all__ = ["EnvironmentService", "EnvironmentServiceConfig", "SessionInfo"]
 
@@ -162,7 +161,6 @@ class EnvironmentService:
         self.clock: Clock = clock or SystemClock()
         self._sessions: dict[str, _Session] = {}
         self._reserved: dict[str, int] = {}
-        self._ids = itertools.count(1)
 
     # -- sessions ---------------------------------------------------------------------
 
@@ -199,8 +197,8 @@ class EnvironmentService:
         finally:
             self._reserved[tenant_id] -= 1
         session = _Session(
-            # A random part: nobody can guess another tenant's session id.
-            session_id=f"env-{next(self._ids)}-{secrets.token_hex(8)}",
+            # Random: nobody can guess another tenant's session id or count sessions.
+            session_id=random_id("env"),
             tenant_id=tenant_id,
             spec=spec,
             schema=DataSchema.model_validate_json(schema_json),
@@ -214,10 +212,7 @@ class EnvironmentService:
         session = self._sessions.get(session_id)
         if session is None or session.tenant_id != tenant_id:
             # Another tenant's session answers exactly as an unknown one: no oracle.
-            raise NotFoundError(
-                f"no environment session {session_id!r} (closed, reaped, or never created)",
-                session_id=session_id,
-            )
+            raise unknown_id("session", session_id)
         return session
 
     async def list_sessions(self, tenant_id: str) -> list[SessionInfo]:

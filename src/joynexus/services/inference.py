@@ -16,6 +16,12 @@ dataset) computes in normalized units, so ``predict`` normalizes the state befor
 backbone and head and un-normalizes the actions after them; rollouts store the
 normalized state and actions the tenant trains on.
 
+One request cannot hold the shared backbone: a ``predict`` of more rows than the
+batcher's B is split into B-row pieces (one version pinned for all of them), each its
+own queue request, so the fair Inference Queue runs other tenants' requests between
+them; and every request carries a queue deadline (``request_deadline_s``, 504
+``deadline_exceeded`` when it passes before the request runs).
+
 Non-finite numbers never leave the service: ``load_weights`` refuses a tensor holding
 NaN or inf (naming it), and a prediction that comes out non-finite (finite but huge
 inputs can overflow) fails that request alone with an
@@ -28,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
 from typing import Literal
 
@@ -120,6 +126,8 @@ class InferenceModelService:
         clock: Time source of the batcher.
         metrics: Metrics Service for system / learning events (None: none emitted).
         usage: Usage meter: each grouped batch's seconds by row share, request counts.
+        request_deadline_s: Longest a predict (each of its pieces) may wait in the
+            Inference Queue before it fails with ``deadline_exceeded``; None: no limit.
     """
 
     def __init__(
@@ -133,8 +141,11 @@ class InferenceModelService:
         clock: Clock | None = None,
         metrics: MetricsService | None = None,
         usage: UsageMeter | None = None,
+        request_deadline_s: float | None = 60.0,
     ) -> None:
         self.base = base
+        self._piece_rows = max_batch_size
+        self._deadline_s = request_deadline_s
         self.env = env
         self.queue = queue
         self._instruments = Instruments(metrics, usage)
@@ -274,7 +285,45 @@ class InferenceModelService:
             raise ServiceUnavailableError(
                 "the inference model service is not running; call start() or use 'async with'"
             )
-        enqueued = time.perf_counter()
+        rows, step = observations.batch_size, self._piece_rows
+        # Split: one version for every piece, even if a new one is published meanwhile.
+        pin = self.states.pinned(tenant_id, policy_version) if rows > step else nullcontext()
+        with pin as pinned:
+            if pinned is not None:
+                policy_version, slot = pinned, self.states.slot(tenant_id, pinned)
+            futures: list[asyncio.Future[InferenceResult]] = []
+            try:
+                for i in range(0, rows, step):
+                    piece = observations if rows <= step else _rows(observations, i, i + step)
+                    futures.append(
+                        self._enqueue(piece, tenant_id, policy_version, mode, session_id, slot)
+                    )
+            except BaseException:
+                for f in futures:  # e.g. the queue filled up: free what was queued
+                    f.cancel()
+                raise
+            self._instruments.stage("admission", time.perf_counter() - admitted)
+            self._instruments.request(tenant_id)
+            result = await self._gather(futures)
+        out = PredictResult(
+            actions=env_actions(result.actions, slot.normalization),
+            log_probs=result.log_probs,
+            values=result.values,
+            policy_version=result.policy_version,
+            chain=result.chain,
+        )
+        _check_finite_prediction(tenant_id, out)
+        return out
+
+    def _enqueue(
+        self,
+        observations: ObservationBatch,
+        tenant_id: str,
+        policy_version: int | None,
+        mode: Literal["mean", "sample"],
+        session_id: str,
+        slot: TenantSlot,
+    ) -> asyncio.Future[InferenceResult]:
         request = InferenceRequest(
             tenant_id=tenant_id,
             session_id=session_id,
@@ -286,28 +335,25 @@ class InferenceModelService:
                 policy_version=policy_version,
                 mode=mode,
                 slot=slot,
-                enqueued_at=enqueued,
+                enqueued_at=time.perf_counter(),
             ),
             num_samples=observations.batch_size,
             compat_key=self._compat_key,
+            deadline_s=self._deadline_s,
         )
-        future = self.inference_queue.enqueue(request)
-        self._instruments.stage("admission", time.perf_counter() - admitted)
-        self._instruments.request(tenant_id)
+        return self.inference_queue.enqueue(request)
+
+    async def _gather(self, futures: list[asyncio.Future[InferenceResult]]) -> InferenceResult:
         self._in_flight += 1
         try:
-            result: InferenceResult = await future
+            results = list(await asyncio.gather(*futures))
+        except BaseException:
+            for f in futures:  # a failed piece frees the others' queue slots
+                f.cancel()
+            raise
         finally:
             self._in_flight -= 1
-        out = PredictResult(
-            actions=env_actions(result.actions, slot.normalization),
-            log_probs=result.log_probs,
-            values=result.values,
-            policy_version=result.policy_version,
-            chain=result.chain,
-        )
-        _check_finite_prediction(tenant_id, out)
-        return out
+        return results[0] if len(results) == 1 else _concat(results)
 
     async def _run_batch(self, requests: Sequence[InferenceRequest]) -> list[InferenceResult]:
         serve = [r.observation for r in requests]
@@ -427,3 +473,30 @@ class InferenceModelService:
             )
         self._instruments.evaluation(tenant_id, v, result.mean_return, result.success_rate)
         return result
+
+
+def _rows(obs: ObservationBatch, start: int, stop: int) -> ObservationBatch:
+    """Rows ``start:stop`` of a batch (views, no copies)."""
+    return ObservationBatch(
+        cameras={k: v[start:stop] for k, v in obs.cameras.items()},
+        state=obs.state[start:stop],
+        instructions=obs.instructions[start:stop],
+        actions=None if obs.actions is None else obs.actions[start:stop],
+    )
+
+
+def _concat(parts: list[InferenceResult]) -> InferenceResult:
+    """The pieces of one split request, joined back in row order."""
+
+    def cat(arrays: list[np.ndarray | None]) -> np.ndarray | None:
+        return None if arrays[0] is None else np.concatenate([a for a in arrays if a is not None])
+
+    first = parts[0]
+    return InferenceResult(
+        tenant_id=first.tenant_id,
+        policy_version=first.policy_version,
+        actions=np.concatenate([p.actions for p in parts]),
+        log_probs=cat([p.log_probs for p in parts]),
+        values=cat([p.values for p in parts]),
+        chain=cat([p.chain for p in parts]),
+    )

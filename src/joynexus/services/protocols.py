@@ -214,6 +214,10 @@ class TrainingQueueAPI(Protocol):
 
     def info(self, partition_id: str) -> PartitionInfo: ...
 
+    def read_nbytes(self, partition_id: str, fields: Sequence[str], count: int) -> int:
+        """Bytes ``get_data`` of ``count`` samples of ``fields`` would return."""
+        ...
+
     def has_partition(self, partition_id: str) -> bool: ...
 
     @property

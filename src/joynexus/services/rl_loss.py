@@ -1,8 +1,9 @@
 """Per-tenant policy-gradient losses on a slot's stochastic policy.
 
-The policy is the slot's Gaussian OFT head (log-density of the action chunk) or its
-flow-matching head as a Flow-SDE policy (log-density of the recorded denoising chain,
-:mod:`joynexus.models.heads.flow_policy`). The losses only see log-probabilities:
+The policy is the slot's head through its :class:`~joynexus.models.policies.PolicyHead`
+contract: a Gaussian OFT head gives the log-density of the action chunk, a flow head
+(DiT or π0 expert) as a Flow-SDE policy the log-density of the recorded denoising chain
+(:mod:`joynexus.models.policies.flow`). The losses only see log-probabilities:
 
 * ``ppo``: clipped surrogate, value loss (when the tenant has a critic and returns are
   given) and entropy bonus (:func:`joynexus.algorithms.losses.ppo_loss`).
@@ -11,10 +12,11 @@ flow-matching head as a Flow-SDE policy (log-density of the recorded denoising c
   normalised again per microbatch).
 * ``reinforce``: ``-mean(A · log π(a|o))`` minus the entropy bonus, no critic, no ratio.
 
-A flow head's log-probabilities need the chain its rollout recorded (partition field
-``flow_chain``); it has no entropy bonus (the SDE's noise schedule is fixed, see the spec
-check), and its critic is the same :class:`~joynexus.models.heads.ValueHead` on the
-shared prefix features as the OFT head's.
+A head's log-probabilities may need fields its rollout recorded (``rl_fields``: a flow
+head's chain, partition field ``flow_chain``); a head whose entropy does not depend on
+its weights (a flow head: the SDE's noise schedule is fixed, see the spec check) has no
+entropy bonus, and every head's critic is the same
+:class:`~joynexus.models.policies.ValueHead` on the shared prefix features.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 
 from joynexus.algorithms.losses import PPOConfig, ppo_loss
 from joynexus.errors import InvalidRequestError
-from joynexus.models.heads import FlowMatchingHead, OFTHead, Pi0Expert
+from joynexus.models.policies import PolicyHead
 from joynexus.models.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 from joynexus.services.samples import FLOW_CHAIN
@@ -34,23 +36,18 @@ from joynexus.spec.workload import AlgorithmSpec
 RLAlgorithm = Literal["ppo", "grpo", "reinforce"]
 
 
-RLHead = OFTHead | FlowMatchingHead | Pi0Expert
-"""An action module with a policy log-density (what RL trains)."""
-
-
-def rl_head(slot: TenantSlot) -> RLHead:
+def rl_head(slot: TenantSlot) -> PolicyHead:
     """The slot's action module if RL can train it, else an error saying what can.
 
     Raises:
         InvalidRequestError: the tenant's action module has no policy log-density.
     """
     head = slot.action_module
-    if not isinstance(head, OFTHead | FlowMatchingHead | Pi0Expert):
+    if not head.supports_rl:
         raise InvalidRequestError(
-            f"tenant {slot.tenant_id!r}: RL (ppo/grpo/reinforce) needs an 'oft' (Gaussian), "
-            f"'flow_matching' or 'pi0_expert' (Flow-SDE) action module; "
-            f"{type(head).__name__} supports "
-            "sft and evaluation only",
+            f"tenant {slot.tenant_id!r}: RL (ppo/grpo/reinforce) needs an action module with "
+            f"a policy log-density (a Gaussian or Flow-SDE head); action_module type "
+            f"{slot.head_config.type!r} supports sft and evaluation only",
             tenant_id=slot.tenant_id,
             field="action_module",
         )
@@ -59,7 +56,7 @@ def rl_head(slot: TenantSlot) -> RLHead:
 
 def rl_fields(slot: TenantSlot) -> list[str]:
     """Partition fields the slot's policy needs besides observations and actions."""
-    return [FLOW_CHAIN] if isinstance(rl_head(slot), FlowMatchingHead | Pi0Expert) else []
+    return list(rl_head(slot).rl_fields)
 
 
 def behaviour_log_probs(
@@ -75,20 +72,19 @@ def behaviour_log_probs(
         chain: ``[B, steps + 1, chunk, A]`` recorded Flow-SDE chains (flow heads).
 
     Raises:
-        InvalidRequestError: a flow head without its recorded chains.
+        InvalidRequestError: a head whose recorded rollout fields are missing.
     """
     head = rl_head(slot)
-    if isinstance(head, OFTHead):
-        return head.log_prob(features, state, actions)
-    if chain is None:
+    recorded = {FLOW_CHAIN: chain} if chain is not None else {}
+    missing = [name for name in head.rl_fields if name not in recorded]
+    if missing:
         raise InvalidRequestError(
-            f"tenant {slot.tenant_id!r}: RL on a 'flow_matching' head needs the Flow-SDE "
-            f"chain of each sample (field {FLOW_CHAIN!r}, recorded by rollouts); these "
-            "samples carry none",
+            f"tenant {slot.tenant_id!r}: RL on a {slot.head_config.type!r} head needs "
+            f"{missing[0]!r} for each sample (recorded by rollouts); these samples carry none",
             tenant_id=slot.tenant_id,
-            field=FLOW_CHAIN,
+            field=missing[0],
         )
-    return head.log_prob(features, state, chain)
+    return head.rl_log_prob(features, state, actions, recorded)
 
 
 def policy_loss(
@@ -119,8 +115,8 @@ def policy_loss(
         chain: ``[B, steps + 1, chunk, A]`` recorded Flow-SDE chains (flow heads).
 
     Raises:
-        InvalidRequestError: a head without a policy log-density, a flow head without
-            its chains, or ppo/grpo without old log-probs.
+        InvalidRequestError: a head without a policy log-density, samples without the
+            fields it needs, or ppo/grpo without old log-probs.
     """
     cfg = config or AlgorithmSpec(name=algorithm)
     head = rl_head(slot)
@@ -130,7 +126,7 @@ def policy_loss(
     actions = actions.to(device=p.device, dtype=p.dtype)
     advantages = advantages.to(device=p.device, dtype=p.dtype)
     new_log_probs = behaviour_log_probs(slot, features, state, actions, chain)
-    entropy = head.entropy() if isinstance(head, OFTHead) else None
+    entropy = head.entropy()
     if algorithm == "reinforce":
         pg = -(advantages.detach() * new_log_probs).mean()
         stats = {"policy_loss": float(pg.detach())}

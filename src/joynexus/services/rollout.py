@@ -121,6 +121,11 @@ class EvalResult:
     versions_seen: set[int] = field(default_factory=set)
     #: The reset seed of every episode, in order (empty for an unseeded evaluation).
     seeds: tuple[int, ...] = ()
+    #: Per episode, in order: the sum of its rewards, its largest reward, its success
+    #: (what LeRobot's eval_info.json reports per episode).
+    episode_returns: tuple[float, ...] = ()
+    episode_max_rewards: tuple[float, ...] = ()
+    episode_successes: tuple[bool, ...] = ()
 
     @property
     def successes(self) -> int:
@@ -156,6 +161,7 @@ class _Chunk:
     finished_returns: list[float]
     finished_success: list[bool]
     finished_envs: list[int]
+    finished_max: list[float] = field(default_factory=list)
 
 
 async def _execute_chunk(
@@ -164,14 +170,17 @@ async def _execute_chunk(
     tenant_id: str,
     actions: np.ndarray,
     running: np.ndarray,
+    running_max: np.ndarray | None = None,
 ) -> _Chunk:
-    """Apply ``actions [N, chunk, A]`` open-loop; updates ``running`` episode returns."""
+    """Apply ``actions [N, chunk, A]`` open-loop; updates ``running`` episode returns
+    (and ``running_max``, each episode's largest reward so far, when given)."""
     n = actions.shape[0]
     rewards = np.zeros(n, np.float32)
     dones = np.zeros(n, bool)
     returns: list[float] = []
     success: list[bool] = []
     which: list[int] = []
+    maxes: list[float] = []
     obs: EnvObservation | None = None
     for j in range(actions.shape[1]):
         step = await env.step(session_id, actions[:, j], tenant_id=tenant_id)
@@ -179,16 +188,21 @@ async def _execute_chunk(
         r = np.asarray(step.reward, np.float32)
         rewards[live] += r[live]
         running[live] += r[live]
+        if running_max is not None:
+            running_max[live] = np.maximum(running_max[live], r[live])
         ended = live & (np.asarray(step.terminated) | np.asarray(step.truncated))
         for i in np.flatnonzero(ended):
             returns.append(float(running[i]))
             success.append(bool(step.success[i]))
             which.append(int(i))
             running[i] = 0.0
+            if running_max is not None:
+                maxes.append(float(running_max[i]))
+                running_max[i] = -np.inf
         dones |= ended
         obs = step.observation
     assert obs is not None
-    return _Chunk(obs, rewards, dones, returns, success, which)
+    return _Chunk(obs, rewards, dones, returns, success, which, maxes)
 
 
 async def collect_rollout(
@@ -318,7 +332,7 @@ async def run_evaluation(
     seen: set[int] = set()
     budget = [max_decisions]
 
-    async def decide(obs: EnvObservation, running: np.ndarray) -> _Chunk:
+    async def decide(obs: EnvObservation, running: np.ndarray, peak: np.ndarray) -> _Chunk:
         if budget[0] <= 0:
             raise InvalidRequestError(
                 f"evaluation of tenant {tenant_id!r}: {episodes} episodes did not end within "
@@ -328,37 +342,46 @@ async def run_evaluation(
         budget[0] -= 1
         res = await predict(to_batch(obs), tenant_id, version, mode=mode)
         seen.add(res.policy_version)
-        return await _execute_chunk(env, session_id, session_tenant, res.actions, running)
+        return await _execute_chunk(env, session_id, session_tenant, res.actions, running, peak)
 
     job = f"eval-{tenant_id}-v{version}"
     returns: list[float] = []
     success: list[bool] = []
+    maxes: list[float] = []
     if seed is None:
         obs = await env.reset(session_id, job, None, tenant_id=session_tenant)
         running = np.zeros(obs.num_envs, np.float64)
+        peak = np.full(obs.num_envs, -np.inf)
         while len(returns) < episodes:
-            chunk = await decide(obs, running)
+            chunk = await decide(obs, running, peak)
             returns += chunk.finished_returns
             success += chunk.finished_success
+            maxes += chunk.finished_max
             obs = chunk.observation
-        returns, success = returns[:episodes], success[:episodes]
+        returns, success, maxes = returns[:episodes], success[:episodes], maxes[:episodes]
     else:
         while len(returns) < episodes:
             first = seed + len(returns)
             obs = await env.reset(session_id, f"{job}-s{first}", first, tenant_id=session_tenant)
             wanted = min(obs.num_envs, episodes - len(returns))
-            ended: dict[int, tuple[float, bool]] = {}
+            ended: dict[int, tuple[float, bool, float]] = {}
             running = np.zeros(obs.num_envs, np.float64)
+            peak = np.full(obs.num_envs, -np.inf)
             while len(ended) < wanted:
-                chunk = await decide(obs, running)
-                for i, ret, ok in zip(
-                    chunk.finished_envs, chunk.finished_returns, chunk.finished_success, strict=True
+                chunk = await decide(obs, running, peak)
+                for i, ret, ok, top in zip(
+                    chunk.finished_envs,
+                    chunk.finished_returns,
+                    chunk.finished_success,
+                    chunk.finished_max,
+                    strict=True,
                 ):
                     if i < wanted and i not in ended:  # later episodes of a sub-env: uncounted
-                        ended[i] = (ret, ok)
+                        ended[i] = (ret, ok, top)
                 obs = chunk.observation
             returns += [ended[i][0] for i in range(wanted)]
             success += [ended[i][1] for i in range(wanted)]
+            maxes += [ended[i][2] for i in range(wanted)]
     return EvalResult(
         tenant_id=tenant_id,
         version=version,
@@ -367,4 +390,7 @@ async def run_evaluation(
         mean_return=float(np.mean(returns)),
         versions_seen=seen,
         seeds=() if seed is None else tuple(range(seed, seed + episodes)),
+        episode_returns=tuple(returns),
+        episode_max_rewards=tuple(maxes),
+        episode_successes=tuple(success),
     )

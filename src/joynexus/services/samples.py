@@ -30,11 +30,13 @@ import torch
 from joynexus.errors import SchemaMismatchError
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.normalization import NormalizationStats
+
+# Re-exported: the services name it with the other partition fields.
+from joynexus.models.policies.flow import FLOW_CHAIN as FLOW_CHAIN
 from joynexus.models.schema import DataSchema
 
 INSTRUCTION_DTYPE = "<U256"
 SFT_FIELDS = ("actions", "action_is_pad")
-FLOW_CHAIN = "flow_chain"
 GROUP = "group"
 RL_FIELDS = (
     "actions",
@@ -96,8 +98,11 @@ def observation_batch(
 
 
 def float_tensor(value: Any, device: torch.device) -> torch.Tensor:
-    """A float32 tensor on ``device`` from a partition field."""
-    return torch.as_tensor(as_numpy(value), dtype=torch.float32).to(device)
+    """A float32 tensor on ``device`` from a partition field (a tensor stays a tensor:
+    no round trip through numpy)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device=device, dtype=torch.float32)
+    return torch.as_tensor(np.asarray(value), dtype=torch.float32).to(device)
 
 
 def model_state(state: np.ndarray, normalization: NormalizationStats | None) -> np.ndarray:

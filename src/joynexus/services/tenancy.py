@@ -16,9 +16,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from joynexus.models.heads import HeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.normalization import NormalizationStats
 from joynexus.models.payload import check_normalization
+from joynexus.models.policies import HeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.schema import DataSchema
 from joynexus.models.slots import BaseModelRef, OptimizerConfig, TenantSlot
 from joynexus.spec.workload import AlgorithmSpec, WorkloadSpec

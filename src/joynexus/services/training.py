@@ -17,21 +17,22 @@ leased Training Queue partitions:
 
 Public async methods are the API; the class holds no globals beyond its constructor
 arguments, so the same class can be hosted as a Ray actor. Torch work runs in a worker
-thread under the backbone's lock (:func:`~joynexus.services.tenancy.backbone_lock`).
-Nothing is ever averaged across tenants: each tenant's loss, backward, clipping, AdamW
-step and version are its own.
+thread under the backbone's lock (:func:`~joynexus.services.tenancy.backbone_lock`):
+each step is :func:`~joynexus.models.grouped_step.grouped_step` (the one definition of
+the grouped step; losses in :mod:`joynexus.services.train_batch`), a checkpoint only
+snapshots tensors under the lock and writes its files after releasing it. Nothing is
+ever averaged across tenants: each tenant's loss, clipping, AdamW step and version
+are its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
 import shutil
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,50 +40,49 @@ import torch
 from joynexus.control.job import TrainingJob
 from joynexus.errors import (
     ConflictError,
-    InvalidRequestError,
     NotFoundError,
-    SchemaMismatchError,
 )
 from joynexus.metrics.events import MetricsService
 from joynexus.metrics.hooks import Instruments
 from joynexus.metrics.usage import UsageMeter
+from joynexus.models import payload as checkpoints
 from joynexus.models.backbone import ResidentBaseModel
-from joynexus.models.batch import ObservationBatch
 from joynexus.models.grouped import GroupedExecutor
+from joynexus.models.grouped_step import (
+    GradientReduce,
+    Outcome,
+    StepTimes,
+    TenantStep,
+    grouped_step,
+)
 from joynexus.models.payload import (
+    SlotSnapshot,
     TenantPayload,
     export_params,
     find_latest_checkpoint,
     init_slot_from,
-    load_slot,
+    install_checkpoint,
+    read_checkpoint,
     read_manifest,
-    save_slot,
+    snapshot_slot,
 )
-from joynexus.models.slots import StepResult, TenantSlot, apply_losses
-from joynexus.models.types import BackboneOutput
+from joynexus.models.slots import StepResult, TenantSlot
 from joynexus.queues.training import TrainingQueue
+from joynexus.services.actor_forward import actor_forward
 from joynexus.services.job_plan import (
     JobPlan,
     Microbatch,
-    check_annotations,
     plan_job,
     read_microbatch,
 )
-from joynexus.services.rl_loss import behaviour_log_probs, policy_loss, rl_fields
 from joynexus.services.samples import (
     FLOW_CHAIN,
-    as_numpy,
-    float_tensor,
-    observation_batch,
-    observation_fields,
 )
 from joynexus.services.tenancy import TenantConfig, TenantInfo, backbone_lock, build_slot
+from joynexus.services.train_batch import TrainBatch, microbatch_loss
 from joynexus.utils.clock import Clock, SystemClock
 
 __all__ = ["TrainBatch", "TrainJobResult", "TrainingModelService"]
-
-ACTOR_FORWARD_TASK = "actor_forward"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -103,124 +103,6 @@ class TrainJobResult:
     losses: list[float]
     metrics: dict[str, float]
     policy_version: int
-
-
-@dataclass
-class TrainBatch:
-    """One custom-algorithm update (``train_batch``).
-
-    Attributes:
-        observations: The tenant's observations (with ``actions``).
-        loss: ``sft`` | ``ppo`` | ``grpo`` | ``reinforce``.
-        advantages: ``float32 [B]`` (RL).
-        old_log_probs: ``float32 [B]`` behaviour log-probs (ppo, grpo).
-        returns: ``float32 [B]`` value targets (ppo with a critic).
-        action_is_pad: Optional ``bool [B, chunk]``; padded chunk steps do not count (SFT).
-        flow_chain: ``float32 [B, steps + 1, chunk, A]`` the Flow-SDE chains that
-            ``predict(mode="sample")`` drew (RL on a flow-matching head).
-    """
-
-    observations: ObservationBatch
-    loss: Literal["sft", "ppo", "grpo", "reinforce"] = "sft"
-    advantages: np.ndarray | None = None
-    old_log_probs: np.ndarray | None = None
-    returns: np.ndarray | None = None
-    action_is_pad: np.ndarray | None = None
-    flow_chain: np.ndarray | None = None
-
-    def check(self) -> None:
-        """Check every field against the batch before anything runs (no schema needed).
-
-        ``B`` is the number of instructions: each camera, the state and the actions
-        lead with ``B``; ``advantages``, ``old_log_probs`` and ``returns`` are
-        ``float [B]`` and finite; ``action_is_pad`` is ``bool [B, chunk]`` with the
-        actions' chunk. Fields the loss does not need are still checked when given.
-
-        Raises:
-            InvalidRequestError: a field the loss needs is missing (``actions``;
-                ``advantages`` for RL losses; ``old_log_probs`` for ppo / grpo), or a
-                value is NaN or inf.
-            SchemaMismatchError: a field's shape or dtype does not fit the batch (the
-                message names the field and the expected shape).
-        """
-        obs = self.observations
-        b = obs.batch_size
-        if obs.actions is None:
-            raise InvalidRequestError("train_batch needs observations.actions", field="actions")
-        for name, arr in (
-            *((f"observations.cameras.{k}", v) for k, v in obs.cameras.items()),
-            ("observations.state", obs.state),
-            ("observations.actions", obs.actions),
-        ):
-            if not isinstance(arr, np.ndarray) or arr.ndim < 1 or arr.shape[0] != b:
-                got = list(arr.shape) if isinstance(arr, np.ndarray) else type(arr).__name__
-                raise SchemaMismatchError(
-                    f"{name}: expected {b} rows (one per instruction, shape [B, ...] with "
-                    f"B = {b}), got {got}",
-                    field=name,
-                    batch_size=b,
-                )
-        needed = _NEEDS.get(self.loss, ("advantages", "old_log_probs"))
-        for name in needed:
-            if getattr(self, name) is None:
-                raise InvalidRequestError(
-                    f"loss {self.loss!r} needs {name} float32 [B] (B = {b})", field=name
-                )
-        for name in ("advantages", "old_log_probs", "returns"):
-            arr = getattr(self, name)
-            if arr is not None:
-                _check_field(name, arr, (b,), "float32 [B]", float_kind=True)
-        if self.action_is_pad is not None:
-            chunk = int(obs.actions.shape[1]) if obs.actions.ndim > 1 else 1
-            _check_field("action_is_pad", self.action_is_pad, (b, chunk), "bool [B, chunk]")
-        if self.flow_chain is not None:
-            chain = self.flow_chain
-            shape = (b, *chain.shape[1:]) if isinstance(chain, np.ndarray) else (b,)
-            _check_field(
-                "flow_chain", chain, shape, "float32 [B, steps + 1, chunk, A]", float_kind=True
-            )
-
-
-#: The fields each loss cannot do without (ppo and grpo: advantages and old_log_probs).
-_NEEDS: dict[str, tuple[str, ...]] = {"sft": (), "reinforce": ("advantages",)}
-
-
-def _check_field(
-    name: str, arr: Any, expected: tuple[int, ...], form: str, *, float_kind: bool = False
-) -> None:
-    if not isinstance(arr, np.ndarray):
-        raise SchemaMismatchError(
-            f"{name}: expected a numpy array {form} = {list(expected)}, got {type(arr).__name__}",
-            field=name,
-        )
-    if tuple(arr.shape) != expected:
-        raise SchemaMismatchError(
-            f"{name}: expected shape {form} = {list(expected)} for this batch, got "
-            f"{list(arr.shape)}",
-            field=name,
-            expected_shape=list(expected),
-            shape=list(arr.shape),
-        )
-    if float_kind:
-        if arr.dtype.kind != "f":
-            raise SchemaMismatchError(
-                f"{name}: expected a float dtype ({form}), got {arr.dtype}",
-                field=name,
-                dtype=str(arr.dtype),
-            )
-        if not bool(np.isfinite(arr).all()):
-            raise InvalidRequestError(
-                f"{name}: contains NaN or infinite values; expected finite numbers",
-                field=name,
-            )
-    elif arr.dtype.kind != "b" and not (
-        arr.dtype.kind in "iu" and bool(np.isin(arr, (0, 1)).all())
-    ):
-        raise SchemaMismatchError(
-            f"{name}: expected {form} (true marks a padded step), got {arr.dtype}",
-            field=name,
-            dtype=str(arr.dtype),
-        )
 
 
 class TrainingModelService:
@@ -486,133 +368,43 @@ class TrainingModelService:
                 if beat is not None:
                     beat()
 
-    def _grouped_step(
-        self, items: list[Microbatch], isolate: bool = False
-    ) -> list[tuple[StepResult, dict[str, float]] | Exception]:
-        with self._lock:
-            start = time.perf_counter()
-            lora = any(it.slot.lora is not None for it in items)
-            features = self._executor.shared_forward(
-                {it.slot.tenant_id: it.batch for it in items}, grad=lora
-            )
-            self._sync_for_timing()
-            shared_s = time.perf_counter() - start
-            outcomes: list[tuple[StepResult, dict[str, float]] | Exception] = []
-            own_s: dict[str, float] = {}
-            if lora:
-                outcomes = self._lora_steps(items, features, isolate, own_s)
-            else:
-                for it in items:
-                    t0 = time.perf_counter()
-                    try:
-                        outcomes.append(self._step_one(it, features[it.slot.tenant_id]))
-                    except Exception as error:
-                        if not isolate:
-                            raise
-                        outcomes.append(error)
-                    self._sync_for_timing()
-                    own_s[it.slot.tenant_id] = time.perf_counter() - t0
+    def _grouped_step(self, items: list[Microbatch], isolate: bool = False) -> list[Outcome]:
+        """The microbatches' grouped step (:func:`~joynexus.models.grouped_step.grouped_step`)
+        under the backbone lock, then its metering."""
+        times = StepTimes()
+        outcomes = grouped_step(
+            self._tenant_steps(items),
+            forward=self._executor.shared_forward,
+            lock=self._lock,
+            reduce=self._gradient_reduce(),
+            isolate=isolate,
+            times=times,
+            sync=self._sync_for_timing,
+        )
         if self._instruments.enabled:
-            rows = {it.slot.tenant_id: it.batch.batch_size for it in items}
-            self._instruments.training_step(rows, shared_s, own_s)
+            self._instruments.training_step(times.rows, times.shared_s, times.own_s)
             for it, outcome in zip(items, outcomes, strict=True):
-                if isinstance(outcome, Exception):
-                    continue
-                result = outcome[0]
-                self._instruments.learning_step(
-                    it.slot.tenant_id, result.policy_version, result.loss, result.grad_norm
-                )
+                if not isinstance(outcome, Exception):
+                    step = outcome[0]
+                    self._instruments.learning_step(
+                        it.slot.tenant_id, step.policy_version, step.loss, step.grad_norm
+                    )
         return outcomes
 
-    def _lora_steps(
-        self,
-        items: list[Microbatch],
-        features: Mapping[str, BackboneOutput],
-        isolate: bool,
-        own_s: dict[str, float],
-    ) -> list[tuple[StepResult, dict[str, float]] | Exception]:
-        """Steps of a group with LoRA tenants: their losses share the grouped forward's
-        graph, so all losses first, then ONE backward and a per-tenant clip + step.
+    def _tenant_steps(self, items: list[Microbatch]) -> list[TenantStep]:
+        """Each microbatch as its tenant's part of the step (a data-parallel rank keeps
+        its share of the rows)."""
+        return [TenantStep(it.slot, it.batch, microbatch_loss(it)) for it in items]
 
-        Each tenant is timed for its own loss plus an equal share of the joint backward.
-        """
-        losses: list[tuple[torch.Tensor, dict[str, float]] | Exception] = []
-        for it in items:
-            t0 = time.perf_counter()
-            try:
-                losses.append(self._loss_one(it, features[it.slot.tenant_id]))
-            except Exception as error:
-                if not isolate:
-                    raise
-                losses.append(error)
-            self._sync_for_timing()
-            own_s[it.slot.tenant_id] = time.perf_counter() - t0
-        ready = [
-            (it, out)
-            for it, out in zip(items, losses, strict=True)
-            if not isinstance(out, Exception)
-        ]
-        t0 = time.perf_counter()
-        steps = apply_losses([(it.slot, out[0]) for it, out in ready])
-        self._sync_for_timing()
-        share = (time.perf_counter() - t0) / max(len(ready), 1)
-        by_tenant: dict[str, tuple[StepResult, dict[str, float]] | Exception] = {}
-        for (it, out), step in zip(ready, steps, strict=True):
-            own_s[it.slot.tenant_id] += share
-            if isinstance(step, Exception):
-                if not isolate:
-                    raise step
-                by_tenant[it.slot.tenant_id] = step
-            else:
-                by_tenant[it.slot.tenant_id] = (step, out[1])
-        return [
-            out if isinstance(out, Exception) else by_tenant[it.slot.tenant_id]
-            for it, out in zip(items, losses, strict=True)
-        ]
+    def _gradient_reduce(self) -> GradientReduce | None:
+        """The gradient-reduce hook of the step (one process: none)."""
+        return None
 
     def _sync_for_timing(self) -> None:
         # CUDA kernels run asynchronously: without a sync, one tenant's queued work
         # would be timed (and billed) in the next tenant's interval.
         if self._instruments.enabled and self.base.device.type == "cuda":
             torch.cuda.synchronize(self.base.device)
-
-    def _step_one(
-        self, item: Microbatch, features: BackboneOutput
-    ) -> tuple[StepResult, dict[str, float]]:
-        loss, stats = self._loss_one(item, features)
-        return item.slot.apply_loss(loss), stats
-
-    def _loss_one(
-        self, item: Microbatch, features: BackboneOutput
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        """The tenant's loss on its rows (features keep their graph for LoRA slots)."""
-        device = self.base.device
-        slot, data, batch = item.slot, item.data, item.batch
-        if slot.lora is None:
-            features = features.detach()
-        state = torch.from_numpy(batch.state).to(device)
-        assert batch.actions is not None
-        actions = torch.from_numpy(batch.actions).to(device)
-        if item.plan_loss == "sft":
-            mask = None
-            if "action_is_pad" in data:
-                pad = torch.as_tensor(as_numpy(data["action_is_pad"]), dtype=torch.bool)
-                mask = (~pad).unsqueeze(-1).to(device)
-            return slot.loss(features, state, actions, mask), {}
-        old = data.get("actor_log_probs", data.get("log_probs"))
-        loss, stats = policy_loss(
-            slot,
-            features,
-            state,
-            actions,
-            algorithm=item.plan_loss,
-            advantages=float_tensor(data["advantages"], device),
-            old_log_probs=None if old is None else float_tensor(old, device),
-            returns=float_tensor(data["returns"], device) if "returns" in data else None,
-            config=item.config.algorithm,
-            chain=float_tensor(data[FLOW_CHAIN], device) if FLOW_CHAIN in data else None,
-        )
-        return loss, stats
 
     def _result(self, plan: JobPlan) -> TrainJobResult:
         metrics = {"loss": float(np.mean(plan.losses))} if plan.losses else {}
@@ -671,63 +463,21 @@ class TrainingModelService:
 
     async def actor_forward(self, job: TrainingJob) -> None:
         """Attach ``actor_log_probs`` / ``actor_values`` of the behaviour actions under the
-        tenant's current actor to every sample of the job's partition.
+        tenant's current actor to every sample of the job's partition
+        (:func:`~joynexus.services.actor_forward.actor_forward`).
 
         Raises:
             NotFoundError, PermissionDeniedError, SchemaMismatchError, ConflictError,
             InvalidRequestError: as :meth:`train_job`.
         """
         plan = await self._plan(job)
-        fields = [*observation_fields(plan.slot.schema), "actions", *rl_fields(plan.slot)]
-        pid = job.partition_id
-        await asyncio.to_thread(self.queue.reset_consumption, pid, ACTOR_FORWARD_TASK)
-        done = 0
-        while done < job.sample_count:
-            size = min(plan.microbatch_size, job.sample_count - done)
-            meta = await self.queue.async_get_meta(pid, fields, size, ACTOR_FORWARD_TASK)
-            if meta.size != size:
-                raise ConflictError(
-                    f"job {job.job_id!r}: partition {pid!r} has {done + meta.size} samples, "
-                    f"fewer than its sample_count {job.sample_count}",
-                    job_id=job.job_id,
-                )
-            check_annotations(plan, meta)
-            data = await self.queue.async_get_data(meta)
-            batch = observation_batch(plan.slot.schema, data, with_actions=True)
-            chain = data.get(FLOW_CHAIN)
-            log_probs, values = await asyncio.to_thread(
-                self._evaluate_actions, plan.slot, batch, chain
-            )
-            await self.queue.async_put({"actor_log_probs": log_probs, "actor_values": values}, meta)
-            done += size
-
-    def _evaluate_actions(
-        self, slot: TenantSlot, batch: ObservationBatch, chain: Any | None
-    ) -> tuple[np.ndarray, np.ndarray]:
-        device = self.base.device
-        with self._lock, torch.no_grad():
-            start = time.perf_counter()
-            features = self._executor.shared_forward({slot.tenant_id: batch})[slot.tenant_id]
-            state = torch.from_numpy(batch.state).to(device)
-            assert batch.actions is not None
-            slot.action_module.eval()
-            lp = behaviour_log_probs(
-                slot,
-                features,
-                state,
-                torch.from_numpy(batch.actions).to(device),
-                None if chain is None else float_tensor(chain, device),
-            )
-            values = slot.value(features, state)
-            seconds = time.perf_counter() - start
-        # Forward-only work of one tenant: device time, but no samples trained.
-        self._instruments.training_step(
-            {slot.tenant_id: batch.batch_size}, 0.0, {slot.tenant_id: seconds}, count_samples=False
+        await actor_forward(
+            self.queue,
+            plan,
+            forward=self._executor.shared_forward,
+            lock=self._lock,
+            instruments=self._instruments,
         )
-        lp_np = lp.float().cpu().numpy().astype(np.float32)
-        if values is None:
-            return lp_np, np.zeros_like(lp_np)
-        return lp_np, values.float().cpu().numpy().astype(np.float32)
 
     # --- parameters and checkpoints ---------------------------------------------------------
 
@@ -769,19 +519,25 @@ class TrainingModelService:
         ids = list(tenant_ids) if tenant_ids is not None else self.tenant_ids()
         slots = [self._executor.slot(t) for t in ids]
 
-        def write() -> list[Path]:
+        def snap() -> list[SlotSnapshot]:
+            # In-memory copies under the lock; the files are written after it is
+            # released, so no tenant's predict or step waits for the disk.
             with self._lock:
-                return [
-                    save_slot(
-                        s,
-                        self.checkpoint_root(s.tenant_id),
-                        step,
-                        include_optim=include_optim,
-                        clock=self.clock.wall,
-                        ledger=ledger,
-                    )
-                    for s in slots
-                ]
+                return [snapshot_slot(s, include_optim=include_optim) for s in slots]
+
+        snapshots = await asyncio.to_thread(snap)
+
+        def write() -> list[Path]:
+            return [
+                checkpoints.write_checkpoint(
+                    snap,
+                    self.checkpoint_root(snap.tenant_id),
+                    step,
+                    clock=self.clock.wall,
+                    ledger=ledger,
+                )
+                for snap in snapshots
+            ]
 
         return await asyncio.to_thread(write)
 
@@ -798,14 +554,9 @@ class TrainingModelService:
             keep_last: The newest checkpoints always kept (at least 1).
             keep_every: Also keep steps that are multiples of it (0: none).
         """
-        root = self.checkpoint_root(tenant_id) / tenant_id
 
         def prune() -> list[Path]:
-            steps = sorted(
-                (int(m.group(1)), child)
-                for child in (root.iterdir() if root.is_dir() else [])
-                if (m := _STEP_DIR.match(child.name)) and (child / "manifest.json").is_file()
-            )
+            steps = checkpoints.checkpoint_steps(self.checkpoint_root(tenant_id), tenant_id)
             doomed = [
                 path
                 for step, path in steps[: -max(keep_last, 1)]
@@ -839,8 +590,9 @@ class TrainingModelService:
             )
 
         def load() -> int:
+            loaded = read_checkpoint(slot, path)  # files read and verified without the lock
             with self._lock:
-                load_slot(slot, path)
+                install_checkpoint(slot, loaded)
                 return slot.policy_version
 
         return await asyncio.to_thread(load)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -33,17 +33,21 @@ from joynexus.envs.seeds import (
     shared_seeds,
 )
 from joynexus.errors import SpecError
-from joynexus.models.heads import (
-    FlowMatchingHeadConfig,
-    HeadConfig,
-    OFTHeadConfig,
-    Pi0ExpertConfig,
-)
-from joynexus.models.heads.flow_policy import MAX_RL_FLOW_STEPS
+from joynexus.models.policies import HeadConfig, OFTHeadConfig
 from joynexus.models.schema import PRESETS, DataSchema
 from joynexus.models.slots import OptimizerConfig
+from joynexus.spec.serving import ServingSpec
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+#: Experiment trackers a workload's learning curves can go to (each writes offline into
+#: the run directory: :mod:`joynexus.metrics.tracking`).
+TrackerName = Literal["tensorboard", "wandb", "mlflow", "clearml"]
+TRACKERS: tuple[TrackerName, ...] = ("tensorboard", "wandb", "mlflow", "clearml")
+
+
+def _default_tracking() -> list[TrackerName]:
+    return ["tensorboard"]
 
 
 class TaskKind(StrEnum):
@@ -89,9 +93,9 @@ class DatasetBinding(BaseModel):
         "when the dataset folder does not exist yet.",
     )
     record_failures: bool = Field(
-        default=True,
+        default=False,
         description="Also keep the recorded episodes in which the expert failed "
-        "(false: successful demonstrations only).",
+        "(default: successful demonstrations only, as `joynexus data record`).",
     )
 
 
@@ -143,18 +147,68 @@ class SchedulingSpec(BaseModel):
     )
 
 
+class SeedRange(BaseModel):
+    """The seeds ``start``, ``start + 1``, ..., ``start + count - 1``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: int = Field(ge=0, le=2**31 - 1)
+    count: int = Field(ge=1, le=10_000)
+
+
 class EvaluationSpec(BaseModel):
-    """A read-only evaluation of other tenants' policies (§4.2 'Evaluation path')."""
+    """A read-only evaluation of other tenants' policies (§4.2 'Evaluation path').
+
+    With ``seeds`` (a list, or ``{start, count}``) every run plays one episode per seed,
+    each from a fresh reset with that seed, so two evaluations of one version on the
+    same seeds play the same episodes; the seeds are recorded in the metrics and in each
+    run's ``eval_info.json``. Without them, ``episodes`` episodes from an unseeded reset.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     targets: list[str] = Field(min_length=1)
     episodes: int = Field(default=4, ge=1, le=10_000)
+    seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] | SeedRange | None = Field(
+        default=None, description="Evaluation seeds: a list or {start, count}."
+    )
     interval_s: float = Field(default=10.0, gt=0)
     runs: int = Field(
         default=1, ge=1, le=10_000, description="Evaluation runs before the workload ends."
     )
     deterministic: bool = True
+    tasks: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Evaluate every run on each of these tasks of the env kind in turn (a "
+        "session each), reporting per-task and overall success with Wilson intervals; "
+        "'libero_spatial/*' stands for every task of a LIBERO suite. Default: the env's task.",
+    )
+
+    @model_validator(mode="after")
+    def _seeds_fit(self) -> EvaluationSpec:
+        seeds = self.seed_list()
+        if seeds is None:
+            return self
+        if not 1 <= len(seeds) <= 10_000:
+            raise ValueError("evaluation.seeds: give 1 to 10000 seeds")
+        if "episodes" in self.model_fields_set and self.episodes != len(seeds):
+            raise ValueError(
+                f"evaluation.episodes={self.episodes} but evaluation.seeds names {len(seeds)}; "
+                "with seeds, each run plays one episode per seed (drop 'episodes')"
+            )
+        return self
+
+    def seed_list(self) -> list[int] | None:
+        """The seeds in order, or None for an unseeded evaluation."""
+        if isinstance(self.seeds, SeedRange):
+            return list(range(self.seeds.start, self.seeds.start + self.seeds.count))
+        return None if self.seeds is None else list(self.seeds)
+
+    @property
+    def episodes_per_run(self) -> int:
+        seeds = self.seed_list()
+        return self.episodes if seeds is None else len(seeds)
 
 
 class SuccessEvalSpec(BaseModel):
@@ -208,6 +262,10 @@ class WorkloadSpec(BaseModel):
         default=None,
         description="Measure the success rate in 'env' before and after training (rl, sft).",
     )
+    serving: ServingSpec = Field(
+        default_factory=ServingSpec,
+        description="How the served policy is reached from outside (openpi websocket keys).",
+    )
     output_dir: Path = Field(
         default=Path("runs"),
         description="Deprecated, ignored by `joynexus run` and `serve`: a tenant's "
@@ -215,6 +273,13 @@ class WorkloadSpec(BaseModel):
         "the job history they belong to.",
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    tracking: list[TrackerName] = Field(
+        default_factory=_default_tracking,
+        max_length=len(TRACKERS),
+        description="Experiment trackers this tenant's learning curves go to, each offline "
+        "in the run directory: tensorboard, wandb (offline), mlflow (file store), clearml "
+        "(offline session). `joynexus run/serve --tracking` adds some for every tenant.",
+    )
 
     @model_validator(mode="after")
     def _task_rules(self) -> WorkloadSpec:
@@ -228,8 +293,9 @@ class WorkloadSpec(BaseModel):
                     f"task 'rl' needs algorithm.name in ['grpo', 'ppo', 'reinforce'], "
                     f"got {self.algorithm.name!r}"
                 )
-            if isinstance(self.action_module, FlowMatchingHeadConfig | Pi0ExpertConfig):
-                self._check_flow_rl(self.action_module)
+            # The family refuses what its RL cannot honour (a flow head: Flow-SDE, see
+            # models.policies.flow) rather than ignore it.
+            self.action_module.check_rl(entropy_coef=self.algorithm.entropy_coef)
         elif self.task is TaskKind.SFT:
             if self.dataset is None:
                 raise ValueError("task 'sft' needs a 'dataset' (a LeRobot dataset path)")
@@ -307,24 +373,6 @@ class WorkloadSpec(BaseModel):
                 f"demonstrations are recorded with ({self.seed}..."
                 f"{self.seed + self.dataset.record_episodes - 1}); move success_eval.seed "
                 "(evaluation on training initial states would overstate success)"
-            )
-
-    def _check_flow_rl(self, head: FlowMatchingHeadConfig | Pi0ExpertConfig) -> None:
-        # RL on a flow head (the DiT or a π0 expert) is Flow-SDE
-        # (models.heads.flow_policy): refuse what it cannot honour rather than ignore it.
-        steps = head.num_inference_steps
-        if steps is not None and steps > MAX_RL_FLOW_STEPS:
-            raise ValueError(
-                f"rl with a {head.type!r} head records every denoising step of each "
-                f"sample and the actor re-runs them all; action_module.num_inference_steps "
-                f"must be <= {MAX_RL_FLOW_STEPS} for rl, got {steps}"
-            )
-        if self.algorithm.entropy_coef > 0:
-            raise ValueError(
-                f"algorithm.entropy_coef must be 0 with a {head.type!r} head: its Flow-SDE "
-                "steps have a fixed noise schedule, so the policy's entropy does not depend "
-                "on the weights and a bonus would do nothing; set exploration with "
-                "action_module.sde_noise_level"
             )
 
     @property

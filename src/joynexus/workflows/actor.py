@@ -40,15 +40,17 @@ from collections.abc import Callable
 from typing import Any
 
 from joynexus.control.job import JobState, TaskType, TrainingJob
-from joynexus.errors import NotFoundError, StaleLeaseError
+from joynexus.errors import NotFoundError, StaleLeaseError, StorageFullError
 from joynexus.workflows.context import (
     ACTOR_ROLE,
     ROLE_RESTARTED_REASON,
+    STORAGE_FULL_REASON,
     WorkflowContext,
     WorkflowTenant,
     job_heartbeat,
     reason_of,
 )
+from joynexus.workflows.durability import save_or_roll_back
 
 __all__ = [
     "REASON_POLICY_STALE",
@@ -94,7 +96,9 @@ async def _maybe_checkpoint(
             "workload_id": tenant.workload_id,
             "task": job.task_type.value,
         }
-        await ctx.training.save(version, [tenant.tenant_id], include_optim=True, ledger=ledger)
+        # A failed write rolls the slot back to its last checkpoint (never a version
+        # ahead of what is saved and served) and raises StorageFullError on a full disk.
+        await save_or_roll_back(ctx, tenant, version, ledger)
         tenant.jobs_applied = applied
         tenant.last_checkpoint_version = version
         await ctx.training.prune_checkpoints(
@@ -206,6 +210,8 @@ async def fail_job(ctx: WorkflowContext, job: TrainingJob, error: BaseException)
         pass
     elif isinstance(error, asyncio.CancelledError):
         ctx.scheduler.fail(job.job_id, "cancelled")
+    elif isinstance(error, StorageFullError):  # the service's fault: its slot rolled back
+        ctx.scheduler.fail(job.job_id, STORAGE_FULL_REASON)
     else:
         reason = ROLE_RESTARTED_REASON if await _slot_lost(ctx, job, error) else None
         if not ctx.scheduler.get(job.job_id).is_terminal:  # the restart may have failed it

@@ -37,6 +37,7 @@ from joynexus.models.payload import MANIFEST_FILE
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.services.tenancy import TenantConfig
 from joynexus.spec.workload import BaseModelSpec, TaskKind, WorkloadSpec
+from joynexus.workflows.context import ROLLOUT_ROLE
 
 __all__ = [
     "DOMAIN",
@@ -243,6 +244,34 @@ def _admission(spec: WorkloadSpec) -> AdmissionPolicy:
     )
 
 
+def _check_eval_tasks(w: CompiledWorkload) -> None:
+    """An evaluation over several tasks: each task exists and serves the same interface."""
+    from joynexus.workflows.evaluation import evaluation_tasks
+
+    ev, env = w.spec.evaluation, w.spec.env
+    if ev is None or ev.tasks is None:
+        return
+    if env is None:
+        raise SpecError(
+            f"tenant {w.tenant_id!r}: evaluation.tasks needs an env to run the tasks in",
+            field="evaluation.tasks",
+        )
+    for task in evaluation_tasks(env, ev.tasks):
+        try:
+            schema = env_schema(env.model_copy(update={"task": task}))
+        except SpecError as exc:
+            raise SpecError(
+                f"tenant {w.tenant_id!r}: evaluation task {task!r}: {exc.message}",
+                field="evaluation.tasks",
+            ) from exc
+        if not _same_interface(schema, w.schema):
+            raise SpecError(
+                f"tenant {w.tenant_id!r}: evaluation task {task!r} produces a different "
+                "interface than the env's task (cameras, state/action dims, chunk)",
+                field="evaluation.tasks",
+            )
+
+
 def _check_init_from(w: CompiledWorkload, trainable: Mapping[str, DataSchema]) -> None:
     """``init_from`` names a trainable tenant of the same interface, or a checkpoint."""
     src = w.spec.init_from
@@ -346,6 +375,7 @@ def compile_workloads(
     for w in compiled:
         if w.spec.evaluation is None:
             continue
+        _check_eval_tasks(w)
         for target in w.spec.evaluation.targets:
             target_schema = trainable_schemas.get(target)
             if target_schema is None:
@@ -362,14 +392,23 @@ def compile_workloads(
                 )
     for w in compiled:
         _check_init_from(w, trainable_schemas)
-    limits = [
+    limits = rollout_limits(max_active_rollouts, max_active_rollouts_per_tenant)
+    return CompiledRun(workloads=compiled, base_model=specs[0].base_model, global_limits=limits)
+
+
+def rollout_limits(max_active: int | None, per_tenant: int | None) -> list[GlobalLimit]:
+    """The §5.1 bounds on active rollouts. They cover the workloads' own rollout jobs
+    only: jobs a tenant reserves by hand over the API (roles ``<tenant>/<role>``)
+    neither count against them nor can hold a place (the server bounds those per
+    tenant)."""
+    return [
         GlobalLimit(
             task_type=TaskType.RL,
-            max_active=max_active_rollouts,
-            max_active_per_tenant=max_active_rollouts_per_tenant,
+            max_active=max_active,
+            max_active_per_tenant=per_tenant,
+            producer_roles=frozenset({ROLLOUT_ROLE}),
         )
     ]
-    return CompiledRun(workloads=compiled, base_model=specs[0].base_model, global_limits=limits)
 
 
 def check_spec_files(paths: Sequence[str | Path]) -> CompiledRun:

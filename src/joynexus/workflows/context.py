@@ -24,6 +24,7 @@ from joynexus.control.job import TaskType, TrainingJob
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.models.schema import DataSchema
 from joynexus.services.protocols import (
+    EnvironmentServiceAPI,
     InferenceModelServiceAPI,
     TrainingModelServiceAPI,
     TrainingQueueAPI,
@@ -35,6 +36,7 @@ from joynexus.utils.clock import Clock
 __all__ = [
     "ACTOR_ROLE",
     "ROLE_RESTARTED_REASON",
+    "STORAGE_FULL_REASON",
     "MetricsLog",
     "WorkflowContext",
     "WorkflowTenant",
@@ -49,6 +51,9 @@ SFT_ROLE = "sft"
 #: (or found without the slots it held): the service's fault, never counted against the
 #: workload.
 ROLE_RESTARTED_REASON = "role_restarted"
+#: Terminal reason of a job whose checkpoint could not be written (disk or quota full):
+#: the slot was rolled back, the service's fault, never counted against the workload.
+STORAGE_FULL_REASON = "storage_full"
 
 
 def _finite(value: Any) -> Any:
@@ -106,6 +111,8 @@ class WorkflowTenant:
         jobs_applied: Training jobs whose updates its current weights contain (the
             ledger recorded with every checkpoint).
         eval_first_run: The first evaluation run still to do (a resumed evaluation).
+        fault: A service fault it is waiting out (its checkpoints cannot be written);
+            None once it passed.
     """
 
     spec: WorkloadSpec
@@ -120,6 +127,7 @@ class WorkflowTenant:
     jobs_applied: int = 0
     eval_first_run: int = 0
     errors: list[str] = field(default_factory=list)
+    fault: str | None = None
 
     def job_metadata(self) -> dict[str, Any]:
         """Metadata of the jobs its producer reserves (schema signature, workload)."""
@@ -148,6 +156,8 @@ class WorkflowContext:
     inference: InferenceModelServiceAPI
     clock: Clock
     tenants: Mapping[str, WorkflowTenant]
+    #: Opens the extra sessions of an evaluation over several tasks (None: not hosted).
+    env: EnvironmentServiceAPI | None = None
     domain: str = "vla"
     #: Back-off after a refused reservation or an empty stage (scheduler has no waiter
     #: for those transitions); short, and on the injected clock.

@@ -39,6 +39,10 @@ class EvalRunSummary(BaseModel):
     success_rate: float
     mean_return: float
     success_ci95: tuple[float, float] | None = None
+    seeds: list[int] | None = None  # evaluation.seeds (None: unseeded resets)
+    #: An evaluation over several tasks: each task's rate and interval (see
+    #: :class:`~joynexus.workflows.evaluation.TaskSuccess`).
+    per_task: list[dict[str, Any]] | None = None
 
 
 class TenantSummary(BaseModel):

@@ -47,7 +47,6 @@ __all__ = ["DASHBOARD", "HEALTH", "DashboardState", "router"]
 #: and ``usage``).
 DASHBOARD = "dashboard"
 HEALTH = "health"
-_MASTER = "master"
 _MAX_HEALTH_EVENTS = 200
 
 router = APIRouter(tags=["dashboard"])
@@ -141,8 +140,7 @@ class DashboardState(BaseModel):
 
 
 def _master(state: ServerState) -> MasterService | None:
-    master: MasterService | None = state.services.extras.get(_MASTER)
-    return master
+    return state.services.master
 
 
 def _latest(metrics: MetricsService | None, name: str) -> int | None:
@@ -160,8 +158,8 @@ def _tenant_ids(state: ServerState, scope: str | None) -> list[str]:
 
 def _partitions_by_tenant(state: ServerState) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
-    for info in state.services.training_queue.partitions():
-        owner = state.partitions.owner(info.partition_id) or ""
+    for info in state.gateway.queue.partitions():
+        owner = state.gateway.partitions.owner(info.partition_id) or ""
         count, nbytes = out.get(owner, (0, 0))
         out[owner] = (count + 1, nbytes + info.nbytes)
     return out
@@ -176,7 +174,7 @@ def build_state(state: ServerState, viewer: Viewer, scope: str | None) -> Dashbo
     feed: DashboardFeed | None = extras.get(DASHBOARD)
     health: HealthManager | None = extras.get(HEALTH)
 
-    counters = state.services.scheduler.counters()
+    counters = state.gateway.scheduler.counters()
     by_tenant: dict[str, dict[str, int]] = counters["by_tenant"]
     usage = meter.report() if meter is not None else None
     partitions = _partitions_by_tenant(state)
@@ -202,7 +200,7 @@ def build_state(state: ServerState, viewer: Viewer, scope: str | None) -> Dashbo
         )
     if scope is None:
         jobs_by_state = dict(counters["by_state"])
-        queue_bytes = state.services.training_queue.nbytes
+        queue_bytes = state.gateway.queue.nbytes
         queue_partitions = sum(c for c, _ in partitions.values())
     else:
         jobs_by_state = dict(by_tenant.get(scope, {}))

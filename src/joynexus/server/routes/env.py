@@ -121,7 +121,7 @@ async def create_session(
     tenant = tenant_id_of(principal)
     check_session_spec(state, body.spec)
     quotas = state.quotas_of(tenant)
-    env = state.services.environment
+    env = state.gateway.env
     held = len(await env.list_sessions(tenant)) + state.pending_sessions.get(tenant, 0)
     state.quotas.check_count(
         tenant, "sessions", held, 1, quotas.max_sessions, "environment sessions"
@@ -136,7 +136,7 @@ async def create_session(
         return _session(info).model_dump(mode="json", by_alias=True)
 
     try:
-        return state.futures.submit(
+        return state.gateway.futures.submit(
             tenant, "env.create_session", work, max_pending=quotas.max_pending_futures
         )
     except BaseException:
@@ -147,7 +147,7 @@ async def create_session(
 @router.get("", response_model=list[SessionOut])
 async def list_sessions(principal: TenantPrincipal, state: State) -> list[SessionOut]:
     """The calling tenant's open sessions."""
-    sessions = await state.services.environment.list_sessions(tenant_id_of(principal))
+    sessions = await state.gateway.env.list_sessions(tenant_id_of(principal))
     return [_session(s) for s in sessions]
 
 
@@ -156,7 +156,7 @@ async def reset(
     session_id: PathName, body: ResetIn, request: Request, principal: TenantPrincipal, state: State
 ) -> Any:
     """Start rollout ``rollout_id`` in every sub-env; answers the first observation."""
-    obs = await state.services.environment.reset(
+    obs = await state.gateway.env.reset(
         session_id, body.rollout_id, body.seed, tenant_id=tenant_id_of(principal)
     )
     return respond(request, _obs(obs))
@@ -180,7 +180,7 @@ async def step(
     actions = check_tensor(
         body.actions, name="actions", dtypes=("float32", "float64"), shape=(None, None), finite=True
     )
-    result = await state.services.environment.step(
+    result = await state.gateway.env.step(
         session_id, actions.astype("float32"), tenant_id=tenant_id_of(principal)
     )
     return respond(request, _step(result))
@@ -189,4 +189,4 @@ async def step(
 @router.delete("/{session_id}", status_code=status.HTTP_204_NO_CONTENT)
 async def close(session_id: PathName, principal: TenantPrincipal, state: State) -> None:
     """Close the session and stop its simulator."""
-    await state.services.environment.close(session_id, tenant_id=tenant_id_of(principal))
+    await state.gateway.env.close(session_id, tenant_id=tenant_id_of(principal))

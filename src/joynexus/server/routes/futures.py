@@ -17,7 +17,7 @@ router = APIRouter(prefix="/v1/futures", tags=["futures"])
 async def list_futures(principal: TenantPrincipal, state: State) -> list[FutureStatus]:
     """The calling tenant's futures (pending, and finished ones still retained; a finished
     one listed here expires soon after, as if it had been polled)."""
-    return state.futures.list(tenant_id_of(principal))
+    return state.gateway.futures.list(tenant_id_of(principal))
 
 
 @router.get("/{future_id}", response_model=FutureStatus)
@@ -30,7 +30,7 @@ async def get_future(
     """A future's state; with ``wait`` the call returns early once it finishes. A finished
     future expires shortly after its result was first read (``DELETE`` forgets it now)."""
     wait_s = min(wait, state.config.max_long_poll_s)
-    return await state.futures.get(tenant_id_of(principal), future_id, wait_s)
+    return await state.gateway.futures.get(tenant_id_of(principal), future_id, wait_s)
 
 
 @router.delete("/{future_id}", response_model=FutureStatus)
@@ -39,4 +39,4 @@ async def delete_future(
 ) -> FutureStatus:
     """Forget a finished future now (its last status is returned), or cancel a pending
     one (kept briefly so a poller sees ``cancelled``)."""
-    return state.futures.delete(tenant_id_of(principal), future_id)
+    return state.gateway.futures.delete(tenant_id_of(principal), future_id)

@@ -10,9 +10,10 @@ from joynexus.server.state import State
 
 router = APIRouter(tags=["health"])
 
-#: Registry extra: a callable listing why the service is degraded (empty: it is not) —
-#: a spent recovery budget, stalled workloads (``MasterHost.degraded``).
-DEGRADED = "degraded"
+#: Registry extra: a callable returning ``(why the plane is not ready or None, counts)``
+#: (``MasterHost.readiness``). The probe is unauthenticated: it says counts, never a
+#: tenant's workload or session ids.
+READINESS = "readiness"
 
 
 class Health(BaseModel):
@@ -20,9 +21,10 @@ class Health(BaseModel):
 
     status: str
     checks: dict[str, str] = {}
+    counts: dict[str, int] | None = None
 
 
-@router.get("/healthz", response_model=Health)
+@router.get("/healthz", response_model=Health, response_model_exclude_none=True)
 async def healthz() -> Health:
     """The process is up and answering."""
     return Health(status="ok")
@@ -30,11 +32,12 @@ async def healthz() -> Health:
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
 async def readyz(state: State) -> JSONResponse:
-    """The injected services can take requests and no workload is degraded (503 with
-    the failing checks otherwise: a spent recovery budget, a stalled workload)."""
+    """The injected services can take requests and the execution plane is up (503 with
+    the failing checks otherwise: a spent recovery budget). Stalled workloads are
+    counted in ``counts``; they are their tenants' state, not the server's."""
     checks: dict[str, str] = {}
     try:
-        state.services.scheduler.counters()
+        state.gateway.scheduler.counters()
         checks["scheduler"] = "ok"
     except Exception as exc:  # a probe reports, it does not fail
         checks["scheduler"] = f"error: {type(exc).__name__}"
@@ -43,10 +46,11 @@ async def readyz(state: State) -> JSONResponse:
         checks["tenants"] = "ok"
     except Exception as exc:
         checks["tenants"] = f"error: {type(exc).__name__}"
-    degraded = state.services.extras.get(DEGRADED)
-    if degraded is not None:
-        why = degraded()
-        checks["workloads"] = "degraded: " + "; ".join(why)[:500] if why else "ok"
+    counts: dict[str, int] = {}
+    readiness = state.services.extras.get(READINESS)
+    if readiness is not None:
+        down, counts = readiness()
+        checks["plane"] = "ok" if down is None else f"degraded: {down}"
     ok = all(v == "ok" for v in checks.values())
-    body = Health(status="ok" if ok else "unavailable", checks=checks)
+    body = Health(status="ok" if ok else "unavailable", checks=checks, counts=counts)
     return JSONResponse(body.model_dump(), status_code=200 if ok else 503)

@@ -16,24 +16,24 @@ once the tenant submitted a workload (task ``custom`` gives a slot and nothing e
 from __future__ import annotations
 
 import time
-from contextlib import AbstractContextManager
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from joynexus.errors import JobNotFoundError, PermissionDeniedError, SchemaMismatchError
+from joynexus.errors import LimitExceededError, SchemaMismatchError
 from joynexus.metrics.stages import StageMeter
 from joynexus.models.batch import ObservationBatch
 from joynexus.server.futures import FutureRef
 from joynexus.server.names import Name, PathName
-from joynexus.server.ownership import unknown_if_foreign
 from joynexus.server.routes.metrics import METRICS
-from joynexus.server.routes.workloads import master_of
 from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
 from joynexus.server.wire import Tensor, decode_body, respond, tensor_body, tensor_response
 from joynexus.wire import check_tensor
+
+if TYPE_CHECKING:  # the Master imports torch; the HTTP app must not
+    from joynexus.master.primitives import ModelPrimitives
 
 router = APIRouter(prefix="/v1/models/{tenant_id}", tags=["models"])
 
@@ -179,18 +179,19 @@ class ExportOut(BaseModel):
     named_tensors: dict[str, Tensor]
 
 
-def _own(tenant_id: PathName, principal: TenantPrincipal) -> str:
-    # A dependency, so a foreign slot answers 403 before the body is even validated.
-    caller = tenant_id_of(principal)
-    if caller != tenant_id:
-        raise PermissionDeniedError(
-            f"model slot {tenant_id!r} belongs to another tenant", tenant_id=tenant_id
-        )
-    return caller
+def _own(tenant_id: PathName, principal: TenantPrincipal, state: State) -> str:
+    # A dependency, so a foreign slot answers 403 before the body is even validated;
+    # the one tenant check of the predict path.
+    return state.gateway.own_slot(tenant_id, tenant_id_of(principal))
 
 
 #: The calling tenant, which must be the ``{tenant_id}`` of the path.
 OwnSlot = Annotated[str, Depends(_own)]
+
+
+def _primitives(state: ServerState) -> ModelPrimitives:
+    """The Master's model primitives behind the gateway (503 without a Master)."""
+    return state.gateway.master.primitives
 
 
 async def _body(request: Request, state: ServerState, model: type[Any]) -> Any:
@@ -213,9 +214,10 @@ async def predict(tenant: OwnSlot, request: Request, state: State) -> Any:
     """``predict``: actions (and log-probs in ``sample`` mode, values with a critic)."""
     started = time.perf_counter()
     body: PredictIn = await _body(request, state, PredictIn)
+    _check_predict_size(state, body.observations)
     observations = body.observations.batch()
     decoded = time.perf_counter()
-    result = await master_of(state).predict(tenant, observations, body.policy_version, body.mode)
+    result = await _primitives(state).predict(tenant, observations, body.policy_version, body.mode)
     answered = time.perf_counter()
     out = PredictOut.model_construct(
         actions=np.asarray(result.actions, dtype=np.float32),
@@ -230,6 +232,31 @@ async def predict(tenant: OwnSlot, request: Request, state: State) -> Any:
         stages.add("http_decode", decoded - started)
         stages.add("http_encode", time.perf_counter() - answered)
     return response
+
+
+def _check_predict_size(state: ServerState, obs: ObservationsIn) -> None:
+    """Bound the rows and text one predict puts on the shared backbone (422)."""
+    cfg = state.config
+    rows = len(obs.instructions)
+    if rows > cfg.max_predict_rows:
+        raise LimitExceededError(
+            f"predict carries {rows} observations; this server takes at most "
+            f"{cfg.max_predict_rows} per call (server setting max_predict_rows): split "
+            "the batch over several calls",
+            field="observations.instructions",
+            limit=cfg.max_predict_rows,
+            setting="max_predict_rows",
+        )
+    chars = sum(len(t) for t in obs.instructions)
+    if chars > cfg.max_predict_text_chars:
+        raise LimitExceededError(
+            f"predict carries {chars} characters of instructions; this server takes at "
+            f"most {cfg.max_predict_text_chars} per call (server setting "
+            "max_predict_text_chars): send fewer rows or shorter instructions",
+            field="observations.instructions",
+            limit=cfg.max_predict_text_chars,
+            setting="max_predict_text_chars",
+        )
 
 
 def _stage_meter(state: ServerState) -> StageMeter | None:
@@ -260,7 +287,7 @@ async def train_batch(tenant: OwnSlot, request: Request, state: State) -> StepOu
         flow_chain=_f32(body.flow_chain),
     )
     batch.check()  # every field against the batch: a bad one never reaches the optimizer
-    step = await master_of(state).train_batch(tenant, batch)
+    step = await _primitives(state).train_batch(tenant, batch)
     return StepOut(
         loss=float(step.loss), policy_version=int(step.policy_version), grad_norm=step.grad_norm
     )
@@ -269,7 +296,7 @@ async def train_batch(tenant: OwnSlot, request: Request, state: State) -> StepOu
 @router.post("/export_params", responses=tensor_response(ParamsOut))
 async def export_params(tenant: OwnSlot, request: Request, state: State) -> Any:
     """``export_params``: the tenant's current action-module tensors (no shared base)."""
-    version, signature, named = await master_of(state).export_params(tenant)
+    version, signature, named = await _primitives(state).export_params(tenant)
     out = ParamsOut.model_construct(
         tenant_id=tenant, policy_version=version, schema_signature=signature, named_tensors=named
     )
@@ -287,30 +314,23 @@ async def load_weights(tenant: OwnSlot, request: Request, state: State) -> LoadW
     body: LoadWeightsIn = await _body(request, state, LoadWeightsIn)
     for name, arr in body.named_tensors.items():
         check_tensor(arr, name=f"named_tensors[{name!r}]", finite=True)
-    served = await master_of(state).load_weights(tenant, body.version, body.named_tensors)
+    served = await _primitives(state).load_weights(tenant, body.version, body.named_tensors)
     return LoadWeightsOut(policy_version=served)
-
-
-def _unknown_job_if_foreign(job_id: str) -> AbstractContextManager[None]:
-    """Another tenant's job fails the future exactly as an unknown one (no oracle)."""
-    return unknown_if_foreign(
-        "job_id", job_id, lambda: JobNotFoundError(f"no training job {job_id!r}", job_id=job_id)
-    )
 
 
 def _submit(state: ServerState, tenant: str, kind: str, work: Any) -> FutureRef:
     quotas = state.quotas_of(tenant)
-    return state.futures.submit(tenant, kind, work, max_pending=quotas.max_pending_futures)
+    return state.gateway.futures.submit(tenant, kind, work, max_pending=quotas.max_pending_futures)
 
 
 @router.post("/save", status_code=status.HTTP_202_ACCEPTED, response_model=FutureRef)
 async def save(tenant: OwnSlot, body: SaveIn, state: State) -> FutureRef:
     """``save``: checkpoint the slot; the future's result lists the written paths."""
-    master = master_of(state)
-    master.require_slot(tenant)
+    slots = _primitives(state)
+    slots.require_slot(tenant)
 
     async def work() -> dict[str, Any]:
-        return {"paths": await master.save(tenant, include_optim=body.include_optim)}
+        return {"paths": await slots.save(tenant, include_optim=body.include_optim)}
 
     return _submit(state, tenant, "models.save", work)
 
@@ -318,20 +338,20 @@ async def save(tenant: OwnSlot, body: SaveIn, state: State) -> FutureRef:
 @router.post("/rollout", status_code=status.HTTP_202_ACCEPTED, response_model=FutureRef)
 async def rollout(tenant: OwnSlot, body: RolloutIn, state: State) -> FutureRef:
     """``rollout``: an env loop over ``predict`` into a reserved job's partition (future)."""
-    master = master_of(state)
-    master.require_slot(tenant)
+    slots = _primitives(state)
+    slots.require_slot(tenant)
 
     async def work() -> dict[str, Any]:
-        with _unknown_job_if_foreign(body.job_id):
-            return await master.rollout(
-                tenant,
-                body.job_id,
-                body.session_id,
-                num_envs=body.num_envs,
-                horizon=body.horizon,
-                version=body.version,
-                seed=body.seed,
-            )
+        # Another tenant's job fails the future exactly as an unknown one (no oracle).
+        return await slots.rollout(
+            tenant,
+            body.job_id,
+            body.session_id,
+            num_envs=body.num_envs,
+            horizon=body.horizon,
+            version=body.version,
+            seed=body.seed,
+        )
 
     return _submit(state, tenant, "models.rollout", work)
 
@@ -339,12 +359,11 @@ async def rollout(tenant: OwnSlot, body: RolloutIn, state: State) -> FutureRef:
 @router.post("/train_job", status_code=status.HTTP_202_ACCEPTED, response_model=FutureRef)
 async def train_job(tenant: OwnSlot, body: TrainJobIn, state: State) -> FutureRef:
     """``train_job``: train a leased job of the tenant from its partition (future)."""
-    master = master_of(state)
-    master.require_slot(tenant)
+    slots = _primitives(state)
+    slots.require_slot(tenant)
 
     async def work() -> dict[str, Any]:
-        with _unknown_job_if_foreign(body.job_id):
-            return await master.train_job(tenant, body.job_id)
+        return await slots.train_job(tenant, body.job_id)
 
     return _submit(state, tenant, "models.train_job", work)
 
@@ -352,5 +371,5 @@ async def train_job(tenant: OwnSlot, body: TrainJobIn, state: State) -> FutureRe
 @router.get("/export", responses=tensor_response(ExportOut))
 async def export(tenant: OwnSlot, request: Request, state: State) -> Any:
     """The tenant's action module with a manifest (schema, head, version, base model id)."""
-    manifest, named = await master_of(state).export(tenant)
+    manifest, named = await _primitives(state).export(tenant)
     return respond(request, ExportOut.model_construct(manifest=manifest, named_tensors=named))

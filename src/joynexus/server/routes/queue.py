@@ -13,12 +13,13 @@ bytes (its quotas, 429 ``quota_exceeded``), and no write takes the whole queue a
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Request, status
 from pydantic import BaseModel, ConfigDict, Field
 
-from joynexus.errors import MemoryCapExceededError
+from joynexus.errors import LimitExceededError, MemoryCapExceededError
 from joynexus.queues.meta import BatchMeta, PartitionInfo, SampleMeta
 from joynexus.server.config import MAX_API_INT
 from joynexus.server.names import Name, PathName
@@ -95,9 +96,9 @@ class PutFieldsIn(BaseModel):
 
 
 def _queue_bytes(state: ServerState, tenant: str) -> int:
-    queue = state.services.training_queue
+    queue = state.gateway.queue
     total = 0
-    for pid in state.partitions.partitions_of(tenant):
+    for pid in state.gateway.partitions_of(tenant):
         if queue.has_partition(pid):
             total += queue.info(pid).nbytes
     return total
@@ -126,7 +127,7 @@ def _check_quota_bytes(state: ServerState, tenant: str, data: dict[str, Any]) ->
         "bytes in the Training Queue",
     )
     cap = state.config.queue_memory_cap_bytes
-    held = state.services.training_queue.nbytes
+    held = state.gateway.queue.nbytes
     if cap is not None and held + incoming > cap:
         raise MemoryCapExceededError(
             f"the Training Queue holds {held} bytes of all tenants; {incoming} more would "
@@ -143,7 +144,7 @@ def _check_partition_count(state: ServerState, tenant: str) -> None:
     state.quotas.check_count(
         tenant,
         "partitions",
-        len(state.partitions.partitions_of(tenant)),
+        len(state.gateway.partitions_of(tenant)),
         1,
         state.quotas_of(tenant).max_partitions,
         "Training Queue partitions",
@@ -162,8 +163,8 @@ async def _body(request: Request, state: ServerState, model: type[Any]) -> Any:
 @router.get("", response_model=list[PartitionInfo])
 async def list_partitions(principal: TenantPrincipal, state: State) -> list[PartitionInfo]:
     """The calling tenant's partitions."""
-    queue = state.services.training_queue
-    pids = state.partitions.partitions_of(tenant_id_of(principal))
+    queue = state.gateway.queue
+    pids = state.gateway.partitions_of(tenant_id_of(principal))
     return [queue.info(p) for p in pids if queue.has_partition(p)]
 
 
@@ -172,8 +173,7 @@ async def partition_info(
     partition_id: PathName, principal: TenantPrincipal, state: State
 ) -> PartitionInfo:
     """Sample count, fields, bytes and consumption of one partition."""
-    state.partitions.require(partition_id, tenant_id_of(principal))
-    return state.services.training_queue.info(partition_id)
+    return state.gateway.partition_info(tenant_id_of(principal), partition_id)
 
 
 @router.post(
@@ -187,7 +187,7 @@ async def queue_put(
 ) -> PutOut:
     """``queue_put``: append samples; the first put creates the partition and fixes its fields."""
     tenant = tenant_id_of(principal)
-    state.partitions.check_put(partition_id, tenant)
+    state.gateway.partitions.check_put(partition_id, tenant)
     body: PutIn = await _body(request, state, PutIn)
     metas = body.metadata if isinstance(body.metadata, list) else [body.metadata]
     sample_meta = [
@@ -199,10 +199,10 @@ async def queue_put(
         for m in metas
     ]
     _check_quota_bytes(state, tenant, body.data)
-    if not state.services.training_queue.has_partition(partition_id):
+    if not state.gateway.queue.has_partition(partition_id):
         _check_partition_count(state, tenant)
-    state.partitions.claim(partition_id, tenant)
-    indexes = await state.services.training_queue.async_queue_put(
+    state.gateway.partitions.claim(partition_id, tenant)
+    indexes = await state.gateway.queue.async_queue_put(
         partition_id,
         body.data,
         sample_meta[0] if not isinstance(body.metadata, list) else sample_meta,
@@ -215,9 +215,8 @@ async def get_meta(
     partition_id: PathName, body: GetMetaIn, principal: TenantPrincipal, state: State
 ) -> BatchMeta:
     """Choose the next ``batch_size`` samples ``task_name`` has not received (Appendix A.5)."""
-    state.partitions.require(partition_id, tenant_id_of(principal))
-    return await state.services.training_queue.async_get_meta(
-        partition_id, body.fields, body.batch_size, body.task_name
+    return await state.gateway.get_meta(
+        tenant_id_of(principal), partition_id, body.fields, body.batch_size, body.task_name
     )
 
 
@@ -232,12 +231,39 @@ async def get_data(
     principal: TenantPrincipal,
     state: State,
 ) -> Any:
-    """The tensors of the samples a ``get_meta`` chose, rows in ``indexes`` order."""
+    """The tensors of the samples a ``get_meta`` chose, rows in ``indexes`` order.
+
+    Bounded before anything is read: at most ``max_get_data_indexes`` indexes and
+    ``max_response_bytes`` bytes of tensors per call (422 ``limit_exceeded``; page the
+    read over several calls). A repeated index costs its bytes every time, so a small
+    request cannot make the server build a huge answer."""
     tenant = tenant_id_of(principal)
-    state.partitions.require(partition_id, tenant)
-    data = await state.services.training_queue.async_get_data(_batch_meta(partition_id, body))
+    cfg = state.config
+    if len(body.indexes) > cfg.max_get_data_indexes:
+        raise LimitExceededError(
+            f"get_data names {len(body.indexes)} indexes; this server returns at most "
+            f"{cfg.max_get_data_indexes} per call (server setting max_get_data_indexes): "
+            "split the indexes over several calls",
+            field="indexes",
+            limit=cfg.max_get_data_indexes,
+            setting="max_get_data_indexes",
+        )
+    # Ownership first (in the gateway): another tenant's partition answers as unknown.
+    size = state.gateway.read_nbytes(tenant, partition_id, body.fields, len(body.indexes))
+    if size > cfg.max_response_bytes:
+        raise LimitExceededError(
+            f"get_data of {len(body.indexes)} samples of {sorted(set(body.fields))} is "
+            f"{size} bytes; this server returns at most {cfg.max_response_bytes} bytes per "
+            "call (server setting max_response_bytes): split the indexes over several calls",
+            field="indexes",
+            limit_bytes=cfg.max_response_bytes,
+            size_bytes=size,
+            setting="max_response_bytes",
+        )
+    data = await state.gateway.get_data(tenant, _batch_meta(partition_id, body))
     arrays: dict[str, Any] = dict(data)  # torch tensors too: the codec converts them
-    return respond(request, DataOut.model_construct(data=arrays))
+    # Encoded off the event loop: other tenants' requests are served meanwhile.
+    return await asyncio.to_thread(respond, request, DataOut.model_construct(data=arrays))
 
 
 @router.post(
@@ -252,16 +278,12 @@ async def put_fields(
     tenant = tenant_id_of(principal)
     body: PutFieldsIn = await _body(request, state, PutFieldsIn)
     _check_quota_bytes(state, tenant, body.data)
-    # Where the queue would refuse an unknown partition: a foreign one answers alike.
-    state.partitions.require(partition_id, tenant)
     ref = BatchRef(indexes=body.indexes, fields=list(body.data))
-    await state.services.training_queue.async_put(body.data, _batch_meta(partition_id, ref))
+    await state.gateway.put_fields(tenant, body.data, _batch_meta(partition_id, ref))
 
 
 @router.delete("/{partition_id}", status_code=status.HTTP_204_NO_CONTENT)
 async def clear(partition_id: PathName, principal: TenantPrincipal, state: State) -> None:
     """``queue_clear``: release a consumed partition (a no-op for an unknown one, and so
     for another tenant's, which the caller cannot tell from an unknown one)."""
-    owner = state.partitions.owner(partition_id)
-    if owner is None or owner == tenant_id_of(principal):
-        await state.services.training_queue.async_clear(partition_id)
+    await state.gateway.clear(tenant_id_of(principal), partition_id)

@@ -18,17 +18,30 @@ import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, status
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from joynexus.control.job import JobState, TaskType, TrainingJob
+from joynexus.control.job import JobState, TaskType, TrainingJob, unicode_problem
 from joynexus.errors import PayloadTooLargeError, QuotaExceededError
 from joynexus.server.config import MAX_API_INT
 from joynexus.server.names import Name, PathName
-from joynexus.server.ownership import own_job
 from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
 
 router = APIRouter(prefix="/v1/scheduler", tags=["training-scheduler"])
 
+
+def _valid_text(metadata: dict[str, Any]) -> dict[str, Any]:
+    # Refused before anything is stored: a lone surrogate stored with a job would make
+    # every later answer that includes the job fail to encode.
+    bad = unicode_problem(metadata)
+    if bad is not None:
+        raise ValueError(
+            f"{bad} holds a string that is not valid Unicode (a lone surrogate such as "
+            "\\ud800); send UTF-8 text"
+        )
+    return metadata
+
+
+Metadata = Annotated[dict[str, Any], AfterValidator(_valid_text)]
 Epoch = Annotated[int, Field(ge=0, le=2**62)]
 Version = Annotated[int, Field(ge=0, le=MAX_API_INT)]
 Reason = Annotated[str, Field(min_length=1, max_length=256)]
@@ -45,7 +58,7 @@ class ReserveIn(BaseModel):
     consumer_role: Name
     behavior_policy_version: Version | None = None
     max_policy_staleness: Version | None = None
-    metadata: dict[str, Any] = Field(
+    metadata: Metadata = Field(
         default_factory=dict,
         max_length=64,
         description="stored with the job; serialized JSON of at most max_job_metadata_bytes",
@@ -75,7 +88,7 @@ class CompleteIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     lease_epoch: Epoch | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict, max_length=64)
+    metadata: Metadata = Field(default_factory=dict, max_length=64)
 
 
 class TerminateIn(BaseModel):
@@ -127,10 +140,6 @@ def _out(job: TrainingJob) -> TrainingJob:
     )
 
 
-def _own_job(state: ServerState, job_id: str, tenant: str) -> TrainingJob:
-    return own_job(state.services.scheduler, job_id, tenant)
-
-
 def _check_metadata(state: ServerState, metadata: dict[str, Any]) -> None:
     """Refuse job metadata whose serialized JSON exceeds ``max_job_metadata_bytes``."""
     limit = state.config.max_job_metadata_bytes
@@ -154,7 +163,7 @@ async def reserve(body: ReserveIn, principal: TenantPrincipal, state: State) -> 
     """``reserve``: admit a job in ``reserved`` with a producer lease (epoch 1), or 429."""
     tenant = tenant_id_of(principal)
     _check_metadata(state, body.metadata)
-    scheduler = state.services.scheduler
+    scheduler = state.gateway.scheduler
     by_tenant = scheduler.counters().get("by_tenant", {}).get(tenant, {})
     inflight = sum(
         n
@@ -168,6 +177,22 @@ async def reserve(body: ReserveIn, principal: TenantPrincipal, state: State) -> 
         1,
         state.quotas_of(tenant).max_inflight_jobs,
         "unfinished training jobs",
+    )
+    # Reservations held open (producing) are bounded apart from the in-flight quota:
+    # each holds a producer lease the tenant can keep alive for ever by heartbeats.
+    held = sum(
+        1
+        for j in scheduler.list_jobs(tenant, JobState.RESERVED)
+        if j.producer_role.startswith(f"{tenant}/")
+    )
+    state.quotas.check_count(
+        tenant,
+        "reserved_jobs",
+        held,
+        1,
+        state.config.max_reserved_jobs_per_tenant,
+        "jobs reserved by hand and not yet marked ready (server setting "
+        "max_reserved_jobs_per_tenant)",
     )
     job = scheduler.reserve(
         policy_key=body.policy_key,
@@ -188,7 +213,7 @@ async def reserve(body: ReserveIn, principal: TenantPrincipal, state: State) -> 
             reason=f"admission:{reason}",
             retry_after_s=1.0,
         )
-    state.partitions.record_job(job.partition_id, tenant)
+    state.gateway.partitions.record_job(job.partition_id, tenant)
     return _out(job)
 
 
@@ -200,14 +225,14 @@ async def list_jobs(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> list[TrainingJob]:
     """The calling tenant's jobs (terminal ones included), oldest first."""
-    jobs = state.services.scheduler.list_jobs(tenant_id_of(principal), job_state, limit)
+    jobs = state.gateway.scheduler.list_jobs(tenant_id_of(principal), job_state, limit)
     return [_out(j) for j in jobs]
 
 
 @router.get("/jobs/{job_id}", response_model=TrainingJob)
 async def get_job(job_id: PathName, principal: TenantPrincipal, state: State) -> TrainingJob:
     """One job's descriptor (paper Table 3)."""
-    return _out(_own_job(state, job_id, tenant_id_of(principal)))
+    return _out(state.gateway.job(tenant_id_of(principal), job_id))
 
 
 @router.post("/jobs/{job_id}/mark", response_model=TrainingJob)
@@ -215,8 +240,7 @@ async def mark(
     job_id: PathName, body: MarkIn, principal: TenantPrincipal, state: State
 ) -> TrainingJob:
     """``mark``: move along a Table 4 edge that needs no lease grant."""
-    _own_job(state, job_id, tenant_id_of(principal))
-    job = state.services.scheduler.mark(job_id, body.state, lease_epoch=body.lease_epoch)
+    job = state.gateway.mark(tenant_id_of(principal), job_id, body.state, body.lease_epoch)
     return _out(job)
 
 
@@ -225,8 +249,7 @@ async def hand_off(
     job_id: PathName, body: EpochIn, principal: TenantPrincipal, state: State
 ) -> TrainingJob:
     """End production of a reserved RL job whose next stage is actor-forward."""
-    _own_job(state, job_id, tenant_id_of(principal))
-    return _out(state.services.scheduler.hand_off(job_id, body.lease_epoch))
+    return _out(state.gateway.hand_off(tenant_id_of(principal), job_id, body.lease_epoch))
 
 
 @router.post("/jobs/{job_id}/heartbeat", response_model=TrainingJob)
@@ -234,8 +257,7 @@ async def heartbeat(
     job_id: PathName, body: HeartbeatIn, principal: TenantPrincipal, state: State
 ) -> TrainingJob:
     """Extend the live lease ``lease_epoch`` by one TTL."""
-    _own_job(state, job_id, tenant_id_of(principal))
-    return _out(state.services.scheduler.heartbeat(job_id, body.lease_epoch))
+    return _out(state.gateway.heartbeat(tenant_id_of(principal), job_id, body.lease_epoch))
 
 
 @router.post("/jobs/{job_id}/complete", response_model=TrainingJob)
@@ -243,10 +265,11 @@ async def complete(
     job_id: PathName, body: CompleteIn, principal: TenantPrincipal, state: State
 ) -> TrainingJob:
     """Finish a leased job; ``metadata`` is merged into the job's."""
-    job = _own_job(state, job_id, tenant_id_of(principal))
+    tenant = tenant_id_of(principal)
+    job = state.gateway.job(tenant, job_id)
     if body.metadata:
         _check_metadata(state, {**job.metadata, **body.metadata})
-    job = state.services.scheduler.complete(job_id, body.lease_epoch, body.metadata or None)
+    job = state.gateway.complete(tenant, job_id, body.lease_epoch, body.metadata or None)
     return _out(job)
 
 
@@ -255,8 +278,8 @@ async def fail(
     job_id: PathName, body: TerminateIn, principal: TenantPrincipal, state: State
 ) -> TrainingJob:
     """Move a nonterminal job to ``failed`` with ``reason``."""
-    _own_job(state, job_id, tenant_id_of(principal))
-    return _out(state.services.scheduler.fail(job_id, body.reason, body.lease_epoch))
+    tenant = tenant_id_of(principal)
+    return _out(state.gateway.fail(tenant, job_id, body.reason, body.lease_epoch))
 
 
 @router.post("/jobs/{job_id}/drop", response_model=TrainingJob)
@@ -264,15 +287,15 @@ async def drop(
     job_id: PathName, body: TerminateIn, principal: TenantPrincipal, state: State
 ) -> TrainingJob:
     """Drop a stale RL job (``ready`` or ``leased``)."""
-    _own_job(state, job_id, tenant_id_of(principal))
-    return _out(state.services.scheduler.drop(job_id, body.reason, body.lease_epoch))
+    tenant = tenant_id_of(principal)
+    return _out(state.gateway.drop(tenant, job_id, body.reason, body.lease_epoch))
 
 
 @router.post("/lease", response_model=LeaseOut)
 async def lease(body: LeaseIn, principal: TenantPrincipal, state: State) -> LeaseOut:
     """``lease_next``: the best ready job of the tenant's ``consumer_role`` in ``domains``."""
     tenant = tenant_id_of(principal)
-    scheduler = state.services.scheduler
+    scheduler = state.gateway.scheduler
     role = _role(tenant, body.consumer_role)
     wait_s = min(body.wait_s, state.config.max_long_poll_s)
     job = scheduler.lease_next(role, body.domains)
@@ -289,7 +312,7 @@ async def lease(body: LeaseIn, principal: TenantPrincipal, state: State) -> Leas
 async def lease_stage(body: LeaseStageIn, principal: TenantPrincipal, state: State) -> LeaseOut:
     """Lease the tenant's next job waiting in ``state`` into the stage ``leased_state``."""
     tenant = tenant_id_of(principal)
-    job = state.services.scheduler.lease_stage(
+    job = state.gateway.scheduler.lease_stage(
         body.state, _role(tenant, body.consumer_role), body.domain, body.leased_state
     )
     return LeaseOut(job=None if job is None else _out(job))

@@ -3,13 +3,12 @@
 A tenant submits a workload spec (JSON or msgpack; ``spec.tenant`` must be the caller),
 lists and reads its workloads, pauses / resumes / cancels them, reads their status,
 metrics and artifacts (files of its own output directory only). Every route reaches
-the Master through ``ServiceRegistry.extras["master"]`` (503 when the server has none).
-Another tenant's workload id answers 404 exactly as an unknown one does.
+the Master through the tenant gateway (503 when the server has none). Another tenant's
+workload id answers 404 exactly as an unknown one does (:func:`joynexus.errors.unknown_id`).
 """
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -18,10 +17,9 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict
 
 from joynexus.api import WorkloadMetrics, WorkloadStatus
-from joynexus.errors import InvalidRequestError, NotFoundError, PermissionDeniedError
+from joynexus.errors import InvalidRequestError, PermissionDeniedError, unknown_id
 from joynexus.server.envpolicy import check_workload_env
 from joynexus.server.names import PathName
-from joynexus.server.ownership import unknown_if_foreign
 from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
 from joynexus.server.wire import decode_body, tensor_body
 from joynexus.spec.workload import WorkloadSpec
@@ -51,18 +49,8 @@ class ArtifactInfo(BaseModel):
 
 
 def master_of(state: ServerState) -> MasterService:
-    master: MasterService = state.service("master")
-    return master
-
-
-def _unknown_if_foreign(workload_id: str) -> AbstractContextManager[None]:
-    """Answer another tenant's workload exactly as an unknown one (no existence oracle)."""
-    # The Master's own message for an unknown id.
-    return unknown_if_foreign(
-        "workload_id",
-        workload_id,
-        lambda: NotFoundError(f"no workload {workload_id!r}", workload_id=workload_id),
-    )
+    """The Master behind the tenant gateway (503 when this server has none)."""
+    return state.gateway.master
 
 
 @router.post(
@@ -99,9 +87,8 @@ async def get_workload(
     """One workload: status and compiled spec."""
     master = master_of(state)
     tenant = tenant_id_of(principal)
-    with _unknown_if_foreign(workload_id):
-        st = master.status(tenant, workload_id)
-        return WorkloadDetail(status=st, spec=master.spec_of(tenant, workload_id))
+    st = master.status(tenant, workload_id)
+    return WorkloadDetail(status=st, spec=master.spec_of(tenant, workload_id))
 
 
 @router.get("/{workload_id}/status", response_model=WorkloadStatus)
@@ -109,8 +96,7 @@ async def workload_status(
     workload_id: PathName, principal: TenantPrincipal, state: State
 ) -> WorkloadStatus:
     """State and progress: jobs completed / target, in flight, policy version."""
-    with _unknown_if_foreign(workload_id):
-        return master_of(state).status(tenant_id_of(principal), workload_id)
+    return master_of(state).status(tenant_id_of(principal), workload_id)
 
 
 @router.post("/{workload_id}/pause", response_model=WorkloadStatus)
@@ -118,8 +104,7 @@ async def pause_workload(
     workload_id: PathName, principal: TenantPrincipal, state: State
 ) -> WorkloadStatus:
     """Stop new job reservations (jobs in flight finish)."""
-    with _unknown_if_foreign(workload_id):
-        return await master_of(state).pause(tenant_id_of(principal), workload_id)
+    return await master_of(state).pause(tenant_id_of(principal), workload_id)
 
 
 @router.post("/{workload_id}/resume", response_model=WorkloadStatus)
@@ -127,8 +112,7 @@ async def resume_workload(
     workload_id: PathName, principal: TenantPrincipal, state: State
 ) -> WorkloadStatus:
     """Let a paused workload reserve jobs again."""
-    with _unknown_if_foreign(workload_id):
-        return await master_of(state).resume(tenant_id_of(principal), workload_id)
+    return await master_of(state).resume(tenant_id_of(principal), workload_id)
 
 
 @router.post("/{workload_id}/cancel", response_model=WorkloadStatus)
@@ -136,8 +120,7 @@ async def cancel_workload(
     workload_id: PathName, principal: TenantPrincipal, state: State
 ) -> WorkloadStatus:
     """Stop the workload; release its sessions, partitions and slot."""
-    with _unknown_if_foreign(workload_id):
-        return await master_of(state).cancel(tenant_id_of(principal), workload_id)
+    return await master_of(state).cancel(tenant_id_of(principal), workload_id)
 
 
 @router.get("/{workload_id}/metrics", response_model=WorkloadMetrics)
@@ -149,8 +132,7 @@ async def workload_metrics(
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> WorkloadMetrics:
     """The workload's metrics records (JSONL lines, newest ``limit``) and a summary."""
-    with _unknown_if_foreign(workload_id):
-        return master_of(state).metrics(tenant_id_of(principal), workload_id, kind, limit)
+    return master_of(state).metrics(tenant_id_of(principal), workload_id, kind, limit)
 
 
 def _files(root: Path) -> list[ArtifactInfo]:
@@ -172,8 +154,7 @@ async def list_artifacts(
     workload_id: PathName, principal: TenantPrincipal, state: State
 ) -> list[ArtifactInfo]:
     """Files of the tenant's output directory (checkpoints, metrics, manifests)."""
-    with _unknown_if_foreign(workload_id):
-        root = master_of(state).artifact_root(tenant_id_of(principal), workload_id)
+    root = master_of(state).artifact_root(tenant_id_of(principal), workload_id)
     return _files(root)
 
 
@@ -186,8 +167,7 @@ async def download_artifact(
     workload_id: PathName, path: str, principal: TenantPrincipal, state: State
 ) -> FileResponse:
     """One file of the tenant's output directory (paths as ``list_artifacts`` gives them)."""
-    with _unknown_if_foreign(workload_id):
-        root = master_of(state).artifact_root(tenant_id_of(principal), workload_id)
+    root = master_of(state).artifact_root(tenant_id_of(principal), workload_id)
     parts = Path(path).parts
     if not path or len(path) > 1024 or path.startswith("/") or ".." in parts or "\x00" in path:
         raise InvalidRequestError(
@@ -202,5 +182,5 @@ async def download_artifact(
             "artifact path leaves the tenant's output directory", field="path"
         )
     if not target.is_file():
-        raise NotFoundError(f"no artifact {path!r}", path=path)
+        raise unknown_id("artifact", path)
     return FileResponse(target, media_type="application/octet-stream", filename=target.name)

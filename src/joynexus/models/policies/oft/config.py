@@ -1,0 +1,30 @@
+"""Config of the OFT family (``action_module.type: oft``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from joynexus.models.lora import LoRAConfig
+from joynexus.models.policies.base import PolicyConfig
+
+
+class OFTHeadConfig(PolicyConfig):
+    """Hyperparameters of :class:`OFTHead` (small defaults suit tests and CPU runs)."""
+
+    type: Literal["oft"] = "oft"
+    hidden_dim: int = Field(default=128, gt=0, le=8192)
+    num_blocks: int = Field(default=2, ge=0, le=32)
+    pooling: Literal["mean", "attention"] = Field(
+        default="mean",
+        description="'mean' = masked mean over valid tokens; 'attention' = one learned query.",
+    )
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    init_log_std: float = Field(default=-1.0, ge=-10.0, le=2.0)
+    min_log_std: float = Field(default=-5.0, ge=-20.0, le=0.0)
+    max_log_std: float = Field(default=2.0, ge=-5.0, le=5.0)
+    lora: LoRAConfig | None = Field(
+        default=None,
+        description="Optional tenant LoRA adapter on the shared backbone's language model.",
+    )

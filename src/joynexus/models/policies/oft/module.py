@@ -1,0 +1,214 @@
+"""OFT-style action head: an MLP-ResNet from pooled backbone features (+ state) to a chunk.
+
+Following the OpenVLA-OFT recipe, the whole chunk is regressed in one shot with an L1
+loss. For RL the same network is the mean of a diagonal Gaussian policy whose
+state-independent log-std is a learned parameter, so PPO can compute log-probs and
+entropy without a second network.
+
+The robot state enters through its own projection (OFT's proprio projector), added to
+the projection of the pooled backbone features, rather than as a few extra columns of
+one concatenated input. Measured on reach2d with a tiny backbone: mean-pooled features
+vary only ~5 % between observations, and concatenated with 128 LayerNorm-ed feature
+dims the 4 state dims moved the hidden pre-activations by ~9 % of their size, so the
+policy mean was almost constant across states and PPO could only shift it as a
+whole (towards a wall). With a separate projection the state's share is ~45 % and
+PPO learns "move along goal - agent". The output layer
+starts at 1 % of its default scale (standard PPO practice), so the initial policy mean
+is ~0 and the first updates are not dominated by a random offset.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from joynexus.models.policies.base import (
+    PolicyHead,
+    PolicySample,
+    ResidualMLPBlock,
+    expand_mask,
+    features_as,
+    masked_mean,
+    masked_reduce,
+)
+from joynexus.models.policies.oft.config import OFTHeadConfig
+from joynexus.models.schema import DataSchema
+from joynexus.models.types import BackboneOutput
+
+_LOG_2PI = math.log(2.0 * math.pi)
+OUTPUT_INIT_SCALE = 0.01
+"""Scale of the output layer's initial weights (bias 0): the initial mean is ~0."""
+
+
+class AttentionPooling(nn.Module):
+    """One learned query attending over the valid backbone tokens."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(hidden_size))
+        self.key = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.scale = hidden_size**-0.5
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        scores = (self.key(hidden_states) @ self.query) * self.scale  # [B, L]
+        scores = scores.masked_fill(attention_mask == 0, torch.finfo(scores.dtype).min)
+        weights = torch.softmax(scores, dim=-1).unsqueeze(-1)
+        return (weights * hidden_states).sum(dim=1)
+
+
+class OFTHead(PolicyHead):
+    """MLP-ResNet action head with a Gaussian policy on top of its mean.
+
+    Args:
+        config: Head hyperparameters.
+        hidden_size: Backbone feature width ``D``.
+        state_dim, action_dim, action_chunk: The tenant schema's dims.
+    """
+
+    def __init__(
+        self,
+        config: OFTHeadConfig,
+        *,
+        hidden_size: int,
+        state_dim: int,
+        action_dim: int,
+        action_chunk: int,
+    ):
+        super().__init__(
+            hidden_size=hidden_size,
+            state_dim=state_dim,
+            action_dim=action_dim,
+            action_chunk=action_chunk,
+        )
+        self.config = config
+        self.pool: AttentionPooling | None = (
+            AttentionPooling(hidden_size) if config.pooling == "attention" else None
+        )
+        self.input_norm = nn.LayerNorm(hidden_size)
+        self.input_proj = nn.Linear(hidden_size, config.hidden_dim)
+        self.state_proj: nn.Linear | None = (
+            nn.Linear(state_dim, config.hidden_dim) if state_dim > 0 else None
+        )
+        self.blocks = nn.Sequential(
+            *(
+                ResidualMLPBlock(config.hidden_dim, dropout=config.dropout)
+                for _ in range(config.num_blocks)
+            )
+        )
+        self.out_norm = nn.LayerNorm(config.hidden_dim)
+        self.out_proj = nn.Linear(config.hidden_dim, action_chunk * action_dim)
+        with torch.no_grad():
+            self.out_proj.weight.mul_(OUTPUT_INIT_SCALE)
+            self.out_proj.bias.zero_()
+        self.log_std = nn.Parameter(torch.full((action_dim,), config.init_log_std))
+
+    def mean(self, features: BackboneOutput, state: torch.Tensor) -> torch.Tensor:
+        """The regressed action chunk ``[B, chunk, action_dim]`` (the policy mean)."""
+        self.check_inputs(features, state)
+        features = features_as(features, self)
+        hs, mask = features.hidden_states, features.attention_mask
+        pooled = masked_mean(hs, mask) if self.pool is None else self.pool(hs, mask)
+        x = self.input_proj(self.input_norm(pooled))
+        if self.state_proj is not None:
+            x = x + self.state_proj(state.to(pooled))
+        h = self.out_norm(self.blocks(x))
+        out: torch.Tensor = self.out_proj(h)
+        return out.view(-1, self.action_chunk, self.action_dim)
+
+    def loss(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        actions: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """L1 between the regressed chunk and ``actions`` over valid entries."""
+        self.check_inputs(features, state, actions)
+        pred = self.mean(features, state)
+        return masked_reduce((pred - actions.to(pred)).abs(), action_mask)
+
+    @torch.no_grad()
+    def predict(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Deterministic action: the policy mean."""
+        return self.mean(features, state)
+
+    # --- Gaussian policy (RL) -------------------------------------------------------
+
+    def clamped_log_std(self) -> torch.Tensor:
+        """The per-action-dim log-std, clamped to the configured range."""
+        return self.log_std.clamp(self.config.min_log_std, self.config.max_log_std)
+
+    def log_prob(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        actions: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Log-density ``[B]`` of each whole chunk under the diagonal Gaussian policy.
+
+        Masked-out entries contribute nothing, so padded action dims and steps past the
+        end of an episode do not bias PPO ratios.
+        """
+        self.check_inputs(features, state, actions)
+        mu = self.mean(features, state)
+        log_std = self.clamped_log_std()
+        z = (actions.to(mu) - mu) * torch.exp(-log_std)
+        per_entry = -0.5 * z.pow(2) - log_std - 0.5 * _LOG_2PI
+        if action_mask is not None:
+            per_entry = per_entry * expand_mask(action_mask, per_entry)
+        return per_entry.flatten(1).sum(dim=-1)
+
+    def entropy(self) -> torch.Tensor:
+        """Entropy of the policy for one chunk (scalar; state-independent log-std)."""
+        per_dim = self.clamped_log_std() + 0.5 * (1.0 + _LOG_2PI)
+        return per_dim.sum() * self.action_chunk
+
+    def sample(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> PolicySample:
+        """Draw a chunk from the policy: ``(actions [B, chunk, A], log_prob [B], None)``."""
+        mu = self.mean(features, state)
+        log_std = self.clamped_log_std()
+        noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
+        actions = mu + noise * torch.exp(log_std)
+        per_entry = -0.5 * noise.pow(2) - log_std - 0.5 * _LOG_2PI
+        return PolicySample(actions, per_entry.flatten(1).sum(dim=-1))
+
+    def rl_log_prob(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        actions: torch.Tensor,
+        fields: Mapping[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """The Gaussian log-density of the behaviour actions (no recorded fields needed)."""
+        return self.log_prob(features, state, actions)
+
+
+def build_oft_head(
+    config: OFTHeadConfig, hidden_size: int, schema: DataSchema, base: object
+) -> PolicyHead:
+    """A fresh :class:`OFTHead` for ``schema`` on a backbone of width ``hidden_size``."""
+    return OFTHead(
+        config,
+        hidden_size=hidden_size,
+        state_dim=schema.state_dim,
+        action_dim=schema.action_dim,
+        action_chunk=schema.action_chunk,
+    )

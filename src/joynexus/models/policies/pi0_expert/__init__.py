@@ -1,0 +1,23 @@
+"""π0 policy family: a tenant-private π0 action expert attending to the resident
+PaliGemma prefix's KV cache (``checkpoint``: the split checkpoint; ``config``/``module``:
+the tenant's expert; ``export``: back into a complete π0 checkpoint, imported on demand)."""
+
+from joynexus.models.policies.base import PolicyFamily
+from joynexus.models.policies.pi0_expert.checkpoint import (
+    PI0_MODEL_TYPE,
+    Pi0Checkpoint,
+    pi0_checkpoint_of,
+)
+from joynexus.models.policies.pi0_expert.config import Pi0ExpertConfig
+from joynexus.models.policies.pi0_expert.module import Pi0Expert, build_pi0_expert
+
+FAMILY = PolicyFamily(Pi0ExpertConfig, build_pi0_expert)
+
+__all__ = [
+    "FAMILY",
+    "PI0_MODEL_TYPE",
+    "Pi0Checkpoint",
+    "Pi0Expert",
+    "Pi0ExpertConfig",
+    "pi0_checkpoint_of",
+]

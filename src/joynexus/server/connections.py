@@ -1,0 +1,166 @@
+"""Connection-level limits of ``joynexus serve``: slow or idle clients cannot hold the
+server's file descriptors, and a storm of accept errors cannot flood the log.
+
+uvicorn closes an idle keep-alive connection (``timeout_keep_alive``) and answers 503
+above ``limit_concurrency``, but a connection that never completes its request headers
+is held for ever: 400 half-open connections exhaust 1,024 file descriptors, after
+which every ``accept`` fails and logs. :func:`guarded_protocol` adds to uvicorn's HTTP
+protocol:
+
+* a **header-read timeout**: a connection must complete each request's headers
+  within ``header_timeout_s`` of its first byte (or of the connection opening), else
+  it is closed — slowloris clients included, since dribbling bytes does not reset it;
+* a **connection cap**: a connection accepted beyond ``max_connections`` is closed at
+  once, releasing its descriptor before it can hold one.
+
+:class:`RateLimitedLog` keeps at most ``log_burst`` records of one message per
+``log_window_s`` on the loggers accept errors go to, and says how many it dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+__all__ = [
+    "LOG_LIMITED_LOGGERS",
+    "ConnectionLimits",
+    "RateLimitedLog",
+    "guarded_protocol",
+    "install_log_limits",
+    "uvicorn_options",
+]
+
+#: Loggers accept errors (``Too many open files``) and protocol errors are written to.
+LOG_LIMITED_LOGGERS = ("asyncio", "uvicorn.error")
+
+
+class ConnectionLimits(BaseModel):
+    """Connection limits of ``joynexus serve`` (its ``--header-timeout``,
+    ``--idle-timeout`` and ``--max-connections`` options).
+
+    Args:
+        header_timeout_s: Longest time a connection may take to send a request's
+            headers (from its first byte, or from the connection opening).
+        idle_timeout_s: Longest idle time between requests on a keep-alive connection.
+        max_connections: Open connections; one accepted beyond it is closed at once,
+            and requests beyond it answer 503 (uvicorn's ``limit_concurrency``).
+        log_burst: Records of one message the limited loggers keep per window.
+        log_window_s: The window of ``log_burst``.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    idle_timeout_s: float = Field(default=5.0, gt=0)
+    max_connections: int = Field(default=512, ge=1)
+    log_burst: int = Field(default=10, ge=1)
+    log_window_s: float = Field(default=10.0, gt=0)
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the header-read timeout and connection cap."""
+
+    class GuardedH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                transport.close()  # connection_lost forgets it
+                return
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._header_timer is None and not self._in_request():
+                self._arm()  # the first byte of the next request starts its clock
+            super().data_received(data)
+            if self._in_request():
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _in_request(self) -> bool:
+            # Headers complete: a request/response cycle is under way.
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(limits.header_timeout_s, self._expire)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _expire(self) -> None:
+            self._header_timer = None
+            if not self._in_request() and not self.transport.is_closing():
+                self.transport.close()
+
+    return GuardedH11Protocol
+
+
+def uvicorn_options(limits: ConnectionLimits) -> dict[str, Any]:
+    """Keyword arguments of ``uvicorn.run`` / ``uvicorn.Config`` for ``limits``."""
+    return {
+        "http": guarded_protocol(limits),
+        "timeout_keep_alive": limits.idle_timeout_s,
+        "limit_concurrency": limits.max_connections,
+    }
+
+
+class RateLimitedLog(logging.Filter):
+    """Keeps at most ``burst`` records of one message (logger and format string) per
+    ``window_s``; the first record after a window that dropped some says how many.
+
+    Args:
+        burst: Records of one message kept per window.
+        window_s: The window, in seconds of ``clock``.
+        clock: Monotonic time source (tests pass a fake one).
+    """
+
+    def __init__(
+        self, burst: int, window_s: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.burst = burst
+        self.window_s = window_s
+        self.clock = clock
+        # message key -> (window start, kept in this window, dropped since last kept)
+        self._seen: dict[tuple[str, str], tuple[float, int, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, str(record.msg))
+        now = self.clock()
+        start, kept, dropped = self._seen.get(key, (now, 0, 0))
+        if now - start >= self.window_s:
+            start, kept = now, 0
+        if kept >= self.burst:
+            self._seen[key] = (start, kept, dropped + 1)
+            return False
+        if dropped:
+            record.msg = f"{record.msg} [{dropped} more like this suppressed]"
+        self._seen[key] = (start, kept + 1, 0)
+        if len(self._seen) > 10_000:  # many distinct messages: forget the oldest windows
+            for k in sorted(self._seen, key=lambda k: self._seen[k][0])[:5_000]:
+                del self._seen[k]
+        return True
+
+
+def install_log_limits(limits: ConnectionLimits) -> RateLimitedLog:
+    """Attach one :class:`RateLimitedLog` to every logger of
+    :data:`LOG_LIMITED_LOGGERS` (filters survive uvicorn's logging configuration)."""
+    log_filter = RateLimitedLog(limits.log_burst, limits.log_window_s)
+    for name in LOG_LIMITED_LOGGERS:
+        logging.getLogger(name).addFilter(log_filter)
+    return log_filter

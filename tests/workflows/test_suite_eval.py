@@ -1,0 +1,109 @@
+"""An evaluation over every task of a LIBERO suite: per-task and overall success.
+
+Runs on the fake plane (numpy sub-envs behind the Environment Service's contract, even
+sub-envs succeed), so it checks the workflow — one session per task, opened and closed
+in turn, per-task and pooled Wilson intervals in the record and the run summary — not
+LIBERO's physics (tests/envs/test_libero.py does that).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from joynexus.algorithms.intervals import wilson_interval
+from joynexus.api import WorkloadState
+from joynexus.envs.base import EnvSpec
+from joynexus.errors import SpecError
+from joynexus.spec.workload import WorkloadSpec, parse_spec
+from joynexus.workflows.compile import compile_workloads
+from joynexus.workflows.evaluation import evaluation_tasks
+from tests.fakes.plane import FAKE_BASE_ID, FakeServer
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("libero") is None, reason="hf-libero is not installed"
+)
+
+A = E = "alice"  # a tenant evaluates its own policy
+ENV = {"kind": "libero", "task": "libero_spatial/0", "image_size": 8, "max_episode_steps": 3}
+
+
+def _rl() -> WorkloadSpec:
+    return parse_spec(
+        {
+            "tenant": A,
+            "task": "rl",
+            "base_model": {"id": FAKE_BASE_ID},
+            "env": {**ENV, "num_envs": 2},
+            "algorithm": {"name": "ppo", "horizon": 2, "microbatch_size": 4},
+            "action_module": {"type": "oft", "hidden_dim": 8, "num_blocks": 1},
+            "scheduling": {"completion_target": 1, "max_in_flight": 1},
+        }
+    )
+
+
+def _suite_eval(tasks: list[str], tenant: str = E, **env: Any) -> WorkloadSpec:
+    return parse_spec(
+        {
+            "tenant": tenant,
+            "task": "eval",
+            "base_model": {"id": FAKE_BASE_ID},
+            "env": {**ENV, "num_envs": 2, **env},
+            "evaluation": {"targets": [A], "episodes": 2, "interval_s": 0.01, "tasks": tasks},
+        }
+    )
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[FakeServer]:
+    srv = FakeServer(tmp_path / "run")
+    yield srv
+    srv.close()
+
+
+def test_a_suite_pattern_expands_to_every_task() -> None:
+    env = EnvSpec(kind="libero", task="libero_goal/0")
+    assert evaluation_tasks(env, ["libero_goal/*"]) == [f"libero_goal/{i}" for i in range(10)]
+    assert len(evaluation_tasks(env, ["libero_90/*", "libero_10/3"])) == 91
+    with pytest.raises(SpecError, match="names a LIBERO suite"):
+        evaluation_tasks(EnvSpec(kind="reach2d"), ["reach2d/*"])
+    with pytest.raises(SpecError, match="unknown LIBERO suite"):
+        evaluation_tasks(env, ["libero_100/*"])
+
+
+def test_a_bad_task_fails_validation_naming_it() -> None:
+    with pytest.raises(SpecError, match=r"evaluation task 'libero_spatial/12': .* has 10 tasks"):
+        compile_workloads([_rl(), _suite_eval(["libero_spatial/1", "libero_spatial/12"], "bob")])
+
+
+def test_the_suite_evaluation_reports_each_task_and_the_whole_suite(server: FakeServer) -> None:
+    trained = server.run(server.master.submit(_rl(), A))
+    assert server.run(server.master.wait(trained.workload_id, timeout_s=10)).state is (
+        WorkloadState.COMPLETED
+    )
+    closed = len(server.plane.env.closed)
+    st = server.run(server.master.submit(_suite_eval(["libero_spatial/*"]), E))
+    done = server.run(server.master.wait(st.workload_id, timeout_s=20))
+    assert done.state is WorkloadState.COMPLETED, done
+    (record,) = server.master.metrics(E, st.workload_id, kind="eval").records
+    rows = record["per_task"]
+    assert [r["task"] for r in rows] == [f"libero_spatial/{i}" for i in range(10)]
+    for row in rows:
+        # Two episodes per task; the fake's even sub-env succeeds, the odd one does not.
+        assert (row["episodes"], row["successes"]) == (2, 1)
+        assert row["success_ci95"] == pytest.approx(list(wilson_interval(1, 2)))
+    assert (record["episodes"], record["success_rate"]) == (20, 0.5)
+    assert record["success_ci95"] == pytest.approx(list(wilson_interval(10, 20)))
+    # One session per task, each closed when its task is done (and the evaluation's own).
+    assert len(server.plane.env.closed) - closed == 11
+    assert server.plane.env.open_sessions(E) == []
+    # LeRobot's layout: one per_task entry per task, pooled overall.
+    (path,) = list(server.run_dir.rglob("eval_info.json"))
+    info = json.loads(path.read_text())
+    assert [t["task"] for t in info["per_task"]] == [f"libero_spatial/{i}" for i in range(10)]
+    assert info["overall"]["n_episodes"] == 20 and info["overall"]["pc_success"] == 50.0
