@@ -30,7 +30,9 @@ def record(
     task: Annotated[
         str | None,
         typer.Option(
-            "--task", help="Task within the env (MetaWorld: reach-v3; ManiSkill: PickCube-v1)."
+            "--task",
+            help="Task within the env (MetaWorld: reach-v3; ManiSkill: PickCube-v1; "
+            "LIBERO: libero_spatial/0).",
         ),
     ] = None,
     image_size: Annotated[
@@ -70,7 +72,8 @@ def record(
     success rate. Exits 1 and writes nothing when the expert succeeded in none of the
     episodes (demonstrations that never succeed teach nothing), unless
     ``--allow-failures``. ManiSkill records in the experts' end-effector control mode
-    (pd_ee_delta_pos).
+    (pd_ee_delta_pos); LIBERO's expert handles tasks whose goal puts one object on
+    another (libero_spatial, and libero_goal's "put the bowl on the plate" and the like).
     """
 
     from joynexus.data.record import record_episodes, refuse_failed_expert

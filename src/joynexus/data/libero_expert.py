@@ -28,7 +28,7 @@ Success rates it reached are in the docs (results, LIBERO section).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,7 @@ _CLOSE_STEPS = 12  # gripper closing time
 _OPEN_STEPS = 8
 _STALL_STEPS = 40  # give up waiting on a waypoint the arm cannot quite reach
 _MISSED = 100  # the phase after a grasp that did not hold
+_X, _Z = np.array([1.0, 0.0, 0.0]), np.array([0.0, 0.0, 1.0])
 _DOWN = np.diag([1.0, -1.0, -1.0])  # gripper pointing down, fingers along world x
 
 
@@ -93,7 +94,6 @@ class _Plan:
     a_lift_from: float = 0.0  # A's height when the gripper closed
     below: float = 0.0  # A's body position above its bottom
     attempts: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def _collision_geoms(model: Any, body_id: int) -> list[int]:
@@ -127,7 +127,7 @@ def _rotation_error(current: np.ndarray) -> np.ndarray:
         return np.zeros(3)
     axis = np.array([err[2, 1] - err[1, 2], err[0, 2] - err[2, 0], err[1, 0] - err[0, 1]])
     norm = float(np.linalg.norm(axis))
-    if norm < 1e-9:  # a half turn: any axis orthogonal to ... fall back to x
+    if norm < 1e-9:  # a half turn: the gripper points up; turn it over about x
         return np.array([angle, 0.0, 0.0])
     vec: np.ndarray = axis / norm * angle
     return vec
@@ -200,7 +200,9 @@ class LiberoScriptedPolicy:
 
     def __init__(self, spec: EnvSpec) -> None:
         if spec.kind != "libero" or not spec.task:
-            raise SpecError("the LIBERO expert needs a libero env with a task, e.g. libero_spatial/0")
+            raise SpecError(
+                "the LIBERO expert needs a libero env with a task, e.g. libero_spatial/0"
+            )
         self.task = spec.task
         self._plans: dict[int, _Plan] = {}
         self._scenes: dict[int, _Scene] = {}
@@ -238,7 +240,7 @@ class LiberoScriptedPolicy:
         point = ext.center.copy()
         if ext.half[0] > _FINGER_REACH / 2:  # too wide to straddle: pinch its rim
             offset = ext.half[0] - _RIM_INSET
-            sides = [point + [s * offset, 0.0, 0.0] for s in (1.0, -1.0)]
+            sides = [point + s * offset * _X for s in (1.0, -1.0)]
             others = scene.others()
 
             def room(p: np.ndarray) -> float:
@@ -261,7 +263,7 @@ class LiberoScriptedPolicy:
 
         if plan.phase == 0:  # hover above the grasp point, open
             plan.grasp = self._grasp_point(scene)
-            above = plan.grasp + [0.0, 0.0, _HOVER]
+            above = plan.grasp + _HOVER * _Z
             advance(bool(np.linalg.norm(above - eef) < _NEAR))
             return self._move(scene, above, _OPEN)
         assert plan.grasp is not None
@@ -300,5 +302,5 @@ class LiberoScriptedPolicy:
         if plan.phase == _MISSED:  # open, rise a little, then start over
             if plan.steps >= _OPEN_STEPS:
                 self._plans[i] = _Plan(attempts=plan.attempts)
-            return self._move(scene, eef + [0.0, 0.0, 0.02], _OPEN)
-        return self._move(scene, eef + [0.0, 0.0, 0.03], _OPEN)  # back off up
+            return self._move(scene, eef + 0.02 * _Z, _OPEN)
+        return self._move(scene, eef + 0.03 * _Z, _OPEN)  # back off up

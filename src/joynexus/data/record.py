@@ -16,7 +16,10 @@ Experts: MetaWorld ships one scripted policy per task (``metaworld.policies``); 
 gets :class:`PushTScriptedPolicy` (:mod:`joynexus.data.pusht_expert`), which plans
 pushes on a replica of the simulator;
 ManiSkill3's PickCube, PushCube and StackCube get waypoint experts on the objects' true
-poses (:mod:`joynexus.data.maniskill_expert`).
+poses (:mod:`joynexus.data.maniskill_expert`); LIBERO tasks whose goal puts one object
+on another (every libero_spatial task, several libero_goal ones) get a pick-and-place
+expert on the simulator's poses and collision geometry
+(:mod:`joynexus.data.libero_expert`).
 :class:`RecordSummary` reports the experts' success rate; ``joynexus data record``
 refuses to keep a recording in which the expert never succeeded.
 """
@@ -101,7 +104,7 @@ class MetaWorldScriptedPolicy:
 
 
 #: Env kinds :func:`make_scripted_policy` has an expert for.
-SCRIPTED_EXPERT_KINDS = ("pusht", "metaworld", "maniskill", "reach2d")
+SCRIPTED_EXPERT_KINDS = ("pusht", "metaworld", "maniskill", "reach2d", "libero")
 
 
 def make_scripted_policy(spec: EnvSpec) -> ScriptedPolicy:
@@ -120,6 +123,10 @@ def make_scripted_policy(spec: EnvSpec) -> ScriptedPolicy:
         from joynexus.data.maniskill_expert import ManiSkillScriptedPolicy
 
         return ManiSkillScriptedPolicy(spec)
+    if spec.kind == "libero":
+        from joynexus.data.libero_expert import LiberoScriptedPolicy
+
+        return LiberoScriptedPolicy(spec)
     if spec.kind == "reach2d":
         from joynexus.envs.reach2d import Reach2DScriptedPolicy, reach2d_schema
 
