@@ -78,8 +78,8 @@ def _run(spec: EnvSpec, seed: int) -> tuple[bool, int]:
     [
         ("libero_spatial/0", 3),
         ("libero_spatial/1", 4),
-        ("libero_spatial/4", 5),
-        ("libero_spatial/5", 6),
+        ("libero_spatial/2", 5),
+        ("libero_spatial/3", 6),
         ("libero_goal/put_the_bowl_on_the_plate", 7),
         ("libero_goal/put_the_bowl_on_the_stove", 8),
     ],

@@ -145,7 +145,7 @@ class _Scene:
         self.b_site: int | None = None
         self.b_geoms: list[int] = []
         if b in problem.object_sites_dict and b not in problem.objects_dict:
-            self.b_site = int(self.model.site(problem.object_sites_dict[b].site_name).id)
+            self.b_site = int(self.model.site(b).id)  # a region site is named as in the BDDL
         else:
             self.b_geoms = _collision_geoms(self.model, self._body(b))
         self.grip_site = int(self.model.site("gripper0_grip_site").id)
