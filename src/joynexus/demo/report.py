@@ -58,6 +58,7 @@ __all__ = [
     "LAYOUT_DEVICES_ISOLATED",
     "LAYOUT_DEVICES_MULTI",
     "build_report",
+    "device_time_bound",
     "episodes_label",
     "format_success",
     "loss_curve",
@@ -81,6 +82,13 @@ HOW_TO_READ = {
     "device_time_ratio_layout_weighted": (
         "the same ratio with the paper's device counts (1-1-2 isolated, 2-2-4 "
         "multi-tenant): above 1 is better for multi-tenancy"
+    ),
+    "device_time_bound": (
+        "the largest device_time_ratio the isolated replays allow on this machine: their "
+        "summed windows / the larger of their summed device-busy and simulator-busy "
+        "seconds (a perfect overlap of all replays still needs the busiest resource's "
+        "time); efficiency = (ratio - 1) / (bound - 1): 1 reaches the bound, 0 is no gain, "
+        "below 0 is a loss"
     ),
     "improvement": (
         "multi-tenant / isolated utilization of a shared service: above 1 means the "
@@ -256,6 +264,7 @@ def build_report(
         "replays": replays,
     }
     ratio = iso_window / multi.window_s
+    bound = device_time_bound(isolated, ratio)
     layout = (iso_window * LAYOUT_DEVICES_ISOLATED) / (multi.window_s * LAYOUT_DEVICES_MULTI)
 
     def gain(key: str) -> float | None:
@@ -293,6 +302,7 @@ def build_report(
         },
         "device_time_ratio": _r(ratio, 3),
         "device_time_ratio_layout_weighted": _r(layout, 3),
+        "device_time_bound": bound,
         "success_rates": {
             "measured_in": "isolated replays (each tenant alone, its matched updates)",
             "tenants": {
@@ -305,6 +315,30 @@ def build_report(
             },
         },
         "how_to_read": dict(HOW_TO_READ),
+    }
+
+
+def device_time_bound(isolated: Sequence[PhaseTrace], ratio: float) -> dict[str, Any]:
+    """The largest device-time ratio the isolated replays allow, and how much of the
+    possible gain ``ratio`` achieved (see ``HOW_TO_READ["device_time_bound"]``).
+
+    Overlapping every replay perfectly still leaves the busiest resource's seconds: the
+    shared device's (training and inference steps) or the simulators' (their steps).
+    """
+    windows = sum(tr.window_s for tr in isolated)
+    device_s = sum(tr.device_busy_seconds() for tr in isolated)
+    simulator_s = sum(tr.busy_seconds("environment") for tr in isolated)
+    floor = max(device_s, simulator_s)
+    limited_by = "device" if device_s >= simulator_s else "simulators"
+    bound = windows / floor if floor > 0 else None
+    efficiency = (ratio - 1.0) / (bound - 1.0) if bound is not None and bound > 1.0 + 1e-9 else None
+    return {
+        "bound": _r(bound, 3),
+        "efficiency": _r(efficiency, 3),
+        "isolated_window_s": _r(windows, 2),
+        "isolated_device_busy_s": _r(device_s, 2),
+        "isolated_simulator_busy_s": _r(simulator_s, 2),
+        "limited_by": limited_by if floor > 0 else None,
     }
 
 
@@ -322,6 +356,14 @@ def verdict(report: dict[str, Any]) -> str:
         outcome = (
             f"the multi-tenant run needed {1 / ratio:.2f}x the isolated replays' device "
             f"time for the same matched work (ratio {ratio:.2f}; below 1 is worse)"
+        )
+    bound = report.get("device_time_bound") or {}
+    if isinstance(bound.get("bound"), int | float):
+        eff = bound.get("efficiency")
+        outcome += (
+            f"; this machine's bound for these replays is {bound['bound']:.2f}x (limited by "
+            f"the {bound['limited_by']})"
+            + ("" if eff is None else f", efficiency {eff:.2f} of the possible gain")
         )
     return f"device time: {outcome}"
 
