@@ -64,6 +64,7 @@ __all__ = [
     "loss_curve",
     "report_tables",
     "return_curve",
+    "success_reading",
     "verdict",
     "write_report",
 ]
@@ -311,6 +312,7 @@ def build_report(
                     "updates": r["tenant_row"]["updates_matched"],
                 }
                 | {k: v for k, v in r["tenant_row"].items() if k in _SUCCESS_KEYS}
+                | {"reading": success_reading(r["tenant_row"])}
                 for r in replays
             },
         },
@@ -393,6 +395,24 @@ def format_success(row: dict[str, Any]) -> str:
     return f"{before} → {after}" + (f" ({episodes_label(row)})" if row.get("eval_episodes") else "")
 
 
+def success_reading(row: dict[str, Any]) -> str:
+    """What a tenant's before → after says, in words: ``rose`` or ``fell`` only when the
+    Wilson intervals do not overlap; otherwise that this many episodes cannot tell."""
+    lo_hi = (row.get("success_rate_ci95_initial"), row.get("success_rate_ci95_final"))
+    if any(not isinstance(ci, list | tuple) or len(ci) != 2 for ci in lo_hi):
+        return "not measured"
+    (b_lo, b_hi), (a_lo, a_hi) = lo_hi  # type: ignore[misc]
+    if a_lo > b_hi:
+        return "rose: the intervals do not overlap"
+    if a_hi < b_lo:
+        return "fell: the intervals do not overlap"
+    before, after = row.get("success_rate_initial"), row.get("success_rate_final")
+    trend = (
+        "no change" if before == after else ("higher" if (after or 0) > (before or 0) else "lower")
+    )
+    return f"{trend}, not told apart: the intervals overlap"
+
+
 def episodes_label(row: dict[str, Any]) -> str:
     n = row.get("eval_episodes")
     return "– episodes" if not n else f"{n} episode{'' if n == 1 else 's'}"
@@ -423,7 +443,13 @@ def _success_table(tenants: dict[str, dict[str, Any]]) -> Table | None:
         "\\[low, high] is the Wilson 95 % interval in percent: overlapping intervals are not "
         "told apart by this many episodes.",
     )
-    for col in ("tenant", "task", "updates", "success before → after [Wilson 95 %]"):
+    for col in (
+        "tenant",
+        "task",
+        "updates",
+        "success before → after [Wilson 95 %]",
+        "what it shows",
+    ):
         table.add_column(col)
     for tenant, row in measured.items():
         cell = format_success(row)
@@ -435,6 +461,7 @@ def _success_table(tenants: dict[str, dict[str, Any]]) -> Table | None:
             str(row.get("task")),
             "–" if updates is None else str(updates),
             escape(cell),
+            success_reading(row),
         )
     return table
 
