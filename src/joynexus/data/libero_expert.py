@@ -7,7 +7,7 @@ command (:mod:`joynexus.envs.libero`).
 
 It reads the task's goal from the parsed BDDL problem: a single ``On`` predicate whose
 first argument is a movable object ``A`` and whose second is an object or a region site
-``B``. That covers every libero_spatial task ("pick up the black bowl ... and place it on
+``B``. That accepts every libero_spatial task ("pick up the black bowl ... and place it on
 the plate") and the libero_goal tasks that put one thing on another ("put the bowl on
 the plate", "put the bowl on the stove", ...). The plan, with waypoints from the live
 poses and collision geometry of ``A`` and ``B``:
