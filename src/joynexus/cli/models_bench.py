@@ -210,6 +210,15 @@ def bench_serving(
     threads: Annotated[
         int, typer.Option("--threads", min=1, help="OMP threads of every server process.")
     ] = 1,
+    canonicalizer: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--canonicalizer",
+            help="Every server's --canonicalizer: tensor (default) or processor. Repeat "
+            "it (--canonicalizer processor --canonicalizer tensor) to run both "
+            "deployments once per value, in that order, side by side in one run.",
+        ),
+    ] = None,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the results as JSON here.")
     ] = None,
@@ -220,6 +229,14 @@ def bench_serving(
 
     if size not in SIZES:
         raise typer.BadParameter(f"must be one of {', '.join(SIZES)}", param_hint="--size")
+    kinds = canonicalizer or ["tensor"]
+    for kind in kinds:
+        if kind not in ("tensor", "processor"):
+            raise typer.BadParameter(
+                f"{kind!r}: expected tensor or processor", param_hint="--canonicalizer"
+            )
+    if len(set(kinds)) != len(kinds):
+        raise typer.BadParameter("each value at most once", param_hint="--canonicalizer")
     result = run_serving_bench(
         tenants=tenants,
         clients_per_tenant=clients_per_tenant,
@@ -227,6 +244,7 @@ def bench_serving(
         requests=requests,
         size=size,
         threads=threads,
+        canonicalizers=kinds,
         progress=lambda line: console.print(f"[dim]{line}[/dim]"),
     )
     print_report(result, console)
