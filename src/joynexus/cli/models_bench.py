@@ -1,5 +1,5 @@
-"""``joynexus bench group-batching`` (Figures 10–11), ``figure12``, ``lora``, ``serving``
-and ``backbone-lock``."""
+"""``joynexus bench group-batching`` (Figures 10–11), ``figure12``, ``lora``, ``serving``,
+``canonicalize`` and ``backbone-lock``."""
 
 from __future__ import annotations
 
@@ -245,6 +245,29 @@ def bench_serving(
         size=size,
         threads=threads,
         canonicalizers=kinds,
+        progress=lambda line: console.print(f"[dim]{line}[/dim]"),
+    )
+    print_report(result, console)
+    _write_json(result, json_path)
+
+
+@bench_app.command("canonicalize")
+def bench_canonicalize(
+    size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
+    tenants: Annotated[int, typer.Option("--tenants", min=1, help="One-row tenants.")] = 8,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed runs (median).")] = 20,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
+    ] = None,
+) -> None:
+    """Tensor canonicalization vs the Hugging Face processor, per architecture."""
+    from joynexus.bench.canonicalize import print_report, run_canonicalize_bench
+
+    _check_model_options("qwen2_5_vl", size, "cpu")
+    result = run_canonicalize_bench(
+        size=size,
+        tenants=tenants,
+        repeats=repeats,
         progress=lambda line: console.print(f"[dim]{line}[/dim]"),
     )
     print_report(result, console)
