@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import threading
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig, Valu
 from joynexus.models.schema import CALVIN, LIBERO, PUSHT, CameraSpec, DataSchema
 from joynexus.models.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
+from joynexus.utils.priority_lock import PriorityRLock
 from tests.models.conftest import TinyBackbone
 
 OFT = OFTHeadConfig(hidden_dim=32, num_blocks=1)
@@ -210,45 +210,28 @@ def test_memory_for_n_tenants_is_base_plus_slots(base: ResidentBaseModel) -> Non
     assert all(s.base is base for s in ex.slots.values())
 
 
-class _WatchedLock:
-    """A re-entrant lock that knows whether it is held."""
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-        self.depth = 0
-
-    def __enter__(self) -> bool:
-        self._lock.acquire()
-        self.depth += 1
-        return True
-
-    def __exit__(self, *exc: object) -> None:
-        self.depth -= 1
-        self._lock.release()
-
-
 def test_a_predict_holds_the_lock_for_the_forward_and_heads_only(
     base: ResidentBaseModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Canonicalization runs before the backbone lock and the answers' copy to host
     memory after it: a training step waiting for the lock waits for neither."""
-    lock = _WatchedLock()
-    seen: dict[str, list[int]] = {"canonicalize": [], "encode": [], "to_host": []}
+    lock = PriorityRLock()
+    seen: dict[str, list[bool]] = {"canonicalize": [], "encode": [], "to_host": []}
     counting = CountingBase(base)
     inner_canon, inner_encode = counting.canonicalize, counting.encode
 
     def canonicalize(groups: list, *, validated: bool = False) -> VLAFeature:  # type: ignore[type-arg]
-        seen["canonicalize"].append(lock.depth)
+        seen["canonicalize"].append(lock.held_by_me())
         return inner_canon(groups, validated=validated)
 
     def encode(feature: VLAFeature) -> BackboneOutput:
-        seen["encode"].append(lock.depth)
+        seen["encode"].append(lock.held_by_me())
         return inner_encode(feature)
 
     real_numpy = grouped_module._numpy
 
     def to_host(tensor: torch.Tensor | None) -> np.ndarray | None:
-        seen["to_host"].append(lock.depth)
+        seen["to_host"].append(lock.held_by_me())
         return real_numpy(tensor)
 
     monkeypatch.setattr(counting, "canonicalize", canonicalize)
@@ -262,6 +245,6 @@ def test_a_predict_holds_the_lock_for_the_forward_and_heads_only(
     ]
     results = ex.run_requests([ServeRequest("lib", obs[0]), ServeRequest("pt", obs[1])])
     assert [r.actions.shape[0] for r in results] == [2, 1]
-    assert seen["canonicalize"] == [0]
-    assert seen["encode"] == [1]
-    assert seen["to_host"] and set(seen["to_host"]) == {0}
+    assert seen["canonicalize"] == [False]
+    assert seen["encode"] == [True]
+    assert seen["to_host"] and not any(seen["to_host"])
