@@ -256,18 +256,28 @@ def bench_canonicalize(
     size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
     tenants: Annotated[int, typer.Option("--tenants", min=1, help="One-row tenants.")] = 8,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed runs (median).")] = 20,
+    arch: Annotated[
+        list[str] | None,
+        typer.Option("--arch", help="Architectures (repeatable; default: all five)."),
+    ] = None,
+    device: Annotated[str, typer.Option("--device", help="cpu (fp32) | cuda (bf16)")] = "cpu",
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the results as JSON here.")
     ] = None,
 ) -> None:
     """Tensor canonicalization vs the Hugging Face processor, per architecture."""
     from joynexus.bench.canonicalize import print_report, run_canonicalize_bench
+    from joynexus.models.tiny import ARCHES
 
-    _check_model_options("qwen2_5_vl", size, "cpu")
+    arches = arch or list(ARCHES)
+    for a in arches:
+        _check_model_options(a, size, device)
     result = run_canonicalize_bench(
+        arches=arches,
         size=size,
         tenants=tenants,
         repeats=repeats,
+        device=device,
         progress=lambda line: console.print(f"[dim]{line}[/dim]"),
     )
     print_report(result, console)

@@ -219,7 +219,7 @@ def mismatch(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> str 
     if set(ref) != set(got):
         return f"keys differ: processor {sorted(ref)}, tensor {sorted(got)}"
     for key, want in ref.items():
-        have = got[key].cpu()
+        have, want = got[key].cpu(), want.cpu()
         if have.shape != want.shape or have.dtype != want.dtype:
             return (
                 f"{key}: processor {want.dtype}{list(want.shape)}, "
@@ -239,7 +239,8 @@ def max_abs_difference(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor
     worst = 0.0
     for key, want in ref.items():
         if want.is_floating_point() and want.numel():
-            worst = max(worst, float((got[key].cpu().double() - want.double()).abs().max()))
+            diff = got[key].cpu().double() - want.cpu().double()
+            worst = max(worst, float(diff.abs().max()))
     return worst
 
 
