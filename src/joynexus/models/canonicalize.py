@@ -14,7 +14,7 @@ import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -25,8 +25,19 @@ from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import SliceEntry, VLAFeature
 from joynexus.models.schema import DataSchema
 
-if TYPE_CHECKING:
-    from joynexus.models.canon_tensor import TensorCanonicalizer
+
+class BatchEncoder(Protocol):
+    """What :func:`canonicalize` asks of a tensor canonicalizer
+    (:class:`joynexus.models.canon_tensor.TensorCanonicalizer`, which imports this module)."""
+
+    def encode(
+        self,
+        images: torch.Tensor,
+        camera_mask: torch.Tensor,
+        texts: Sequence[str],
+        device: torch.device,
+    ) -> dict[str, torch.Tensor]: ...
+
 
 # Architectures whose processor places images where the chat template says; PaliGemma
 # instead takes ``<image>`` tokens in front of a plain prompt.
@@ -118,7 +129,7 @@ def canonicalize(
     *,
     signatures: Sequence[str],
     validated: bool = False,
-    encoder: TensorCanonicalizer | None = None,
+    encoder: BatchEncoder | None = None,
     device: torch.device | None = None,
 ) -> VLAFeature:
     """Build one :class:`VLAFeature` from ``(tenant_id, schema, batch)`` groups.
