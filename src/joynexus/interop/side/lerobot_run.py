@@ -9,6 +9,7 @@ script is what JoyNexus runs with the side venv's python (see
   :func:`joynexus.models.tiny.make_tiny` with the side venv's transformers), saved with
   ``save_pretrained`` together with its pre/post-processor pipelines and their
   normalization statistics — the layout of a hub checkpoint such as ``lerobot/smolvla_base``;
+* ``probe``: import the policy modules, print the versions;
 * ``predict``: ``from_pretrained`` on a policy directory, its saved processors on an
   observation, ``predict_action_chunk`` with a given noise, actions written back.
 
@@ -20,6 +21,7 @@ the side venv; ``joynexus.models.tiny`` is loaded from its file).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -44,16 +46,15 @@ def _allow_cpu_torchvision() -> None:
     schemas declared up front, the import goes through and the ops stay unavailable.
     """
     for op in ("nms", "qnms"):
-        try:
+        # RuntimeError: already defined (a torchvision whose ops library loads).
+        with contextlib.suppress(RuntimeError):
             torch.library.define(
                 f"torchvision::{op}", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"
             )
-        except RuntimeError:  # already defined (a working torchvision ops library)
-            pass
 
 
 def _tiny_module() -> Any:
-    path = Path(__file__).resolve().parents[1] / "models" / "tiny.py"
+    path = Path(__file__).resolve().parents[2] / "models" / "tiny.py"
     spec = importlib.util.spec_from_file_location("joynexus_tiny", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -112,8 +113,8 @@ def make_tiny(args: argparse.Namespace) -> dict[str, Any]:
         push_to_hub=False,
         chunk_size=args.chunk_size,
         n_action_steps=args.chunk_size,
-        max_state_dim=args.max_state_dim,
-        max_action_dim=args.max_action_dim,
+        max_state_dim=max(args.max_state_dim, args.state_dim),
+        max_action_dim=max(args.max_action_dim, args.action_dim),
         resize_imgs_with_padding=(side, side),
         tokenizer_max_length=16,
         num_steps=args.num_steps,
@@ -157,9 +158,20 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     return {"shape": list(actions.shape), "type": config.type}
 
 
+def probe(args: argparse.Namespace) -> dict[str, Any]:
+    """Import the policy and processor modules JoyNexus uses; report the versions."""
+    for family in ("smolvla", "pi0", "pi05"):
+        importlib.import_module(f"lerobot.policies.{family}.modeling_{family}")
+        importlib.import_module(f"lerobot.policies.{family}.processor_{family}")
+    importlib.import_module("lerobot.policies.factory")
+    metadata = importlib.import_module("importlib.metadata")
+    return {p: metadata.version(p) for p in ("lerobot", "torch", "transformers")}
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="lerobot_side")
+    parser = argparse.ArgumentParser(prog="lerobot_run")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("probe")
     tiny = sub.add_parser("make-tiny")
     tiny.add_argument("--family", required=True)
     tiny.add_argument("--out", required=True)
@@ -178,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     pred.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     _allow_cpu_torchvision()
-    result = make_tiny(args) if args.command == "make-tiny" else predict(args)
+    commands = {"probe": probe, "make-tiny": make_tiny, "predict": predict}
+    result = commands[args.command](args)
     print(json.dumps(result))
     return 0
 
