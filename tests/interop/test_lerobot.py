@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from joynexus.errors import InvalidRequestError, ServiceUnavailableError, SpecError
 from joynexus.interop.lerobot import (
@@ -25,36 +25,21 @@ from joynexus.interop.lerobot import (
     SchemaDims,
     check_lerobot_base,
     hub_family,
-    lerobot_python,
     make_tiny_lerobot,
     read_lerobot_checkpoint,
     run_lerobot_side,
 )
 from joynexus.spec.workload import parse_spec
 from joynexus.workflows.compile import compile_workloads
+from tests.interop.lerobot_helpers import lerobot_actions, observation, tiny_smolvla
 
 FITS = SchemaDims(state_dim=6, action_dim=6, action_chunk=4)
-
-
-def _require_venv() -> None:
-    """The LeRobot venv must run lerobot's policy code; the test FAILS (never skips)."""
-    try:
-        versions = run_lerobot_side(["probe"])
-    except (ServiceUnavailableError, InvalidRequestError) as error:
-        pytest.fail(
-            f"the LeRobot venv at {lerobot_python()} cannot run lerobot ({error}); build it "
-            "with `bash scripts/install-python-extras.sh .venv/bin/python` (make install does)"
-        )
-    assert versions["lerobot"] == "0.4.4"
 
 
 @pytest.fixture(scope="module")
 def smolvla(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny SmolVLA checkpoint written by lerobot's own SmolVLAPolicy.save_pretrained."""
-    _require_venv()
-    out = tmp_path_factory.mktemp("lerobot") / "smolvla"
-    make_tiny_lerobot("smolvla", out, seed=3, cameras=["top", "wrist"])
-    return out
+    return tiny_smolvla(tmp_path_factory.mktemp("lerobot") / "smolvla")
 
 
 def _copy(src: Path, tmp_path: Path) -> Path:
@@ -89,35 +74,13 @@ def test_read_checkpoint_reports_dims_and_normalization(smolvla: Path) -> None:
 def test_lerobot_loads_what_it_saved_and_predicts_with_fixed_noise(
     smolvla: Path, tmp_path: Path
 ) -> None:
-    g = torch.Generator().manual_seed(0)
-    obs = {
-        "observation.images.top": torch.rand(2, 3, 64, 64, generator=g),
-        "observation.images.wrist": torch.rand(2, 3, 64, 64, generator=g),
-        "observation.state": torch.randn(2, 6, generator=g),
-        "noise": torch.randn(2, 4, 8, generator=g),
-    }
-    save_file(obs, str(tmp_path / "obs.safetensors"))
-    (tmp_path / "task.json").write_text(json.dumps(["pick up the red block", "open the drawer"]))
-    outs = []
-    for i in range(2):
-        result = run_lerobot_side(
-            [
-                "predict",
-                "--policy",
-                str(smolvla),
-                "--obs",
-                str(tmp_path / "obs.safetensors"),
-                "--task",
-                str(tmp_path / "task.json"),
-                "--out",
-                str(tmp_path / f"act{i}.safetensors"),
-            ]
-        )
-        assert result == {"shape": [2, 4, 6], "type": "smolvla"}
-        outs.append(load_file(str(tmp_path / f"act{i}.safetensors"))["actions"])
+    obs = observation()
+    first = lerobot_actions(smolvla, obs, tmp_path / "a")
+    again = lerobot_actions(smolvla, obs, tmp_path / "b")
+    assert first.shape == (2, 4, 6)
     # Same noise, same actions; and the rows (different observations) differ.
-    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
-    assert not torch.allclose(outs[0][0], outs[0][1])
+    torch.testing.assert_close(first, again, rtol=0, atol=0)
+    assert not torch.allclose(first[0], first[1])
 
 
 def test_unknown_type_is_a_spec_error(smolvla: Path, tmp_path: Path) -> None:

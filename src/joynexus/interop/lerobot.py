@@ -21,6 +21,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import torch
 from pydantic import BaseModel, ConfigDict
 from safetensors.torch import load_file
 
@@ -318,3 +319,33 @@ def make_tiny_lerobot(
         args += ["--camera", camera]
     run_lerobot_side(args)
     return read_lerobot_checkpoint(out)
+
+
+def write_processors(
+    src: str | Path, out: str | Path, stats: dict[str, dict[str, list[float]]] | None = None
+) -> None:
+    """Copy a checkpoint's processor pipelines into ``out`` (kept as LeRobot wrote them),
+    their normalizer state files rewritten with ``stats`` (a tenant's own statistics,
+    ``{feature: {stat: values}}``) where given, else copied.
+
+    Raises:
+        SpecError: ``src`` lacks a pipeline or a state file it names.
+    """
+    from safetensors.torch import save_file
+
+    root, dst = Path(src), Path(out)
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in (PREPROCESSOR, POSTPROCESSOR):
+        _processor_stats(root, name)  # the same checks as reading
+        (dst / name).write_text((root / name).read_text())
+        for step in json.loads((root / name).read_text()).get("steps", []):
+            state_file = step.get("state_file") if isinstance(step, dict) else None
+            if not state_file:
+                continue
+            tensors = load_file(str(root / state_file))
+            for key in list(tensors):
+                feature, _, stat = key.rpartition(".")
+                values = (stats or {}).get(feature, {}).get(stat)
+                if values is not None:
+                    tensors[key] = torch.tensor(values, dtype=tensors[key].dtype)
+            save_file(tensors, str(dst / state_file))

@@ -37,7 +37,12 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.nn import functional as F
 
-from joynexus.interop.lerobot import LeRobotCheckpoint, read_lerobot_checkpoint
+from joynexus.interop.lerobot import (
+    WEIGHTS,
+    LeRobotCheckpoint,
+    read_lerobot_checkpoint,
+    write_processors,
+)
 
 #: Per layer: the prefix's (keys, values), ``[B, P, kv_heads, head_dim]``, keys rotated.
 PrefixCache = list[tuple[torch.Tensor, torch.Tensor]]
@@ -57,7 +62,8 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, base: float = 10_000.0) -> 
     exponents = (2.0 / x.shape[-1]) * torch.arange(half, dtype=torch.float32, device=x.device)
     angles = positions[..., None].float() / (base**exponents)[None, None, :]
     sin, cos = torch.sin(angles)[..., None, :], torch.cos(angles)[..., None, :]
-    first, second = x.float().split(half, dim=-1)
+    x32 = x.float()
+    first, second = x32[..., :half], x32[..., half:]
     out = torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
     return out.to(x.dtype)
 
@@ -141,12 +147,27 @@ class _VLMWithExpert(nn.Module):
     def finish(layer: Any, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """Output projection, residual, MLP, residual."""
         out = layer.self_attn.o_proj(attended.to(layer.self_attn.o_proj.weight.dtype)) + hidden
-        return out + layer.mlp(layer.post_attention_layernorm(out))
+        result: torch.Tensor = out + layer.mlp(layer.post_attention_layernorm(out))
+        return result
 
     def _qkv(self, layer: Any, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         shape = (*x.shape[:-1], -1, self.head_dim)
         attn = layer.self_attn
         return attn.q_proj(x).view(shape), attn.k_proj(x).view(shape), attn.v_proj(x).view(shape)
+
+
+class _FlowModel(nn.Module):
+    """The checkpoint's ``model``: the VLM with its expert, and the projections around."""
+
+    def __init__(self, core: _VLMWithExpert, state_dim: int, action_dim: int, text: int):
+        super().__init__()
+        width = core.expert_width
+        self.vlm_with_expert = core
+        self.state_proj = nn.Linear(state_dim, text)
+        self.action_in_proj = nn.Linear(action_dim, width)
+        self.action_out_proj = nn.Linear(width, action_dim)
+        self.action_time_mlp_in = nn.Linear(2 * width, width)
+        self.action_time_mlp_out = nn.Linear(width, width)
 
 
 class SmolVLA(nn.Module):
@@ -159,23 +180,18 @@ class SmolVLA(nn.Module):
         super().__init__()
         self.ckpt = ckpt
         self.config = config
-        self.model = nn.Module()
-        core = _VLMWithExpert(vlm_config, config)
-        self.model.vlm_with_expert = core
-        text_width = int(vlm_config.text_config.hidden_size)
-        width = core.expert_width
-        self.model.state_proj = nn.Linear(ckpt.max_state_dim, text_width)
-        self.model.action_in_proj = nn.Linear(ckpt.max_action_dim, width)
-        self.model.action_out_proj = nn.Linear(width, ckpt.max_action_dim)
-        self.model.action_time_mlp_in = nn.Linear(2 * width, width)
-        self.model.action_time_mlp_out = nn.Linear(width, width)
+        self.model = _FlowModel(
+            _VLMWithExpert(vlm_config, config),
+            ckpt.max_state_dim,
+            ckpt.max_action_dim,
+            int(vlm_config.text_config.hidden_size),
+        )
         self.image_size = tuple(int(s) for s in config["resize_imgs_with_padding"])
         self.tokenizer: Any = None
 
     @property
     def core(self) -> _VLMWithExpert:
-        core: _VLMWithExpert = self.model.vlm_with_expert
-        return core
+        return self.model.vlm_with_expert
 
     @classmethod
     def from_lerobot(cls, path: str | Path) -> SmolVLA:
@@ -356,3 +372,27 @@ class SmolVLA(nn.Module):
             t = torch.full((x.shape[0],), 1.0 + step * dt, dtype=torch.float32, device=x.device)
             x = x + dt * self.velocity(cache, pad, x, t)
         return self.unnormalize_actions(x[:, :, : self.ckpt.action_dim])
+
+
+def export_smolvla(
+    model: SmolVLA,
+    out: str | Path,
+    *,
+    stats: dict[str, dict[str, list[float]]] | None = None,
+) -> Path:
+    """Write ``model`` as a LeRobot ``smolvla`` policy directory: the checkpoint's
+    ``config.json``, ``model.safetensors`` from the model's state dict (the same names
+    LeRobot saved), and the processor pipelines with ``stats`` (a tenant's own
+    normalization statistics) or the checkpoint's.
+    """
+    from safetensors.torch import save_file
+
+    dst = Path(out)
+    dst.mkdir(parents=True, exist_ok=True)
+    src = Path(model.ckpt.path)
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    # Tied tensors (a shared storage) are written as separate copies, as LeRobot does.
+    state = {k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(dst / WEIGHTS), metadata={"format": "pt"})
+    write_processors(src, dst, stats)
+    return dst
