@@ -19,8 +19,11 @@ the real ``lerobot`` package: same observation, same noise, same actions
 (tests/models/test_smolvla.py).
 
 The prefix split that keeps a SmolVLA prefix shared: image and language tokens never
-attend to the state token, so their keys and values do not depend on any tenant;
-:meth:`SmolVLA.prefix_cache` returns the cache of the whole prefix, state token included.
+attend to the state token, so their keys and values do not depend on any tenant.
+:meth:`SmolVLA.shared_cache` computes them once for every row, and
+:meth:`SmolVLA.with_state` extends that cache by each row's state token (projected by a
+tenant's ``state_proj``) through the frozen layers: the cache of the whole prefix, as
+lerobot computes it in one pass (tests/models/test_smolvla.py compares the actions).
 """
 
 from __future__ import annotations
@@ -66,14 +69,6 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, base: float = 10_000.0) -> 
     first, second = x32[..., :half], x32[..., half:]
     out = torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
     return out.to(x.dtype)
-
-
-def block_mask(pad: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """``[B, L, L]`` attention: a token sees the valid tokens whose block index (the
-    running sum of ``blocks``, 1 where a new block starts) is at most its own."""
-    index = torch.cumsum(blocks.long(), dim=1)
-    seen = index[:, None, :] <= index[:, :, None]
-    return seen & (pad[:, None, :] & pad[:, :, None])
 
 
 def time_embedding(t: torch.Tensor, width: int, min_period: float, max_period: float) -> Any:
@@ -250,15 +245,11 @@ class SmolVLA(nn.Module):
 
     # -- the prefix ------------------------------------------------------------------
 
-    def embed_prefix(
-        self,
-        images: list[torch.Tensor],
-        ids: torch.Tensor,
-        lang_mask: torch.Tensor,
-        state: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Prefix embeddings ``[B, P, W]``, validity ``[B, P]`` and block starts ``[B, P]``
-        (images, then language, then the state token opening its own block)."""
+    def embed_shared(
+        self, images: list[torch.Tensor], ids: torch.Tensor, lang_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tenant-independent prefix: embeddings ``[B, P, W]`` of the cameras, then the
+        language, and their validity ``[B, P]`` (language right-padded)."""
         vlm = self.core.vlm.model
         embs, pads = [], []
         for image in images:
@@ -268,12 +259,7 @@ class SmolVLA(nn.Module):
         lang = vlm.text_model.get_input_embeddings()(ids)
         embs.append(lang * math.sqrt(lang.shape[-1]))
         pads.append(lang_mask)
-        embs.append(self.model.state_proj(state)[:, None, :])
-        pads.append(torch.ones_like(lang_mask[:, :1]))
-        pad = torch.cat(pads, dim=1)
-        blocks = torch.zeros_like(pad)
-        blocks[:, -1] = True
-        return torch.cat(embs, dim=1), pad, blocks
+        return torch.cat(embs, dim=1), torch.cat(pads, dim=1)
 
     def see(self, image: torch.Tensor) -> torch.Tensor:
         """The vision tower on whole ``[B, 3, S, S]`` images, with the patch positions the
@@ -303,9 +289,10 @@ class SmolVLA(nn.Module):
         out: torch.Tensor = tower.post_layernorm(hidden)
         return out
 
-    def prefix_cache(self, embs: torch.Tensor, pad: torch.Tensor, blocks: torch.Tensor) -> Any:
-        """Run the truncated VLM over the prefix; its per-layer rotated keys and values."""
-        mask = block_mask(pad, blocks)
+    def shared_cache(self, embs: torch.Tensor, pad: torch.Tensor) -> PrefixCache:
+        """The truncated VLM over the shared prefix (every valid token sees every other);
+        its per-layer rotated keys and values. Computed once for all tenants' rows."""
+        mask = pad[:, None, :] & pad[:, :, None]
         positions = torch.cumsum(pad.long(), dim=1) - 1
         hidden, cache = embs, []
         for layer in self.core.vlm.model.text_model.layers:
@@ -314,6 +301,34 @@ class SmolVLA(nn.Module):
             cache.append((k, v))
             hidden = self.core.finish(layer, hidden, self.core.attend(q, k, v, mask))
         return cache
+
+    def with_state(
+        self, shared: PrefixCache, pad: torch.Tensor, state: torch.Tensor
+    ) -> tuple[PrefixCache, torch.Tensor]:
+        """Extend the shared cache by the state token of normalized, padded ``state``.
+
+        SmolVLA's state token opens its own attention block at the end of the prefix:
+        it sees every shared token, none sees it. So it runs alone through the frozen
+        layers, attending to the shared keys and values, and the result is exactly the
+        cache of the whole prefix — while only ``state_proj`` (a tenant's) touched it.
+
+        Returns:
+            The whole prefix's cache and its validity ``[B, P + 1]``.
+        """
+        hidden = self.model.state_proj(state)[:, None, :]
+        full_pad = torch.cat([pad, torch.ones_like(pad[:, :1])], dim=1)
+        positions = pad.long().sum(dim=1, keepdim=True)
+        cache: PrefixCache = []
+        for layer, (keys, values) in zip(
+            self.core.vlm.model.text_model.layers, shared, strict=True
+        ):
+            q, k, v = self.core._qkv(layer, layer.input_layernorm(hidden))
+            q, k = rotate(q, positions), rotate(k, positions)
+            keys, values = torch.cat([keys, k], dim=1), torch.cat([values, v], dim=1)
+            cache.append((keys, values))
+            attended = self.core.attend(q, keys, values, full_pad[:, None, :])
+            hidden = self.core.finish(layer, hidden, attended)
+        return cache, full_pad
 
     # -- the expert ------------------------------------------------------------------
 
@@ -362,10 +377,8 @@ class SmolVLA(nn.Module):
         observations (cameras in [0, 1], state unnormalized) and the starting noise
         ``[B, chunk, max_action_dim]``: Euler steps from t = 1 to t = 0."""
         ids, lang_mask = self.tokenize(tasks, state.device)
-        embs, pad, blocks = self.embed_prefix(
-            [self.prepare_image(i) for i in images], ids, lang_mask, self.normalize_state(state)
-        )
-        cache = self.prefix_cache(embs, pad, blocks)
+        embs, pad = self.embed_shared([self.prepare_image(i) for i in images], ids, lang_mask)
+        cache, pad = self.with_state(self.shared_cache(embs, pad), pad, self.normalize_state(state))
         steps = int(self.config["num_steps"])
         x, dt = noise, -1.0 / steps
         for step in range(steps):
