@@ -78,7 +78,7 @@ fi
 # load on the CPU torch; the side-venv scripts account for that (joynexus.interop).
 LEROBOT_VERSION=0.4.4
 LEROBOT_SIDE="${JOYNEXUS_LEROBOT_VENV:-$ROOT/.venv-lerobot}"
-LEROBOT_PYTHON="${JOYNEXUS_LEROBOT_BASE_PYTHON:-python3.11}"
+LEROBOT_PYTHON="${JOYNEXUS_LEROBOT_BASE_PYTHON:-$PY}"
 if ! "$LEROBOT_SIDE/bin/python" -c "import importlib.metadata as m, sys
 sys.exit(m.version('lerobot') != '${LEROBOT_VERSION}')" 2>/dev/null; then
   echo "building the LeRobot venv ${LEROBOT_SIDE} (lerobot ${LEROBOT_VERSION})"

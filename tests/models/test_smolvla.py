@@ -81,3 +81,40 @@ def test_lerobot_loads_a_joynexus_export_and_agrees(smolvla: Path, tmp_path: Pat
     # And the export is not the original checkpoint.
     original = lerobot_actions(smolvla, obs, tmp_path / "orig")
     assert (original - theirs).abs().max().item() > 1e-2
+
+
+def test_one_shared_prefix_serves_tenants_with_their_own_state_projections(
+    smolvla: Path,
+) -> None:
+    """Two tenants' rows share one image+language pass; each extends it by its own state
+    token. Grouped = each tenant alone (their own state_proj, their own rows)."""
+    alice, bob = SmolVLA.from_lerobot(smolvla), SmolVLA.from_lerobot(smolvla)
+    with torch.no_grad():
+        bob.model.state_proj.weight.mul_(-1.5)  # a tenant whose state_proj moved
+    obs = observation(seed=2)
+    images = [alice.prepare_image(obs[f"observation.images.{c}"]) for c in CAMERAS]
+    ids, lang = alice.tokenize(TASKS, torch.device("cpu"))
+    state = alice.normalize_state(obs["observation.state"])
+    with torch.no_grad():
+        embs, pad = alice.embed_shared(images, ids, lang)
+        shared = alice.shared_cache(embs, pad)  # once, for both tenants' rows
+        for tenant, row in ((alice, 0), (bob, 1)):
+            grouped, _ = tenant.with_state(
+                [(k[row : row + 1], v[row : row + 1]) for k, v in shared],
+                pad[row : row + 1],
+                state[row : row + 1],
+            )
+            alone_embs, alone_pad = tenant.embed_shared(
+                [i[row : row + 1] for i in images], ids[row : row + 1], lang[row : row + 1]
+            )
+            alone, _ = tenant.with_state(
+                tenant.shared_cache(alone_embs, alone_pad), alone_pad, state[row : row + 1]
+            )
+            for (gk, gv), (ak, av) in zip(grouped, alone, strict=True):
+                torch.testing.assert_close(gk, ak, rtol=0, atol=1e-5)
+                torch.testing.assert_close(gv, av, rtol=0, atol=1e-5)
+        # The state token is the tenant's: bob's differs from alice's on the same row.
+        a, _ = alice.with_state([(k[1:], v[1:]) for k, v in shared], pad[1:], state[1:])
+        b, _ = bob.with_state([(k[1:], v[1:]) for k, v in shared], pad[1:], state[1:])
+        assert (a[-1][0][:, -1] - b[-1][0][:, -1]).abs().max() > 1e-3
+        torch.testing.assert_close(a[-1][0][:, :-1], b[-1][0][:, :-1], rtol=0, atol=0)
