@@ -23,8 +23,8 @@ from tests.interop.lerobot_helpers import (
     tiny_smolvla,
 )
 
-#: fp32, same noise: the issue's bound (measured: 2.4e-7 in, 6.3e-7 out; the prefix is computed in
-#: two parts here, shared then state token, in one pass by lerobot).
+#: fp32, same noise: the issue's bound (measured: 2.4e-7 in, 6.3e-7 out; the prefix is
+#: computed in two parts here, shared then state token, in one pass by lerobot).
 ATOL = 1e-4
 
 
