@@ -55,7 +55,7 @@ from collections.abc import Callable
 import torch
 
 from joynexus.errors import SchemaMismatchError
-from joynexus.models.policies.base import expand_mask, masked_reduce
+from joynexus.models.policies.base import PolicyGaussians, expand_mask, masked_reduce
 
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``v(x_t [B, chunk, A], t [B]) -> [B, chunk, A]``: a flow head's velocity, with its
@@ -205,14 +205,15 @@ def sample_chain(
     return torch.stack(chain, dim=1), log_prob
 
 
-def chain_log_prob(
+def chain_gaussians(
     velocity: VelocityFn,
     chain: torch.Tensor,
     *,
     noise_level: float,
     mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Log-probability ``[B]`` of a recorded chain under ``velocity`` (with grad).
+) -> PolicyGaussians:
+    """The ``K`` Gaussian steps ``N(mean_k, std_k²)`` of a recorded chain under
+    ``velocity`` (with grad): ``mean`` ``[B, K, chunk, A]``.
 
     All ``K`` steps run as ONE batched velocity call over ``B·K`` rows (the states
     ``x_0 … x_{K−1}`` are known), so recomputing costs one forward, not ``K``.
@@ -246,7 +247,20 @@ def chain_log_prob(
     v = velocity(flat_x, flat_t).reshape(x.shape)
     mean, std = sde_step(x, times[None, :, None, None], v, dt=dt, noise_level=noise_level)
     step_mask = None if mask is None else mask.unsqueeze(1).expand_as(x).to(x)
-    return gaussian_log_density(chain[:, 1:], mean, std.expand_as(mean), step_mask)
+    return PolicyGaussians(chain[:, 1:], mean, std.expand_as(mean), step_mask)
+
+
+def chain_log_prob(
+    velocity: VelocityFn,
+    chain: torch.Tensor,
+    *,
+    noise_level: float,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Log-probability ``[B]`` of a recorded chain under ``velocity`` (with grad): the
+    density of its steps under :func:`chain_gaussians` (same arguments and errors)."""
+    steps = chain_gaussians(velocity, chain, noise_level=noise_level, mask=mask)
+    return gaussian_log_density(steps.sample, steps.mean, steps.std, steps.mask)
 
 
 def repeat_rows(tensor: torch.Tensor, times: int) -> torch.Tensor:

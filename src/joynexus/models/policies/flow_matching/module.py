@@ -34,12 +34,19 @@ from torch import nn
 from torch.nn import functional as F
 
 from joynexus.errors import SchemaMismatchError
-from joynexus.models.policies.base import PolicyHead, PolicySample, expand_mask, features_as
+from joynexus.models.policies.base import (
+    PolicyGaussians,
+    PolicyHead,
+    PolicySample,
+    expand_mask,
+    features_as,
+)
 from joynexus.models.policies.flow import (
     FLOW_CHAIN,
     MAX_RL_FLOW_STEPS,
-    chain_log_prob,
+    chain_gaussians,
     flow_matching_loss,
+    gaussian_log_density,
     repeat_rows,
     sample_chain,
 )
@@ -369,6 +376,16 @@ class FlowMatchingHead(PolicyHead):
         """The recorded chain's Flow-SDE log-probability (the actions are its last step)."""
         return self.log_prob(features, state, fields[FLOW_CHAIN])
 
+    def rl_gaussians(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        actions: torch.Tensor,
+        fields: Mapping[str, torch.Tensor],
+    ) -> PolicyGaussians:
+        """The recorded chain's Flow-SDE steps as Gaussians (see :meth:`log_prob`)."""
+        return self.chain_steps(features, state, fields[FLOW_CHAIN])
+
     def log_prob(
         self,
         features: BackboneOutput,
@@ -376,7 +393,20 @@ class FlowMatchingHead(PolicyHead):
         chain: torch.Tensor,
         action_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Log-probability ``[B]`` of recorded chains under the current weights (with grad).
+        """Log-probability ``[B]`` of recorded chains under the current weights (with grad);
+        arguments and errors as :meth:`chain_steps`."""
+        steps = self.chain_steps(features, state, chain, action_mask)
+        return gaussian_log_density(steps.sample, steps.mean, steps.std, steps.mask)
+
+    def chain_steps(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        chain: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+    ) -> PolicyGaussians:
+        """The Flow-SDE steps of recorded chains under the current weights (with grad):
+        the Gaussians :meth:`log_prob` sums the density of.
 
         Args:
             features: Backbone output of the chains' observations.
@@ -402,7 +432,7 @@ class FlowMatchingHead(PolicyHead):
         steps = chain.shape[1] - 1
         cond = self.condition(features, state.to(ref)).repeat(steps)
         mask = None if action_mask is None else expand_mask(action_mask, chain[:, 0])
-        return chain_log_prob(
+        return chain_gaussians(
             lambda x, t: self.conditioned_velocity(cond, x, t),
             chain,
             noise_level=self.config.sde_noise_level,

@@ -37,13 +37,20 @@ from torch import nn
 from torch.nn import functional as F
 
 from joynexus.errors import SchemaMismatchError
-from joynexus.models.policies.base import PolicyHead, PolicySample, expand_mask, features_as
+from joynexus.models.policies.base import (
+    PolicyGaussians,
+    PolicyHead,
+    PolicySample,
+    expand_mask,
+    features_as,
+)
 from joynexus.models.policies.flow import (
     FLOW_CHAIN,
     MAX_RL_FLOW_STEPS,
     VelocityFn,
-    chain_log_prob,
+    chain_gaussians,
     flow_matching_loss,
+    gaussian_log_density,
     repeat_rows,
     sample_chain,
 )
@@ -327,6 +334,16 @@ class Pi0Expert(PolicyHead):
         """The recorded chain's Flow-SDE log-probability (the actions are its last step)."""
         return self.log_prob(features, state, fields[FLOW_CHAIN])
 
+    def rl_gaussians(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        actions: torch.Tensor,
+        fields: Mapping[str, torch.Tensor],
+    ) -> PolicyGaussians:
+        """The recorded chain's Flow-SDE steps as Gaussians (see :meth:`log_prob`)."""
+        return self.chain_steps(features, state, fields[FLOW_CHAIN])
+
     def log_prob(
         self,
         features: BackboneOutput,
@@ -334,7 +351,20 @@ class Pi0Expert(PolicyHead):
         chain: torch.Tensor,
         action_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Log-probability ``[B]`` of recorded chains under the current weights (with grad).
+        """Log-probability ``[B]`` of recorded chains under the current weights (with grad);
+        arguments and errors as :meth:`chain_steps`."""
+        steps = self.chain_steps(features, state, chain, action_mask)
+        return gaussian_log_density(steps.sample, steps.mean, steps.std, steps.mask)
+
+    def chain_steps(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        chain: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+    ) -> PolicyGaussians:
+        """The Flow-SDE steps of recorded chains under the current weights (with grad):
+        the Gaussians :meth:`log_prob` sums the density of.
 
         Args:
             features: This tenant's rows of the prefix (with ``prefix_kv``).
@@ -376,7 +406,7 @@ class Pi0Expert(PolicyHead):
         if action_mask is not None:
             own = mask[:, : self.action_chunk, : self.action_dim]
             own.mul_(expand_mask(action_mask, own))
-        return chain_log_prob(
+        return chain_gaussians(
             self._flow_velocity(repeated, padded),
             chain,
             noise_level=self.expert_config.sde_noise_level,
