@@ -31,7 +31,7 @@ def test_both_sides_run_and_only_the_shared_backbone_waits(tmp_path: Path) -> No
     assert result.exit_code == 0, result.output
     assert "copy / shared" in result.output
     data = json.loads(out.read_text())
-    for side in ("shared", "copy"):
+    for side in ("shared", "shared-plain", "copy"):
         r = data[side]
         assert r["predicts"] > 0 and r["train_steps"] > 0, r
         assert 0 < r["p50_ms"] <= r["p99_ms"], r
@@ -41,3 +41,5 @@ def test_both_sides_run_and_only_the_shared_backbone_waits(tmp_path: Path) -> No
     assert data["shared"]["lock_wait_ms_per_batch"] > data["copy"]["lock_wait_ms_per_batch"]
     for key in ("predict_throughput_ratio", "p99_ratio", "train_throughput_ratio"):
         assert math.isfinite(data[key]) and data[key] > 0, key
+        assert math.isfinite(data["priority"][key]) and data["priority"][key] > 0, key
+    assert "shared / shared-plain" in result.output

@@ -27,6 +27,7 @@ from joynexus.demo.report import (
     build_report,
     format_success,
     report_tables,
+    success_reading,
 )
 from joynexus.envs.seeds import EVAL_SEED_BASE, demo_seeds, eval_seeds, shared_seeds
 from joynexus.errors import SpecError
@@ -131,6 +132,7 @@ def test_the_report_gives_each_tenants_success_rate_before_and_after(tmp_path: P
         "eval_episodes": 10,
         "eval_first_seed": SEED,
         "success_errors": [],
+        "reading": "higher, not told apart: the intervals overlap",
     }
     assert rows["sft-demos"]["success_rate_initial"] == 0.2
     assert rows["sft-demos"]["success_rate_final"] == 0.9
@@ -270,3 +272,22 @@ def test_the_cli_passes_success_episodes(monkeypatch: pytest.MonkeyPatch, tmp_pa
         assert seen[-1]["success_episodes"] == expected
     result = CliRunner().invoke(app, [*args, "--success-episodes", "-1"])
     assert result.exit_code != 0
+
+
+def test_each_row_says_plainly_what_it_shows(tmp_path: Path) -> None:
+    report = _mixed(tmp_path)
+    rows = report["success_rates"]["tenants"]
+    # 0 % [0, 28] -> 40 % [17, 69]: higher, but this many episodes cannot tell.
+    assert rows["rl-a"]["reading"] == "higher, not told apart: the intervals overlap"
+    # 20 % [6, 51] -> 90 % [60, 98]: the intervals are apart.
+    assert rows["sft-demos"]["reading"] == "rose: the intervals do not overlap"
+    flat = " ".join(_text(report_tables(report)).split())
+    assert "what it shows" in flat and "rose: the intervals do not overlap" in flat
+    fell = {
+        "success_rate_initial": 0.9,
+        "success_rate_final": 0.1,
+        "success_rate_ci95_initial": [0.6, 0.98],
+        "success_rate_ci95_final": [0.02, 0.4],
+    }
+    assert success_reading(fell) == "fell: the intervals do not overlap"
+    assert success_reading({"success_rate_ci95_initial": None}) == "not measured"

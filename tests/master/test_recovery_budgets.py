@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from joynexus.api import WorkloadState
+from joynexus.errors import InvalidRequestError
 from joynexus.runtime.budgets import RecoveryBudget
 from joynexus.runtime.health import HealthManager
 from joynexus.runtime.sessions import SessionRecovery
@@ -42,6 +43,14 @@ def test_recovery_budget_slides_and_is_counted_per_key() -> None:
     assert whole_life.charge() and not whole_life.charge()
     clock.advance(1e9)
     assert whole_life.spent()
+
+
+@pytest.mark.parametrize(("limit", "window_s"), [(-1, 10.0), (1, 0.0), (1, -5.0)])
+def test_a_budget_that_cannot_be_kept_is_refused_with_the_value(
+    limit: int, window_s: float
+) -> None:
+    with pytest.raises(InvalidRequestError, match=r"got -?\d"):
+        RecoveryBudget(limit, window_s, FakeClock())
 
 
 def test_one_tenants_spent_budget_fails_only_its_workload(server: FakeServer) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from joynexus.models.grouped_step import (
 )
 from joynexus.models.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
+from joynexus.utils.priority_lock import PriorityRLock
 from tests.models.conftest import TinyBackbone
 from tests.models.test_grouped import (
     LIB,
@@ -115,3 +117,42 @@ def test_the_reduce_hook_sees_every_tenant_and_sets_the_step(base: ResidentBaseM
     assert not isinstance(pt_step, Exception)
     assert pt_step[0].loss == 0.5 and pt_step[1] == {"reduced": 1.0}
     assert seen[1][1] is None and pt.policy_version == 1
+
+
+def test_a_predict_arriving_during_the_forward_runs_before_the_losses(
+    base: ResidentBaseModel,
+) -> None:
+    ex = _executor(base, {"pt": TENANTS["pt"]})
+    batches = _batches({"pt": 2})
+    slot = ex.slot("pt")
+    lock = PriorityRLock()
+    order: list[str] = []
+    predict: list[threading.Thread] = []
+
+    def predict_batch() -> None:
+        with lock.priority():
+            order.append("predict")
+
+    def forward(
+        batches: Mapping[str, ObservationBatch], *, grad: bool, validated: bool
+    ) -> dict[str, BackboneOutput]:
+        out = ex.shared_forward(batches, grad=grad, validated=validated)
+        order.append("forward")
+        predict.append(threading.Thread(target=predict_batch, daemon=True))
+        predict[0].start()
+        for _ in range(10_000):  # until the predict is parked on the lock
+            if lock.priority_waiting:
+                break
+            threading.Event().wait(0.001)
+        return out
+
+    sft = _sft(slot, batches["pt"])
+
+    def loss(features: BackboneOutput) -> tuple[torch.Tensor, dict[str, float]]:
+        order.append("loss")
+        return sft(features)
+
+    outcomes = grouped_step([TenantStep(slot, batches["pt"], loss)], forward=forward, lock=lock)
+    predict[0].join(10.0)
+    assert order == ["forward", "predict", "loss"]  # it waited one phase, not the step
+    assert not isinstance(outcomes[0], Exception) and slot.policy_version == 1

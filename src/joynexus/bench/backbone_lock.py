@@ -3,10 +3,14 @@
 In one process (as ``joynexus serve`` and ``joynexus run`` host the plane) the Training
 and Inference Model Services run torch on the resident backbone under its one lock, so a
 training step and a grouped predict never overlap. This bench runs the same mixture
-twice, side by side in one run:
+three times, side by side in one run:
 
 * **shared**: both services on one resident backbone (``--inference-backbone shared``,
-  the default);
+  the default), its lock a :class:`~joynexus.utils.priority_lock.PriorityRLock`: predict
+  batches go before a waiting training step, and a running step yields to them between
+  its phases;
+* **shared-plain**: the same with the lock as a plain reentrant lock (no priorities, no
+  yields: a predict that arrives during a step waits for the whole step);
 * **copy**: the inference service on its own resident copy with its own lock
   (``--inference-backbone copy``), which is what separate services (the paper's
   deployment, or the Ray placement) give.
@@ -14,7 +18,8 @@ twice, side by side in one run:
 The mixture: one tenant trains SFT steps back to back (``train_batch``, ``batch`` rows
 each) while ``clients`` closed-loop clients of other tenants call ``predict``. Reported
 per side: predicts/s, p50 / p99 latency, the mean time a batch waited for the backbone
-lock, training steps/s and the backbone bytes resident; ratios are copy ÷ shared.
+lock, training steps/s and the backbone bytes resident; ratios are copy ÷ shared and
+shared ÷ shared-plain (what the priorities buy).
 Everything runs on a model built locally by :func:`joynexus.models.tiny.make_tiny`.
 """
 
@@ -41,7 +46,7 @@ from joynexus.models.tiny import TinySize, make_tiny, quiet_transformers
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService
-from joynexus.services.tenancy import TenantConfig
+from joynexus.services.tenancy import TenantConfig, backbone_lock
 from joynexus.services.training import TrainBatch, TrainingModelService
 
 __all__ = ["print_report", "run_backbone_lock_bench"]
@@ -54,7 +59,7 @@ SCHEMA = DataSchema(
     action_chunk=4,
     instruction="reach the goal",
 )
-SIDES = ("shared", "copy")
+SIDES = ("shared", "shared-plain", "copy")
 
 
 def _config(tenant: str, out: Path) -> TenantConfig:
@@ -76,7 +81,9 @@ async def _side(
     duration_s: float,
 ) -> dict[str, Any]:
     base = ResidentBaseModel.from_pretrained(str(model_dir))
-    inference_base = base if side == "shared" else ResidentBaseModel.from_pretrained(str(model_dir))
+    copy = side == "copy"
+    inference_base = ResidentBaseModel.from_pretrained(str(model_dir)) if copy else base
+    backbone_lock(base).prioritize = side != "shared-plain"
     metrics = MetricsService()
     training = TrainingModelService(base, TrainingQueue(), output_dir=out / side)
     inference = InferenceModelService(
@@ -178,7 +185,7 @@ def _run(
             sides[side] = asyncio.run(
                 _side(side, model_dir, root, clients=clients, batch=batch, duration_s=duration_s)
             )
-    shared, copy = sides["shared"], sides["copy"]
+    shared, plain, copy = sides["shared"], sides["shared-plain"], sides["copy"]
     return {
         "config": {
             "size": size,
@@ -193,6 +200,16 @@ def _run(
         "p99_ratio": _ratio(copy["p99_ms"], shared["p99_ms"]),
         "train_throughput_ratio": _ratio(copy["train_steps_per_s"], shared["train_steps_per_s"]),
         "memory_ratio": _ratio(copy["backbone_mb"], shared["backbone_mb"]),
+        "priority": {
+            "p99_ratio": _ratio(shared["p99_ms"], plain["p99_ms"]),
+            "lock_wait_ratio": _ratio(
+                shared["lock_wait_ms_per_batch"], plain["lock_wait_ms_per_batch"]
+            ),
+            "predict_throughput_ratio": _ratio(shared["predict_per_s"], plain["predict_per_s"]),
+            "train_throughput_ratio": _ratio(
+                shared["train_steps_per_s"], plain["train_steps_per_s"]
+            ),
+        },
     }
 
 
@@ -229,4 +246,11 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         f"p99 {result['p99_ratio']:.2f}x, train throughput "
         f"{result['train_throughput_ratio']:.2f}x, backbone memory "
         f"{result['memory_ratio']:.2f}x"
+    )
+    pr = result["priority"]
+    console.print(
+        f"shared / shared-plain (predicts first, steps yield between phases): p99 "
+        f"{pr['p99_ratio']:.2f}x, lock wait {pr['lock_wait_ratio']:.2f}x, predict "
+        f"throughput {pr['predict_throughput_ratio']:.2f}x, train throughput "
+        f"{pr['train_throughput_ratio']:.2f}x"
     )

@@ -38,7 +38,11 @@ __all__ = [
     "PhaseTrace",
     "run_phase",
     "window_busy_seconds",
+    "window_union_seconds",
 ]
+
+#: The services that run on the shared device (the simulators run beside it).
+DEVICE_SERVICES = ("training", "inference")
 
 #: Metric event name -> service whose busy time it measures.
 BUSY_EVENTS: dict[str, str] = {
@@ -128,6 +132,11 @@ class PhaseTrace:
     def utilization(self, service: str) -> float:
         return self.busy_seconds(service) / self.window_s
 
+    def device_busy_seconds(self) -> float:
+        """Seconds inside the window in which the shared device (the backbone's training
+        or inference) was busy, each moment counted once."""
+        return window_union_seconds(self.busy, DEVICE_SERVICES, self.started_at, self.ended_at)
+
 
 def window_busy_seconds(
     intervals: Sequence[Interval], service: str, start: float, end: float
@@ -140,6 +149,25 @@ def window_busy_seconds(
         lo, hi = max(iv.start, start), min(iv.end, end)
         if hi > lo:
             total += hi - lo
+    return total
+
+
+def window_union_seconds(
+    intervals: Sequence[Interval], services: Sequence[str], start: float, end: float
+) -> float:
+    """Length of the union of ``services``' intervals inside ``[start, end]`` (overlaps
+    counted once: a training step and an inference batch timed at once share the device)."""
+    spans = sorted(
+        (max(iv.start, start), min(iv.end, end))
+        for iv in intervals
+        if iv.service in services and min(iv.end, end) > max(iv.start, start)
+    )
+    total, reach = 0.0, start
+    for lo, hi in spans:
+        lo = max(lo, reach)
+        if hi > lo:
+            total += hi - lo
+            reach = hi
     return total
 
 

@@ -58,11 +58,13 @@ __all__ = [
     "LAYOUT_DEVICES_ISOLATED",
     "LAYOUT_DEVICES_MULTI",
     "build_report",
+    "device_time_bound",
     "episodes_label",
     "format_success",
     "loss_curve",
     "report_tables",
     "return_curve",
+    "success_reading",
     "verdict",
     "write_report",
 ]
@@ -81,6 +83,13 @@ HOW_TO_READ = {
     "device_time_ratio_layout_weighted": (
         "the same ratio with the paper's device counts (1-1-2 isolated, 2-2-4 "
         "multi-tenant): above 1 is better for multi-tenancy"
+    ),
+    "device_time_bound": (
+        "the largest device_time_ratio the isolated replays allow on this machine: their "
+        "summed windows / the larger of their summed device-busy and simulator-busy "
+        "seconds (a perfect overlap of all replays still needs the busiest resource's "
+        "time); efficiency = (ratio - 1) / (bound - 1): 1 reaches the bound, 0 is no gain, "
+        "below 0 is a loss"
     ),
     "improvement": (
         "multi-tenant / isolated utilization of a shared service: above 1 means the "
@@ -256,6 +265,7 @@ def build_report(
         "replays": replays,
     }
     ratio = iso_window / multi.window_s
+    bound = device_time_bound(isolated, ratio)
     layout = (iso_window * LAYOUT_DEVICES_ISOLATED) / (multi.window_s * LAYOUT_DEVICES_MULTI)
 
     def gain(key: str) -> float | None:
@@ -293,6 +303,7 @@ def build_report(
         },
         "device_time_ratio": _r(ratio, 3),
         "device_time_ratio_layout_weighted": _r(layout, 3),
+        "device_time_bound": bound,
         "success_rates": {
             "measured_in": "isolated replays (each tenant alone, its matched updates)",
             "tenants": {
@@ -301,10 +312,35 @@ def build_report(
                     "updates": r["tenant_row"]["updates_matched"],
                 }
                 | {k: v for k, v in r["tenant_row"].items() if k in _SUCCESS_KEYS}
+                | {"reading": success_reading(r["tenant_row"])}
                 for r in replays
             },
         },
         "how_to_read": dict(HOW_TO_READ),
+    }
+
+
+def device_time_bound(isolated: Sequence[PhaseTrace], ratio: float) -> dict[str, Any]:
+    """The largest device-time ratio the isolated replays allow, and how much of the
+    possible gain ``ratio`` achieved (see ``HOW_TO_READ["device_time_bound"]``).
+
+    Overlapping every replay perfectly still leaves the busiest resource's seconds: the
+    shared device's (training and inference steps) or the simulators' (their steps).
+    """
+    windows = sum(tr.window_s for tr in isolated)
+    device_s = sum(tr.device_busy_seconds() for tr in isolated)
+    simulator_s = sum(tr.busy_seconds("environment") for tr in isolated)
+    floor = max(device_s, simulator_s)
+    limited_by = "device" if device_s >= simulator_s else "simulators"
+    bound = windows / floor if floor > 0 else None
+    efficiency = (ratio - 1.0) / (bound - 1.0) if bound is not None and bound > 1.0 + 1e-9 else None
+    return {
+        "bound": _r(bound, 3),
+        "efficiency": _r(efficiency, 3),
+        "isolated_window_s": _r(windows, 2),
+        "isolated_device_busy_s": _r(device_s, 2),
+        "isolated_simulator_busy_s": _r(simulator_s, 2),
+        "limited_by": limited_by if floor > 0 else None,
     }
 
 
@@ -322,6 +358,14 @@ def verdict(report: dict[str, Any]) -> str:
         outcome = (
             f"the multi-tenant run needed {1 / ratio:.2f}x the isolated replays' device "
             f"time for the same matched work (ratio {ratio:.2f}; below 1 is worse)"
+        )
+    bound = report.get("device_time_bound") or {}
+    if isinstance(bound.get("bound"), int | float):
+        eff = bound.get("efficiency")
+        outcome += (
+            f"; this machine's bound for these replays is {bound['bound']:.2f}x (limited by "
+            f"the {bound['limited_by']})"
+            + ("" if eff is None else f", efficiency {eff:.2f} of the possible gain")
         )
     return f"device time: {outcome}"
 
@@ -349,6 +393,24 @@ def format_success(row: dict[str, Any]) -> str:
     before = _rate(row.get("success_rate_initial"), row.get("success_rate_ci95_initial"))
     after = _rate(row.get("success_rate_final"), row.get("success_rate_ci95_final"))
     return f"{before} → {after}" + (f" ({episodes_label(row)})" if row.get("eval_episodes") else "")
+
+
+def success_reading(row: dict[str, Any]) -> str:
+    """What a tenant's before → after says, in words: ``rose`` or ``fell`` only when the
+    Wilson intervals do not overlap; otherwise that this many episodes cannot tell."""
+    lo_hi = (row.get("success_rate_ci95_initial"), row.get("success_rate_ci95_final"))
+    if any(not isinstance(ci, list | tuple) or len(ci) != 2 for ci in lo_hi):
+        return "not measured"
+    (b_lo, b_hi), (a_lo, a_hi) = lo_hi  # type: ignore[misc]
+    if a_lo > b_hi:
+        return "rose: the intervals do not overlap"
+    if a_hi < b_lo:
+        return "fell: the intervals do not overlap"
+    before, after = row.get("success_rate_initial"), row.get("success_rate_final")
+    trend = (
+        "no change" if before == after else ("higher" if (after or 0) > (before or 0) else "lower")
+    )
+    return f"{trend}, not told apart: the intervals overlap"
 
 
 def episodes_label(row: dict[str, Any]) -> str:
@@ -381,7 +443,13 @@ def _success_table(tenants: dict[str, dict[str, Any]]) -> Table | None:
         "\\[low, high] is the Wilson 95 % interval in percent: overlapping intervals are not "
         "told apart by this many episodes.",
     )
-    for col in ("tenant", "task", "updates", "success before → after [Wilson 95 %]"):
+    for col in (
+        "tenant",
+        "task",
+        "updates",
+        "success before → after [Wilson 95 %]",
+        "what it shows",
+    ):
         table.add_column(col)
     for tenant, row in measured.items():
         cell = format_success(row)
@@ -393,6 +461,7 @@ def _success_table(tenants: dict[str, dict[str, Any]]) -> Table | None:
             str(row.get("task")),
             "–" if updates is None else str(updates),
             escape(cell),
+            success_reading(row),
         )
     return table
 

@@ -13,7 +13,6 @@ they are the baseline of the equivalence proof (Figure 12) and of the benchmark
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from joynexus.models.lora import LoRAAdapter, LoRARows, LoRASegment, lora_rows
 from joynexus.models.schema import DataSchema
 from joynexus.models.slots import BaseModelRef, StepResult, TenantSlot, unique_parameter_bytes
 from joynexus.models.types import BackboneOutput
+from joynexus.utils.priority_lock import PriorityRLock
 
 
 class GroupableBackbone(BaseModelRef, Protocol):
@@ -155,12 +155,12 @@ class GroupedExecutor:
         slots: Iterable[TenantSlot] = (),
         *,
         tenant_memory_budget: int | None = None,
-        lock: threading.RLock | None = None,
+        lock: PriorityRLock | None = None,
     ):
         self.base = base
         self.slots: dict[str, TenantSlot] = {}
         self.tenant_memory_budget = tenant_memory_budget
-        self._lock = lock if lock is not None else threading.RLock()
+        self._lock = lock if lock is not None else PriorityRLock()
         for slot in slots:
             self.add_slot(slot)
 
@@ -476,7 +476,9 @@ class GroupedExecutor:
         results: list[InferenceResult | None] = [None] * len(requests)
         device = self.base.device
         waited = time.perf_counter()
-        with self._lock:
+        # A serving batch: before any training waiting for the lock, and a running step
+        # yields to it between its phases (joynexus.utils.priority_lock).
+        with self._lock.priority():
             if times is not None:
                 times.lock_wait_s += time.perf_counter() - waited
             # Every request was validated, at admission or in the loop above.

@@ -32,6 +32,7 @@ from joynexus.errors import InvalidRequestError
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.slots import StepResult, TenantSlot
 from joynexus.models.types import BackboneOutput
+from joynexus.utils.priority_lock import PriorityRLock
 
 __all__ = [
     "GradientReduce",
@@ -133,7 +134,9 @@ def grouped_step(
     Args:
         steps: One entry per tenant (a tenant at most once).
         forward: The grouped backbone forward.
-        lock: The backbone lock, held for the forward, losses, backward and steps.
+        lock: The backbone lock, held for the forward, losses, backward and steps; a
+            :class:`~joynexus.utils.priority_lock.PriorityRLock` is yielded to waiting
+            predict batches after the forward, the losses and the backward.
         reduce: The gradient-reduce hook of a data-parallel rank (None: one process).
         isolate: Return a failed tenant's error in its place instead of raising it.
         times: Filled with the step's timings (:class:`StepTimes`).
@@ -145,6 +148,9 @@ def grouped_step(
     wait = sync or _no_sync
     clock = time.perf_counter
     own = {s.slot.tenant_id: 0.0 for s in steps}
+    # Between phases the step lets waiting predict batches run (a PriorityRLock); the
+    # time it spends yielded is theirs, not the step's.
+    pause = lock.yield_to_priority if isinstance(lock, PriorityRLock) else _no_yield
     with lock:
         start = clock()
         batches = {s.slot.tenant_id: s.batch for s in steps if s.batch is not None}
@@ -152,18 +158,21 @@ def grouped_step(
         features = forward(batches, grad=lora, validated=True) if batches else {}
         wait()
         shared_s = clock() - start
+        pause()
         parts: list[_Local | Exception | None] = []
         for s in steps:
             t0 = clock()
             parts.append(_loss(s, features, finite=reduce is None))
             wait()
             own[s.slot.tenant_id] += clock() - t0
+        pause()
         good = [p for p in parts if isinstance(p, _Local)]
         t0 = clock()
         if any(p.loss.requires_grad for p in good):
             torch.autograd.backward(torch.stack([p.loss for p in good]).sum())
         wait()
         share = (clock() - t0) / max(len(good), 1)
+        pause()
         outcomes: list[Outcome] = []
         for s, part in zip(steps, parts, strict=True):
             t0 = clock()
@@ -183,6 +192,10 @@ def grouped_step(
 
 def _no_sync() -> None:
     return None
+
+
+def _no_yield() -> bool:
+    return False
 
 
 def _loss(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from joynexus.errors import InvalidRequestError
 from joynexus.utils.clock import Clock
 
 __all__ = ["DEFAULT_WINDOW_S", "RecoveryBudget"]
@@ -27,13 +28,16 @@ class RecoveryBudget:
         limit: Restarts a key may be charged within one window (0: none).
         window_s: Width of the sliding window (None: the whole life of the budget).
         clock: Time source (tests pass a ``FakeClock``).
+
+    Raises:
+        InvalidRequestError: a negative limit or a window that is not positive.
     """
 
     def __init__(self, limit: int, window_s: float | None, clock: Clock) -> None:
         if limit < 0:
-            raise ValueError(f"a recovery budget cannot be negative (got {limit})")
+            raise InvalidRequestError(f"a recovery budget cannot be negative (got {limit})")
         if window_s is not None and window_s <= 0:
-            raise ValueError(f"a budget window must be positive (got {window_s})")
+            raise InvalidRequestError(f"a budget window must be positive (got {window_s})")
         self.limit = limit
         self.window_s = window_s
         self.clock = clock

@@ -22,6 +22,7 @@ from joynexus.models.policies import HeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.schema import DataSchema
 from joynexus.models.slots import BaseModelRef, OptimizerConfig, TenantSlot
 from joynexus.spec.workload import AlgorithmSpec, WorkloadSpec
+from joynexus.utils.priority_lock import PriorityRLock
 
 __all__ = ["TenantConfig", "TenantInfo", "backbone_lock", "build_slot"]
 
@@ -112,18 +113,21 @@ def build_slot(config: TenantConfig, base: BaseModelRef) -> TenantSlot:
 
 # Keyed by the base model object itself (weakly), so the lock lives exactly as long as
 # the backbone and every service holding that backbone in this process shares it.
-_BACKBONE_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_BACKBONE_LOCKS: weakref.WeakKeyDictionary[Any, PriorityRLock] = weakref.WeakKeyDictionary()
 _REGISTRY_LOCK = threading.Lock()
 
 
-def backbone_lock(base: Any) -> threading.RLock:
+def backbone_lock(base: Any) -> PriorityRLock:
     """The lock that serialises torch work on ``base`` across services and threads.
 
     The Training and Inference Model Services run torch in worker threads; when they
     share one resident backbone in one process they must never run it concurrently.
+    Predict batches take it as priority acquirers and a training step yields to them
+    between its phases (:mod:`joynexus.utils.priority_lock`), so serving waits at most
+    one phase of a step.
     """
     with _REGISTRY_LOCK:
         lock = _BACKBONE_LOCKS.get(base)
         if lock is None:
-            lock = _BACKBONE_LOCKS[base] = threading.RLock()
+            lock = _BACKBONE_LOCKS[base] = PriorityRLock()
         return lock

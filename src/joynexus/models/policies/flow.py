@@ -50,12 +50,19 @@ by ``noise_level``).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
 from joynexus.errors import SchemaMismatchError
-from joynexus.models.policies.base import PolicyGaussians, expand_mask, masked_reduce
+from joynexus.models.policies.base import (
+    PolicyGaussians,
+    PolicyHead,
+    PolicySample,
+    expand_mask,
+    masked_reduce,
+)
+from joynexus.models.types import BackboneOutput
 
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 """``v(x_t [B, chunk, A], t [B]) -> [B, chunk, A]``: a flow head's velocity, with its
@@ -213,7 +220,7 @@ def chain_gaussians(
     mask: torch.Tensor | None = None,
 ) -> PolicyGaussians:
     """The ``K`` Gaussian steps ``N(mean_k, std_k²)`` of a recorded chain under
-    ``velocity`` (with grad): ``mean`` ``[B, K, chunk, A]``.
+    ``velocity`` (with grad): ``mean`` ``[B, K, chunk, A]``, ``sample`` ``x_1 … x_K``.
 
     All ``K`` steps run as ONE batched velocity call over ``B·K`` rows (the states
     ``x_0 … x_{K−1}`` are known), so recomputing costs one forward, not ``K``.
@@ -275,4 +282,168 @@ def _check(steps: int, noise_level: float) -> None:
     if not noise_level > 0:
         raise ValueError(
             f"Flow-SDE needs noise_level > 0 to give log-probabilities, got {noise_level}"
+        )
+
+
+class FlowSDEPolicy(PolicyHead):
+    """Flow-SDE RL for a flow-matching head: :meth:`sample` records a chain, and
+    :meth:`log_prob` recomputes its log-probability under the current weights.
+
+    A family supplies only what differs between flow heads: how many steps and how much
+    noise (:meth:`sde_steps`, :meth:`sde_noise_level`), the shape of one chain state
+    (:meth:`sde_chain_shape`, which may be wider than the tenant's schema), the starting
+    noise, the velocity in this module's time convention with its conditioning repeated
+    per chain step (:meth:`sde_velocity`), the entries that count (:meth:`sde_mask`) and
+    how a chain's last state becomes the tenant's actions (:meth:`sde_actions`).
+    """
+
+    rl_fields = (FLOW_CHAIN,)
+
+    # --- what a family supplies --------------------------------------------------------
+
+    def sde_steps(self) -> int:
+        """Denoising steps of an RL sample."""
+        raise NotImplementedError
+
+    def sde_noise_level(self) -> float:
+        """The Flow-SDE ``η``."""
+        raise NotImplementedError
+
+    def sde_reference(self) -> torch.Tensor:
+        """A weight whose device and dtype the chain takes."""
+        raise NotImplementedError
+
+    def sde_chain_shape(self) -> tuple[int, int]:
+        """``(chunk, width)`` of one chain state."""
+        return (self.action_chunk, self.action_dim)
+
+    def sde_velocity(
+        self, features: BackboneOutput, state: torch.Tensor, repeat: int
+    ) -> VelocityFn:
+        """The velocity over ``B·repeat`` rows (row ``i``'s conditioning repeated
+        ``repeat`` times in place, see :func:`repeat_rows`)."""
+        raise NotImplementedError
+
+    def sde_mask(
+        self, batch: int, ref: torch.Tensor, action_mask: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """``[B, *chain_shape]`` entries that count (None: all of them)."""
+        if action_mask is None:
+            return None
+        return expand_mask(action_mask, ref.new_zeros((batch, *self.sde_chain_shape())))
+
+    def sde_actions(self, last: torch.Tensor) -> torch.Tensor:
+        """The tenant's actions ``[B, chunk, A]`` from a chain's last state."""
+        return last
+
+    # --- the RL policy -------------------------------------------------------------------
+
+    @torch.no_grad()
+    def sample(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> PolicySample:
+        """Draw a Flow-SDE chain: ``(actions [B, chunk, A], log_prob [B], chain)``.
+
+        ``chain`` is ``[B, steps + 1, *chain_shape]``; a rollout records it so
+        :meth:`log_prob` can recompute the log-probability.
+
+        Raises:
+            SchemaMismatchError: inputs that do not fit the head.
+            ValueError: more denoising steps than :data:`MAX_RL_FLOW_STEPS`.
+        """
+        self.check_inputs(features, state)
+        steps = self.sde_steps()
+        if steps > MAX_RL_FLOW_STEPS:
+            raise ValueError(
+                f"RL sampling records every denoising step; num_inference_steps {steps} is "
+                f"above {MAX_RL_FLOW_STEPS}"
+            )
+        ref = self.sde_reference()
+        b = features.batch_size
+        start = torch.randn(
+            (b, *self.sde_chain_shape()), generator=generator, device=ref.device, dtype=ref.dtype
+        )
+        chain, log_prob = sample_chain(
+            self.sde_velocity(features, state.to(ref), 1),
+            start,
+            steps=steps,
+            noise_level=self.sde_noise_level(),
+            generator=generator,
+            mask=self.sde_mask(b, ref, None),
+        )
+        return PolicySample(self.sde_actions(chain[:, -1]), log_prob, chain)
+
+    def rl_log_prob(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        actions: torch.Tensor,
+        fields: Mapping[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """The recorded chain's Flow-SDE log-probability (the actions are its last step)."""
+        return self.log_prob(features, state, fields[FLOW_CHAIN])
+
+    def rl_gaussians(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        actions: torch.Tensor,
+        fields: Mapping[str, torch.Tensor],
+    ) -> PolicyGaussians:
+        """The recorded chain's Flow-SDE steps as Gaussians (see :meth:`chain_steps`)."""
+        return self.chain_steps(features, state, fields[FLOW_CHAIN])
+
+    def log_prob(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        chain: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Log-probability ``[B]`` of recorded chains under the current weights (with grad);
+        arguments and errors as :meth:`chain_steps`."""
+        steps = self.chain_steps(features, state, chain, action_mask)
+        return gaussian_log_density(steps.sample, steps.mean, steps.std, steps.mask)
+
+    def chain_steps(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        chain: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+    ) -> PolicyGaussians:
+        """The Flow-SDE steps of recorded chains under the current weights (with grad):
+        the Gaussians :meth:`log_prob` sums the density of.
+
+        Args:
+            features: Backbone output of the chains' observations.
+            state: ``[B, state_dim]``.
+            chain: ``[B, steps + 1, *chain_shape]`` from :meth:`sample`.
+            action_mask: Optional mask broadcastable to the tenant's ``[B, chunk, A]``;
+                masked-out entries contribute nothing.
+
+        Raises:
+            SchemaMismatchError: a chain of another shape than this head samples.
+        """
+        self.check_inputs(features, state)
+        ref = self.sde_reference()
+        chain = chain.to(ref)
+        b = features.batch_size
+        shape = self.sde_chain_shape()
+        if chain.dim() != 4 or (chain.shape[0], *chain.shape[2:]) != (b, *shape):
+            raise SchemaMismatchError(
+                f"flow_chain: expected [{b}, steps + 1, {shape[0]}, {shape[1]}], got "
+                f"{list(chain.shape)}",
+                field="flow_chain",
+            )
+        steps = int(chain.shape[1]) - 1
+        return chain_gaussians(
+            self.sde_velocity(features, state.to(ref), steps),
+            chain,
+            noise_level=self.sde_noise_level(),
+            mask=self.sde_mask(b, ref, action_mask),
         )

@@ -26,29 +26,18 @@ grouped batch never changes the result.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from joynexus.errors import SchemaMismatchError
-from joynexus.models.policies.base import (
-    PolicyGaussians,
-    PolicyHead,
-    PolicySample,
-    expand_mask,
-    features_as,
-)
+from joynexus.models.policies.base import PolicyHead, features_as
 from joynexus.models.policies.flow import (
-    FLOW_CHAIN,
-    MAX_RL_FLOW_STEPS,
-    chain_gaussians,
+    FlowSDEPolicy,
+    VelocityFn,
     flow_matching_loss,
-    gaussian_log_density,
     repeat_rows,
-    sample_chain,
 )
 from joynexus.models.policies.flow_matching.config import FlowMatchingHeadConfig
 from joynexus.models.schema import DataSchema
@@ -162,7 +151,7 @@ class FlowConditioning:
         )
 
 
-class FlowMatchingHead(PolicyHead):
+class FlowMatchingHead(FlowSDEPolicy):
     """Flow-matching DiT action expert (see the module docstring for the time convention).
 
     Args:
@@ -326,118 +315,25 @@ class FlowMatchingHead(PolicyHead):
             x = x + dt * self.conditioned_velocity(cond, x, t)
         return x
 
-    # --- Flow-SDE policy (RL) -------------------------------------------------------
+    # --- Flow-SDE policy (RL): the hooks of FlowSDEPolicy ------------------------------
 
-    @torch.no_grad()
-    def sample(
-        self,
-        features: BackboneOutput,
-        state: torch.Tensor,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> PolicySample:
-        """Draw a Flow-SDE chain: ``(actions [B, chunk, A], log_prob [B], chain)``.
+    def sde_steps(self) -> int:
+        return self.config.num_inference_steps
 
-        ``chain`` is ``[B, steps + 1, chunk, A]`` (``chain[:, -1]`` is ``actions``); a
-        rollout records it so :meth:`log_prob` can recompute the log-probability.
+    def sde_noise_level(self) -> float:
+        return self.config.sde_noise_level
 
-        Raises:
-            SchemaMismatchError: inputs that do not fit the head.
-            ValueError: ``num_inference_steps`` above
-                :data:`~joynexus.models.policies.flow.MAX_RL_FLOW_STEPS`.
-        """
-        self.check_inputs(features, state)
-        steps = self.config.num_inference_steps
-        if steps > MAX_RL_FLOW_STEPS:
-            raise ValueError(
-                f"RL sampling records every denoising step; num_inference_steps {steps} is "
-                f"above {MAX_RL_FLOW_STEPS}"
-            )
-        ref = self.out_proj.weight
-        cond = self.condition(features, state.to(ref))
-        chain, log_prob = sample_chain(
-            lambda x, t: self.conditioned_velocity(cond, x, t),
-            self._start_noise(features.hidden_states.shape[0], generator),
-            steps=steps,
-            noise_level=self.config.sde_noise_level,
-            generator=generator,
-        )
-        return PolicySample(chain[:, -1], log_prob, chain)
+    def sde_reference(self) -> torch.Tensor:
+        return self.out_proj.weight
 
-    rl_fields = (FLOW_CHAIN,)
-
-    def rl_log_prob(
-        self,
-        features: BackboneOutput,
-        state: torch.Tensor,
-        actions: torch.Tensor,
-        fields: Mapping[str, torch.Tensor],
-    ) -> torch.Tensor:
-        """The recorded chain's Flow-SDE log-probability (the actions are its last step)."""
-        return self.log_prob(features, state, fields[FLOW_CHAIN])
-
-    def rl_gaussians(
-        self,
-        features: BackboneOutput,
-        state: torch.Tensor,
-        actions: torch.Tensor,
-        fields: Mapping[str, torch.Tensor],
-    ) -> PolicyGaussians:
-        """The recorded chain's Flow-SDE steps as Gaussians (see :meth:`log_prob`)."""
-        return self.chain_steps(features, state, fields[FLOW_CHAIN])
-
-    def log_prob(
-        self,
-        features: BackboneOutput,
-        state: torch.Tensor,
-        chain: torch.Tensor,
-        action_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Log-probability ``[B]`` of recorded chains under the current weights (with grad);
-        arguments and errors as :meth:`chain_steps`."""
-        steps = self.chain_steps(features, state, chain, action_mask)
-        return gaussian_log_density(steps.sample, steps.mean, steps.std, steps.mask)
-
-    def chain_steps(
-        self,
-        features: BackboneOutput,
-        state: torch.Tensor,
-        chain: torch.Tensor,
-        action_mask: torch.Tensor | None = None,
-    ) -> PolicyGaussians:
-        """The Flow-SDE steps of recorded chains under the current weights (with grad):
-        the Gaussians :meth:`log_prob` sums the density of.
-
-        Args:
-            features: Backbone output of the chains' observations.
-            state: ``[B, state_dim]``.
-            chain: ``[B, steps + 1, chunk, A]`` from :meth:`sample`.
-            action_mask: Optional mask broadcastable to ``[B, chunk, A]``; masked-out
-                entries contribute nothing.
-
-        Raises:
-            SchemaMismatchError: a chain of another shape than this head samples.
-        """
-        self.check_inputs(features, state)
-        ref = self.out_proj.weight
-        chain = chain.to(ref)
-        b = features.hidden_states.shape[0]
-        expected = (b, self.action_chunk, self.action_dim)
-        if chain.dim() != 4 or (chain.shape[0], *chain.shape[2:]) != expected:
-            raise SchemaMismatchError(
-                f"flow_chain: expected [{b}, steps + 1, {self.action_chunk}, "
-                f"{self.action_dim}], got {list(chain.shape)}",
-                field="flow_chain",
-            )
-        steps = chain.shape[1] - 1
-        cond = self.condition(features, state.to(ref)).repeat(steps)
-        mask = None if action_mask is None else expand_mask(action_mask, chain[:, 0])
-        return chain_gaussians(
-            lambda x, t: self.conditioned_velocity(cond, x, t),
-            chain,
-            noise_level=self.config.sde_noise_level,
-            mask=mask,
-        )
+    def sde_velocity(
+        self, features: BackboneOutput, state: torch.Tensor, repeat: int
+    ) -> VelocityFn:
+        # The conditioning is computed once per observation, then repeated per step.
+        cond = self.condition(features, state)
+        if repeat > 1:
+            cond = cond.repeat(repeat)
+        return lambda x, t: self.conditioned_velocity(cond, x, t)
 
 
 def build_flow_matching_head(

@@ -29,30 +29,18 @@ from __future__ import annotations
 
 import copy
 import importlib
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from joynexus.errors import SchemaMismatchError
-from joynexus.models.policies.base import (
-    PolicyGaussians,
-    PolicyHead,
-    PolicySample,
-    expand_mask,
-    features_as,
-)
+from joynexus.models.policies.base import PolicyHead, expand_mask, features_as
 from joynexus.models.policies.flow import (
-    FLOW_CHAIN,
-    MAX_RL_FLOW_STEPS,
+    FlowSDEPolicy,
     VelocityFn,
-    chain_gaussians,
     flow_matching_loss,
-    gaussian_log_density,
     repeat_rows,
-    sample_chain,
 )
 from joynexus.models.policies.pi0_expert.checkpoint import (
     EXPERT_EMBED_KEY,
@@ -79,7 +67,7 @@ class _Pi0Suffix(nn.Module):
         return hf_pi0().PI0Model.forward(self, **kwargs)
 
 
-class Pi0Expert(PolicyHead):
+class Pi0Expert(FlowSDEPolicy):
     """The action expert of a π0 checkpoint as one tenant's action module.
 
     Args:
@@ -269,149 +257,57 @@ class Pi0Expert(PolicyHead):
         full = self.denoise(features, state, noise)
         return full[:, : self.action_chunk, : self.action_dim]
 
-    # --- Flow-SDE policy (RL) -------------------------------------------------------
+    # --- Flow-SDE policy (RL): the hooks of FlowSDEPolicy ------------------------------
 
-    def _flow_velocity(self, features: BackboneOutput, padded_state: torch.Tensor) -> VelocityFn:
+    def sde_steps(self) -> int:
+        return self.num_inference_steps
+
+    def sde_noise_level(self) -> float:
+        return self.expert_config.sde_noise_level
+
+    def sde_reference(self) -> torch.Tensor:
+        return self.action_out_proj.weight
+
+    def sde_chain_shape(self) -> tuple[int, int]:
+        # The whole padded chunk: the padded entries condition the expert.
+        return (self.chunk_size, self.max_action_dim)
+
+    def sde_velocity(
+        self, features: BackboneOutput, state: torch.Tensor, repeat: int
+    ) -> VelocityFn:
         """This expert's velocity in flow_policy's time convention (see the module doc)."""
+        features = features_as(features, self)
+        padded = self._pad_state(state)
+        if repeat > 1:
+            kv = features.prefix_kv
+            features = BackboneOutput(
+                hidden_states=repeat_rows(features.hidden_states, repeat),
+                attention_mask=repeat_rows(features.attention_mask, repeat),
+                prefix_kv=None
+                if kv is None
+                else tuple((repeat_rows(k, repeat), repeat_rows(v, repeat)) for k, v in kv),
+            )
+            padded = repeat_rows(padded, repeat)
 
         def velocity(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-            return -self.velocity(features, padded_state, x, (1.0 - t).float())
+            return -self.velocity(features, padded, x, (1.0 - t).float())
 
         return velocity
 
-    def _own_entries(self, ref: torch.Tensor) -> torch.Tensor:
-        """``[chunk_size, max_action_dim]``: 1 at the tenant's own steps and dims."""
-        mask = torch.zeros((self.chunk_size, self.max_action_dim), device=ref.device)
-        mask[: self.action_chunk, : self.action_dim] = 1.0
-        return mask.to(ref.dtype)
-
-    @torch.no_grad()
-    def sample(
-        self,
-        features: BackboneOutput,
-        state: torch.Tensor,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> PolicySample:
-        """Draw a Flow-SDE chain: ``(actions [B, chunk, A], log_prob [B], chain)``.
-
-        ``chain`` is ``[B, steps + 1, chunk_size, max_action_dim]``; ``actions`` is its
-        last state cropped to the tenant's schema.
-
-        Raises:
-            ValueError: more denoising steps than
-                :data:`~joynexus.models.policies.flow.MAX_RL_FLOW_STEPS`.
-        """
-        self.check_inputs(features, state)
-        steps = self.num_inference_steps
-        if steps > MAX_RL_FLOW_STEPS:
-            raise ValueError(
-                f"RL sampling records every denoising step; num_inference_steps {steps} is "
-                f"above {MAX_RL_FLOW_STEPS}"
-            )
-        features = features_as(features, self)
-        ref = self.action_out_proj.weight
-        padded = self._pad_state(state.to(ref))
-        chain, log_prob = sample_chain(
-            self._flow_velocity(features, padded),
-            self.initial_noise(features.batch_size, ref=ref, generator=generator),
-            steps=steps,
-            noise_level=self.expert_config.sde_noise_level,
-            generator=generator,
-            mask=self._own_entries(ref),
-        )
-        return PolicySample(chain[:, -1, : self.action_chunk, : self.action_dim], log_prob, chain)
-
-    rl_fields = (FLOW_CHAIN,)
-
-    def rl_log_prob(
-        self,
-        features: BackboneOutput,
-        state: torch.Tensor,
-        actions: torch.Tensor,
-        fields: Mapping[str, torch.Tensor],
+    def sde_mask(
+        self, batch: int, ref: torch.Tensor, action_mask: torch.Tensor | None
     ) -> torch.Tensor:
-        """The recorded chain's Flow-SDE log-probability (the actions are its last step)."""
-        return self.log_prob(features, state, fields[FLOW_CHAIN])
-
-    def rl_gaussians(
-        self,
-        features: BackboneOutput,
-        state: torch.Tensor,
-        actions: torch.Tensor,
-        fields: Mapping[str, torch.Tensor],
-    ) -> PolicyGaussians:
-        """The recorded chain's Flow-SDE steps as Gaussians (see :meth:`log_prob`)."""
-        return self.chain_steps(features, state, fields[FLOW_CHAIN])
-
-    def log_prob(
-        self,
-        features: BackboneOutput,
-        state: torch.Tensor,
-        chain: torch.Tensor,
-        action_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Log-probability ``[B]`` of recorded chains under the current weights (with grad);
-        arguments and errors as :meth:`chain_steps`."""
-        steps = self.chain_steps(features, state, chain, action_mask)
-        return gaussian_log_density(steps.sample, steps.mean, steps.std, steps.mask)
-
-    def chain_steps(
-        self,
-        features: BackboneOutput,
-        state: torch.Tensor,
-        chain: torch.Tensor,
-        action_mask: torch.Tensor | None = None,
-    ) -> PolicyGaussians:
-        """The Flow-SDE steps of recorded chains under the current weights (with grad):
-        the Gaussians :meth:`log_prob` sums the density of.
-
-        Args:
-            features: This tenant's rows of the prefix (with ``prefix_kv``).
-            state: ``[B, state_dim]``.
-            chain: ``[B, steps + 1, chunk_size, max_action_dim]`` from :meth:`sample`.
-            action_mask: Optional mask broadcastable to ``[B, chunk, action_dim]`` (the
-                tenant's entries); masked-out entries contribute nothing.
-
-        Raises:
-            SchemaMismatchError: a chain of another shape than this expert samples.
-        """
-        self.check_inputs(features, state)
-        features = features_as(features, self)
-        ref = self.action_out_proj.weight
-        chain = chain.to(ref)
-        b = features.batch_size
-        if chain.dim() != 4 or (chain.shape[0], *chain.shape[2:]) != (
-            b,
-            self.chunk_size,
-            self.max_action_dim,
-        ):
-            raise SchemaMismatchError(
-                f"flow_chain: expected [{b}, steps + 1, {self.chunk_size}, "
-                f"{self.max_action_dim}] (the π0 expert's padded chunk), got "
-                f"{list(chain.shape)}",
-                field="flow_chain",
-            )
-        steps = int(chain.shape[1]) - 1
-        kv = features.prefix_kv
-        repeated = BackboneOutput(
-            hidden_states=repeat_rows(features.hidden_states, steps),
-            attention_mask=repeat_rows(features.attention_mask, steps),
-            prefix_kv=None
-            if kv is None
-            else tuple((repeat_rows(k, steps), repeat_rows(v, steps)) for k, v in kv),
-        )
-        padded = repeat_rows(self._pad_state(state.to(ref)), steps)
-        mask = self._own_entries(ref).expand(b, -1, -1).clone()
+        """1 at the tenant's own steps and dims (times ``action_mask``), 0 at the padding."""
+        mask = torch.zeros((batch, self.chunk_size, self.max_action_dim), device=ref.device)
+        mask = mask.to(ref.dtype)
+        own = mask[:, : self.action_chunk, : self.action_dim]
+        own.fill_(1.0)
         if action_mask is not None:
-            own = mask[:, : self.action_chunk, : self.action_dim]
             own.mul_(expand_mask(action_mask, own))
-        return chain_gaussians(
-            self._flow_velocity(repeated, padded),
-            chain,
-            noise_level=self.expert_config.sde_noise_level,
-            mask=mask,
-        )
+        return mask
+
+    def sde_actions(self, last: torch.Tensor) -> torch.Tensor:
+        return last[:, : self.action_chunk, : self.action_dim]
 
 
 def build_pi0_expert(
