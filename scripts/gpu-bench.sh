@@ -16,6 +16,8 @@
 #   lora                  mixed-adapter LoRA forward / forward+backward, bf16, small size
 #   serving               one shared server vs one single-policy server per tenant (when
 #                         `joynexus bench serving` exists; it runs its servers on CPU)
+#   canonicalize          tensor canonicalization (pixels laid out on the GPU) vs the
+#                         Hugging Face processor: equality and ms per batch, every arch
 #   pi0                   group batching with pi0 (shared PaliGemma prefix, per-tenant action
 #                         experts), bf16, small size
 # OUT/manifest.json lists every step: status, seconds, JSON file. A failed step does not
@@ -69,6 +71,7 @@ if [[ $dry -eq 1 ]]; then
   large_grid=("${grid[@]}")
   lora=(--tenants 2 --ranks 8 --repeats 1 --warmup 0 --no-peft)
   serving=(--tenants 2 --clients-per-tenant 1 --duration-s 0.5 --requests 3 --size tiny)
+  canon=(--arch qwen2_5_vl --tenants 2 --repeats 1)
   pi0_grid=("${grid[@]}")
 else
   mode="gpu"
@@ -79,6 +82,7 @@ else
   large_grid=(--tenants 2,4,8 --batch 1,4 --repeats 3 --warmup 1 --breakdown 8,4)
   lora=(--tenants 8 --ranks 8,32 --repeats 9 --warmup 3)
   serving=(--tenants 8 --size small --duration-s 20)
+  canon=(--tenants 8 --repeats 20)
   pi0_grid=(--tenants 2,4,8 --batch 1,4 --repeats 5 --warmup 2 --breakdown 8,1)
   py="$(dirname "$jn")/python"
   if [[ -x "$py" ]] && ! "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
@@ -148,6 +152,13 @@ elif "$jn" bench serving --help > /dev/null 2>&1; then
   step serving serving.json "$jn" bench serving "${serving[@]}" --json "$out/serving.json"
 else
   skip serving "this joynexus has no bench serving"
+fi
+if want canonicalize; then
+  step canonicalize canonicalize.json \
+    "$jn" bench canonicalize --device "$device" --size "$small" "${canon[@]}" \
+    --json "$out/canonicalize.json"
+else
+  skip canonicalize "--skip"
 fi
 if want pi0; then
   # pi0: the PaliGemma prefix shared, each tenant's action expert on its own rows

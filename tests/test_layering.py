@@ -51,7 +51,8 @@ TIERS: tuple[tuple[str, ...], ...] = (
     ("joynexus.spec",),
     ("joynexus.control", "joynexus.queues", "joynexus.envs", "joynexus.algorithms"),
     ("joynexus.models",),
-    ("joynexus.api", "joynexus.wire", "joynexus.utils"),
+    # Other projects' formats and side venvs (LeRobot checkpoints, openpi).
+    ("joynexus.api", "joynexus.wire", "joynexus.utils", "joynexus.interop"),
     ("joynexus.errors",),
 )
 

@@ -40,11 +40,14 @@ def test_dry_run_writes_every_bench_json(tmp_path: Path) -> None:
         "group-batching-3b": "ok",
         "lora": "ok",
         "serving": "skipped",
+        "canonicalize": "ok",
         "pi0": "ok",
     }
     for name in ("group-batching-small", "group-batching-3b", "pi0"):
         doc = json.loads((out / f"{name}.json").read_text())
         assert doc["config"]["device"] == "cpu" and doc["grid"], name
+    canon = json.loads((out / "canonicalize.json").read_text())
+    assert canon["config"]["device"] == "cpu" and canon["arches"]["qwen2_5_vl"]["equal"]
     lora = json.loads((out / "lora.json").read_text())
     assert isinstance(lora, dict) and lora
     assert not (out / ".models").exists()  # the built models are removed at the end

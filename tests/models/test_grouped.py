@@ -14,6 +14,7 @@ from joynexus.errors import (
     NotFoundError,
     SchemaMismatchError,
 )
+from joynexus.models import grouped as grouped_module
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import VLAFeature
@@ -22,6 +23,7 @@ from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig, Valu
 from joynexus.models.schema import CALVIN, LIBERO, PUSHT, CameraSpec, DataSchema
 from joynexus.models.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
+from joynexus.utils.priority_lock import PriorityRLock
 from tests.models.conftest import TinyBackbone
 
 OFT = OFTHeadConfig(hidden_dim=32, num_blocks=1)
@@ -206,3 +208,43 @@ def test_memory_for_n_tenants_is_base_plus_slots(base: ResidentBaseModel) -> Non
     assert report["total"] == base.parameter_bytes() + slot_sum
     assert resident_bytes(base.model.parameters(), ex.slots.values()) == report["total"]
     assert all(s.base is base for s in ex.slots.values())
+
+
+def test_a_predict_holds_the_lock_for_the_forward_and_heads_only(
+    base: ResidentBaseModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Canonicalization runs before the backbone lock and the answers' copy to host
+    memory after it: a training step waiting for the lock waits for neither."""
+    lock = PriorityRLock()
+    seen: dict[str, list[bool]] = {"canonicalize": [], "encode": [], "to_host": []}
+    counting = CountingBase(base)
+    inner_canon, inner_encode = counting.canonicalize, counting.encode
+
+    def canonicalize(groups: list, *, validated: bool = False) -> VLAFeature:  # type: ignore[type-arg]
+        seen["canonicalize"].append(lock.held_by_me())
+        return inner_canon(groups, validated=validated)
+
+    def encode(feature: VLAFeature) -> BackboneOutput:
+        seen["encode"].append(lock.held_by_me())
+        return inner_encode(feature)
+
+    real_numpy = grouped_module._numpy
+
+    def to_host(tensor: torch.Tensor | None) -> np.ndarray | None:
+        seen["to_host"].append(lock.held_by_me())
+        return real_numpy(tensor)
+
+    monkeypatch.setattr(counting, "canonicalize", canonicalize)
+    monkeypatch.setattr(counting, "encode", encode)
+    monkeypatch.setattr(grouped_module, "_numpy", to_host)
+    slots = [TenantSlot(t, s, counting, OFT, seed=1) for t, s in (("lib", LIB), ("pt", PT))]  # type: ignore[arg-type]
+    ex = GroupedExecutor(counting, slots, lock=lock)  # type: ignore[arg-type]
+    obs = [
+        ObservationBatch.synthetic(LIB, 2, seed=1, with_actions=False),
+        ObservationBatch.synthetic(PT, 1, seed=2, with_actions=False),
+    ]
+    results = ex.run_requests([ServeRequest("lib", obs[0]), ServeRequest("pt", obs[1])])
+    assert [r.actions.shape[0] for r in results] == [2, 1]
+    assert seen["canonicalize"] == [False]
+    assert seen["encode"] == [True]
+    assert seen["to_host"] and not any(seen["to_host"])

@@ -45,3 +45,14 @@ def test_a_tiny_model_keeps_its_spec_id_wherever_it_is_built(tmp_path: Path) -> 
     before, after = trained.state_tensors(), fresh.state_tensors()
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_the_spec_chooses_the_canonicalizer(tmp_path: Path) -> None:
+    """``base_model.canonicalizer`` (``serve --canonicalizer``) picks the path; the
+    tensor one is the default and the processor stays selectable as the reference."""
+    default = load_base_model(BaseModelSpec(id="tiny:paligemma"), tmp_path)
+    assert default.canonicalizer == "tensor"
+    reference = load_base_model(
+        BaseModelSpec(id="tiny:paligemma", canonicalizer="processor"), tmp_path
+    )
+    assert reference.canonicalizer == "processor"

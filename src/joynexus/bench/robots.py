@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -41,6 +40,7 @@ import uvicorn
 from rich.console import Console
 from rich.table import Table
 
+from joynexus.interop.venvs import side_python
 from joynexus.runtime.hosting import InProcess, RuntimeConfig
 from joynexus.server.auth import TenantStore
 from joynexus.server.openpi import OPENPI, OpenPIGateway, openpi_app
@@ -65,21 +65,9 @@ CHUNK = 8
 
 
 def openpi_python() -> Path:
-    """The python of the openpi client venv (``make install`` builds ``.venv-openpi``).
-
-    ``$JOYNEXUS_OPENPI_VENV``, else ``.venv-openpi`` in the source checkout, else next to
-    the running venv; the first candidate when none exists (callers say it is missing).
-    """
-    env = os.environ.get(OPENPI_VENV_ENV)
-    candidates = [Path(env)] if env else []
-    candidates += [
-        Path(__file__).resolve().parents[3] / ".venv-openpi",  # src/joynexus/bench/ -> root
-        Path(sys.prefix).parent / ".venv-openpi",
-    ]
-    for venv in candidates:
-        if (venv / "bin" / "python").is_file():
-            return venv / "bin" / "python"
-    return candidates[0] / "bin" / "python"
+    """The python of the openpi client venv (``make install`` builds ``.venv-openpi``):
+    ``$JOYNEXUS_OPENPI_VENV``, else ``.venv-openpi`` in the checkout or next to the venv."""
+    return side_python(".venv-openpi", OPENPI_VENV_ENV)
 
 
 @contextmanager

@@ -101,7 +101,7 @@ class Server:
             return ""
 
 
-def start_server(run_dir: Path, model: str, threads: int) -> Server:
+def start_server(run_dir: Path, model: str, threads: int, extra_args: Sequence[str] = ()) -> Server:
     port = _free_port()
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "serve.log"
@@ -118,6 +118,7 @@ def start_server(run_dir: Path, model: str, threads: int) -> Server:
         str(run_dir),
         "--base-model",
         model,
+        *extra_args,
     ]
     env = {
         **os.environ,
@@ -166,12 +167,12 @@ def stop_servers(servers: Sequence[Server]) -> None:
 
 @contextmanager
 def running_servers(
-    root: Path, names: Sequence[str], model: str, threads: int
+    root: Path, names: Sequence[str], model: str, threads: int, extra_args: Sequence[str] = ()
 ) -> Iterator[list[Server]]:
     started: list[Server] = []
     try:
         for name in names:
-            started.append(start_server(root / name, model, threads))
+            started.append(start_server(root / name, model, threads, extra_args))
         wait_ready(started)
         yield started
     finally:

@@ -283,6 +283,7 @@ def run_serving_bench(
     size: str = "tiny",
     threads: int = 1,
     model_dir: Path | None = None,
+    canonicalizers: Sequence[str] = ("tensor",),
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run both deployments one after the other; the figures and ratios (JSON-ready).
@@ -295,12 +296,27 @@ def run_serving_bench(
         size: ``tiny`` or ``small`` (:func:`joynexus.models.tiny.make_tiny`).
         threads: ``OMP_NUM_THREADS`` of every server process.
         model_dir: A saved model to serve instead of building one.
+        canonicalizers: Every server's ``--canonicalizer``. One: the result holds that
+            run's figures. Several (e.g. ``processor`` then ``tensor``): both deployments
+            run once per canonicalizer in this order, in one session, and the result
+            keeps each run's figures under ``by_canonicalizer`` (before/after, side by
+            side on the same machine state).
     """
 
     say = progress or (lambda _line: None)
+    if not canonicalizers:
+        raise ValueError("canonicalizers: expected at least one")
     with _sigterm_exits():
         return _run(
-            tenants, clients_per_tenant, duration_s, requests, size, threads, model_dir, say
+            tenants,
+            clients_per_tenant,
+            duration_s,
+            requests,
+            size,
+            threads,
+            model_dir,
+            list(canonicalizers),
+            say,
         )
 
 
@@ -321,69 +337,33 @@ def _sigterm_exits() -> Iterator[None]:
         signal.signal(signal.SIGTERM, old)
 
 
-def _run(
-    tenants: int,
-    clients_per_tenant: int,
-    duration_s: float,
-    requests: int | None,
-    size: str,
+def _pair(
+    root: Path,
+    names: Sequence[str],
+    model: str,
     threads: int,
-    model_dir: Path | None,
+    canonicalizer: str,
+    load: dict[str, Any],
     say: Callable[[str], None],
 ) -> dict[str, Any]:
-    from joynexus.models.tiny import make_tiny
+    """Ours, then the baseline, every server with ``--canonicalizer canonicalizer``."""
+    args = ["--canonicalizer", canonicalizer]
+    tenants = len(names)
+    say(f"ours ({canonicalizer}): one server, {tenants} tenants")
+    with running_servers(root / "ours", ["server"], model, threads, args) as (server,):
+        targets = [_Target(t, server.url, _open_tenant(server, t, model)) for t in names]
+        say(f"ours: {tenants}x{load['clients']} clients for {load['duration_s']:g} s")
+        ours = _side("ours", [server], targets, **load)
 
-    names = [f"t{i}" for i in range(tenants)]
-    load_1m = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    with tempfile.TemporaryDirectory(prefix="joynexus-bench-serving-") as tmp:
-        root = Path(tmp)
-        if model_dir is None:
-            say(f"building the {size} qwen2_5_vl model")
-            model_dir = make_tiny("qwen2_5_vl", root / "model", size=cast("TinySize", size), seed=0)
-        model = str(model_dir)
-
-        say(f"ours: one server, {tenants} tenants")
-        with running_servers(root / "ours", ["server"], model, threads) as (server,):
-            targets = [_Target(t, server.url, _open_tenant(server, t, model)) for t in names]
-            say(f"ours: {tenants}x{clients_per_tenant} clients for {duration_s:g} s")
-            ours = _side(
-                "ours",
-                [server],
-                targets,
-                clients=clients_per_tenant,
-                duration_s=duration_s,
-                requests=requests,
-            )
-
-        say(f"baseline: {tenants} single-policy servers")
-        with running_servers(root / "baseline", names, model, threads) as servers:
-            targets = [
-                _Target(t, s.url, _open_tenant(s, t, model))
-                for t, s in zip(names, servers, strict=True)
-            ]
-            say(f"baseline: {tenants}x{clients_per_tenant} clients for {duration_s:g} s")
-            base = _side(
-                "baseline",
-                servers,
-                targets,
-                clients=clients_per_tenant,
-                duration_s=duration_s,
-                requests=requests,
-            )
-
+    say(f"baseline ({canonicalizer}): {tenants} single-policy servers")
+    with running_servers(root / "baseline", names, model, threads, args) as servers:
+        targets = [
+            _Target(t, s.url, _open_tenant(s, t, model))
+            for t, s in zip(names, servers, strict=True)
+        ]
+        say(f"baseline: {tenants}x{load['clients']} clients for {load['duration_s']:g} s")
+        base = _side("baseline", servers, targets, **load)
     return {
-        "config": {
-            "tenants": tenants,
-            "clients_per_tenant": clients_per_tenant,
-            "duration_s": duration_s,
-            "requests_per_client": requests,
-            "size": size,
-            "arch": "qwen2_5_vl",
-            "threads_per_server": threads,
-            "observation": f"1 x {IMAGE_SIZE}x{IMAGE_SIZE} camera + state[{STATE_DIM}]",
-            "cpu_count": os.cpu_count(),
-            "load_avg_1m_at_start": load_1m,
-        },
         "ours": ours,
         "baseline": base,
         "throughput_ratio": _ratio(ours["req_per_s"], base["req_per_s"]),
@@ -394,7 +374,84 @@ def _run(
     }
 
 
+def _run(
+    tenants: int,
+    clients_per_tenant: int,
+    duration_s: float,
+    requests: int | None,
+    size: str,
+    threads: int,
+    model_dir: Path | None,
+    canonicalizers: list[str],
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    from joynexus.models.tiny import make_tiny
+
+    names = [f"t{i}" for i in range(tenants)]
+    load_1m = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    load = {"clients": clients_per_tenant, "duration_s": duration_s, "requests": requests}
+    runs: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="joynexus-bench-serving-") as tmp:
+        root = Path(tmp)
+        if model_dir is None:
+            say(f"building the {size} qwen2_5_vl model")
+            model_dir = make_tiny("qwen2_5_vl", root / "model", size=cast("TinySize", size), seed=0)
+        for kind in canonicalizers:
+            runs[kind] = _pair(root / kind, names, str(model_dir), threads, kind, load, say)
+
+    config = {
+        "tenants": tenants,
+        "clients_per_tenant": clients_per_tenant,
+        "duration_s": duration_s,
+        "requests_per_client": requests,
+        "size": size,
+        "arch": "qwen2_5_vl",
+        "threads_per_server": threads,
+        "observation": f"1 x {IMAGE_SIZE}x{IMAGE_SIZE} camera + state[{STATE_DIM}]",
+        "cpu_count": os.cpu_count(),
+        "load_avg_1m_at_start": load_1m,
+        "canonicalizers": canonicalizers,
+    }
+    if len(runs) == 1:
+        return {"config": config, **runs[canonicalizers[0]]}
+    return {"config": config, "by_canonicalizer": runs}
+
+
 def print_report(result: dict[str, Any], console: Console) -> None:
+    runs = result.get("by_canonicalizer")
+    if runs is None:
+        _print_run(result, console)
+        return
+    for kind, run in runs.items():
+        console.print(f"[bold]canonicalizer: {kind}[/bold]")
+        _print_run({"config": result["config"], **run}, console)
+    summary = Table(
+        "canonicalizer",
+        "ours req/s",
+        "baseline req/s",
+        "throughput_ratio",
+        "p99_ratio",
+        "memory_ratio",
+        "ours canonicalize ms/req",
+        "ours overhead ms/req",
+        title="side by side (one session)",
+    )
+    for kind, run in runs.items():
+        per_request = run["ours"]["stages"]["per_request"]
+        summary.add_row(
+            kind,
+            f"{run['ours']['req_per_s']:.1f}",
+            f"{run['baseline']['req_per_s']:.1f}",
+            f"{run['throughput_ratio']:.2f}",
+            f"{run['p99_ratio']:.2f}",
+            f"{run['memory_ratio']:.2f}",
+            f"{per_request['canonicalize_ms']:.2f}",
+            f"{run['ours']['stages']['overhead_ms']:.2f}",
+        )
+    console.print(summary)
+
+
+def _print_run(result: dict[str, Any], console: Console) -> None:
     cfg = result["config"]
     table = Table(
         "side",

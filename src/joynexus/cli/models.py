@@ -19,10 +19,19 @@ app.add_typer(models_app, name="models")
 
 @models_app.command("make-tiny")
 def make_tiny_command(
-    arch: Annotated[
-        str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm | pi0")
-    ],
     out: Annotated[Path, typer.Option("--out", help="Directory to write the model into.")],
+    arch: Annotated[
+        str | None,
+        typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm | pi0"),
+    ] = None,
+    family: Annotated[
+        str | None,
+        typer.Option(
+            "--family",
+            help="A LeRobot policy instead of a VLM: smolvla (built by the real lerobot "
+            "classes in the LeRobot venv, saved in LeRobot's layout)",
+        ),
+    ] = None,
     size: Annotated[
         str,
         typer.Option(
@@ -35,9 +44,15 @@ def make_tiny_command(
         int, typer.Option("--camera-slots", help="Camera slots of the canonical input.")
     ] = 2,
 ) -> None:
-    """Build a randomly initialised model of a real VLM architecture (offline) and save it."""
+    """Build a randomly initialised model of a real VLM architecture, or (``--family``) a
+    LeRobot policy, offline, and save it."""
     from joynexus.models.tiny import ARCHES, SIDECAR, SIZES, make_tiny
 
+    if (arch is None) == (family is None):
+        raise typer.BadParameter("give exactly one of --arch and --family", param_hint="--arch")
+    if family is not None:
+        _make_tiny_lerobot(family, out, seed=seed)
+        return
     if arch not in ARCHES:
         raise typer.BadParameter(f"must be one of {', '.join(ARCHES)}", param_hint="--arch")
     if size not in SIZES:
@@ -49,6 +64,29 @@ def make_tiny_command(
     console.print(
         f"wrote {arch} ({size}, {info['num_parameters']:,} parameters, "
         f"canonical {info['canonical_image_size']} px, {camera_slots} camera slots) to {path}"
+    )
+
+
+def _make_tiny_lerobot(family: str, out: Path, *, seed: int) -> None:
+    from joynexus.errors import JoyNexusError
+    from joynexus.interop.lerobot import TINY_FAMILIES, make_tiny_lerobot
+
+    if family not in TINY_FAMILIES:
+        raise typer.BadParameter(
+            f"must be one of {', '.join(TINY_FAMILIES)} (lerobot 0.4.4's pi0/pi05 need "
+            "openpi's patched transformers and Gemma 300M/2B)",
+            param_hint="--family",
+        )
+    try:
+        ckpt = make_tiny_lerobot(family, out, seed=seed)
+    except JoyNexusError as error:
+        Console(stderr=True).print(f"[red]error:[/red] {error}", highlight=False, markup=False)
+        raise typer.Exit(1) from None
+    console.print(
+        f"wrote a LeRobot {ckpt.type} policy (chunk {ckpt.chunk_size}, state "
+        f"{ckpt.state_dim}/{ckpt.max_state_dim}, action {ckpt.action_dim}/"
+        f"{ckpt.max_action_dim}, cameras {ckpt.cameras}) to {ckpt.path}",
+        highlight=False,
     )
 
 

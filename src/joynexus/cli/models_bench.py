@@ -1,5 +1,5 @@
-"""``joynexus bench group-batching`` (Figures 10–11), ``figure12``, ``lora``, ``serving``
-and ``backbone-lock``."""
+"""``joynexus bench group-batching`` (Figures 10–11), ``figure12``, ``lora``, ``serving``,
+``canonicalize`` and ``backbone-lock``."""
 
 from __future__ import annotations
 
@@ -210,6 +210,15 @@ def bench_serving(
     threads: Annotated[
         int, typer.Option("--threads", min=1, help="OMP threads of every server process.")
     ] = 1,
+    canonicalizer: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--canonicalizer",
+            help="Every server's --canonicalizer: tensor (default) or processor. Repeat "
+            "it (--canonicalizer processor --canonicalizer tensor) to run both "
+            "deployments once per value, in that order, side by side in one run.",
+        ),
+    ] = None,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the results as JSON here.")
     ] = None,
@@ -220,6 +229,14 @@ def bench_serving(
 
     if size not in SIZES:
         raise typer.BadParameter(f"must be one of {', '.join(SIZES)}", param_hint="--size")
+    kinds = canonicalizer or ["tensor"]
+    for kind in kinds:
+        if kind not in ("tensor", "processor"):
+            raise typer.BadParameter(
+                f"{kind!r}: expected tensor or processor", param_hint="--canonicalizer"
+            )
+    if len(set(kinds)) != len(kinds):
+        raise typer.BadParameter("each value at most once", param_hint="--canonicalizer")
     result = run_serving_bench(
         tenants=tenants,
         clients_per_tenant=clients_per_tenant,
@@ -227,6 +244,40 @@ def bench_serving(
         requests=requests,
         size=size,
         threads=threads,
+        canonicalizers=kinds,
+        progress=lambda line: console.print(f"[dim]{line}[/dim]"),
+    )
+    print_report(result, console)
+    _write_json(result, json_path)
+
+
+@bench_app.command("canonicalize")
+def bench_canonicalize(
+    size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
+    tenants: Annotated[int, typer.Option("--tenants", min=1, help="One-row tenants.")] = 8,
+    repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed runs (median).")] = 20,
+    arch: Annotated[
+        list[str] | None,
+        typer.Option("--arch", help="Architectures (repeatable; default: all five)."),
+    ] = None,
+    device: Annotated[str, typer.Option("--device", help="cpu (fp32) | cuda (bf16)")] = "cpu",
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
+    ] = None,
+) -> None:
+    """Tensor canonicalization vs the Hugging Face processor, per architecture."""
+    from joynexus.bench.canonicalize import print_report, run_canonicalize_bench
+    from joynexus.models.tiny import ARCHES
+
+    arches = arch or list(ARCHES)
+    for a in arches:
+        _check_model_options(a, size, device)
+    result = run_canonicalize_bench(
+        arches=arches,
+        size=size,
+        tenants=tenants,
+        repeats=repeats,
+        device=device,
         progress=lambda line: console.print(f"[dim]{line}[/dim]"),
     )
     print_report(result, console)

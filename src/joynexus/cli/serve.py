@@ -110,6 +110,15 @@ def serve(
             "--dtype", help="Weights dtype of the base model: auto, float32, bfloat16, float16."
         ),
     ] = "auto",
+    canonicalizer: Annotated[
+        str,
+        typer.Option(
+            "--canonicalizer",
+            help="How canonical backbone inputs are made: 'tensor' (default; batched "
+            "tensor ops on the model's device, prompt ids cached) or 'processor' (the "
+            "Hugging Face processor per image, the reference). Both give the same inputs.",
+        ),
+    ] = "tensor",
     admin_key_file: Annotated[
         Path | None,
         typer.Option("--admin-key-file", help="Where the admin key is kept (default: run dir)."),
@@ -250,10 +259,12 @@ def serve(
 
     try:
         base_spec = BaseModelSpec.model_validate(
-            {"id": base_model, "device": device, "dtype": dtype}
+            {"id": base_model, "device": device, "dtype": dtype, "canonicalizer": canonicalizer}
         )
     except ValidationError as exc:
-        raise _fail(ValueError(f"--device / --dtype: {exc.errors()[0]['msg']}")) from None
+        raise _fail(
+            ValueError(f"--device / --dtype / --canonicalizer: {exc.errors()[0]['msg']}")
+        ) from None
     placement: Placement
     try:
         if runtime == "ray":

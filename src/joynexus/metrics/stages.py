@@ -7,10 +7,12 @@ A request over HTTP passes these stages (:data:`PREDICT_STAGES`):
   observations against its schema once, normalizes them and enqueues;
 * ``queue_wait`` — queued until its group batch is dispatched (the batcher's wait T and
   the previous batch still running);
+* ``canonicalize`` — resize-with-pad, pixel layout (tensor ops or the backbone's
+  processor), prompt ids, padding (per batch; before the lock);
 * ``lock_wait`` — the dispatched batch waits for the backbone lock (training holds it);
-* ``canonicalize`` — resize-with-pad, the backbone's processor, padding (per batch);
 * ``backbone`` — the one frozen forward (per batch);
-* ``head`` — every tenant's action module decodes its rows (per batch);
+* ``head`` — every tenant's action module decodes its rows (per batch; the copy of the
+  answers to host memory after the lock);
 * ``http_encode`` — the route encodes the answer.
 
 Per-request stages count one event per request, per-batch stages one per batch, so a

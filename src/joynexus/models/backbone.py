@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from joynexus.errors import InvalidRequestError, ModelNotFoundError
 from joynexus.models.batch import ObservationBatch
+from joynexus.models.canon_tensor import TensorCanonicalizer
 from joynexus.models.canonicalize import CanonicalSpec, canonicalize
 from joynexus.models.feature import VLAFeature
 from joynexus.models.lora import LoRAHost
@@ -38,6 +40,12 @@ SUPPORTED_ARCHES: dict[str, str] = {
     PI0_MODEL_TYPE: "pi0",
 }
 DEFAULT_NUM_CAMERA_SLOTS = 2
+#: How canonical inputs are made: ``tensor`` (default) lays out every image of a batch
+#: with tensor ops on the model's device and caches prompt ids; ``processor`` runs the
+#: Hugging Face processor per image on CPU (the reference the tensor path equals).
+Canonicalizer = Literal["tensor", "processor"]
+CANONICALIZERS: tuple[Canonicalizer, ...] = ("tensor", "processor")
+_log = logging.getLogger(__name__)
 # StarVLA-style Qwen backbones see 224-px cameras; it is a multiple of 28 and of 32.
 _QWEN_DEFAULT_SIZE = 224
 
@@ -88,6 +96,7 @@ class ResidentBaseModel:
         output_layers: Sequence[int] | None = None,
         pi0: Pi0Checkpoint | None = None,
         source: str | None = None,
+        canonicalizer: Canonicalizer = "tensor",
     ) -> None:
         #: What checkpoints and schema signatures name the backbone by.
         self.model_id = model_id
@@ -122,6 +131,10 @@ class ResidentBaseModel:
             )
         self._spec = CanonicalSpec(arch, num_camera_slots, canonical_image_size)
         self._check_canonical_size()
+        self._tensor: TensorCanonicalizer | None = None
+        #: Why the tensor path was asked for but is not used (its load-time check).
+        self.canonicalizer_fallback: str | None = None
+        self.use_canonicalizer(canonicalizer)
         model.requires_grad_(False)
         model.eval()
         # The LoRA hooks go on once, here: installing them later could race a forward
@@ -139,6 +152,7 @@ class ResidentBaseModel:
         output_layers: Sequence[int] | None = None,
         num_camera_slots: int | None = None,
         identity: str | None = None,
+        canonicalizer: Canonicalizer = "tensor",
     ) -> ResidentBaseModel:
         """Load a backbone and its processor the way a user names it.
 
@@ -158,6 +172,8 @@ class ResidentBaseModel:
                 (default ``model_id_or_path``). A model built where the spec says
                 (``tiny:<arch>`` materialized into a run directory) is the spec's id,
                 so a checkpoint trained in one run directory loads in another.
+            canonicalizer: ``tensor`` (default) or ``processor``
+                (:meth:`use_canonicalizer`).
 
         Raises:
             ModelNotFoundError: The id/path cannot be resolved (naming it).
@@ -238,7 +254,39 @@ class ResidentBaseModel:
             num_camera_slots=num_camera_slots,
             output_layers=output_layers,
             pi0=pi0,
+            canonicalizer=canonicalizer,
         )
+
+    @property
+    def canonicalizer(self) -> Canonicalizer:
+        """The path canonical inputs are made by now (``tensor`` or ``processor``)."""
+        return "tensor" if self._tensor is not None else "processor"
+
+    def use_canonicalizer(self, kind: Canonicalizer) -> Canonicalizer:
+        """Choose how canonical inputs are made; returns the path in use.
+
+        ``tensor`` builds a :class:`~joynexus.models.canon_tensor.TensorCanonicalizer`
+        and checks it equal to the processor on random canonical images; a processor it
+        does not reproduce keeps the ``processor`` path (``canonicalizer_fallback`` says
+        why, and a warning is logged). Both give the same inputs; ``processor`` stays
+        selectable as the reference.
+
+        Raises:
+            InvalidRequestError: An unknown ``kind``.
+        """
+        if kind not in CANONICALIZERS:
+            raise InvalidRequestError(
+                f"canonicalizer must be one of {list(CANONICALIZERS)}, got {kind!r}",
+                field="canonicalizer",
+            )
+        self.canonicalizer_fallback = None
+        self._tensor = None
+        if kind == "tensor":
+            self._tensor, why = TensorCanonicalizer.build(self.processor, self._spec)
+            if why is not None:
+                self.canonicalizer_fallback = why
+                _log.warning("%s: canonicalizing with the processor: %s", self.model_id, why)
+        return self.canonicalizer
 
     def _check_canonical_size(self) -> None:
         size = self.canonical_image_size
@@ -301,7 +349,13 @@ class ResidentBaseModel:
         """
         signatures = [self.signature_for(schema) for _, schema, _ in groups]
         feature = canonicalize(
-            self.processor, self._spec, groups, signatures=signatures, validated=validated
+            self.processor,
+            self._spec,
+            groups,
+            signatures=signatures,
+            validated=validated,
+            encoder=self._tensor,
+            device=self.device,
         )
         inputs = {}
         for key, value in feature.model_inputs.items():

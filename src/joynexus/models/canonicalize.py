@@ -14,7 +14,7 @@ import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -24,6 +24,20 @@ from joynexus.errors import InvalidRequestError, SchemaMismatchError
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import SliceEntry, VLAFeature
 from joynexus.models.schema import DataSchema
+
+
+class BatchEncoder(Protocol):
+    """What :func:`canonicalize` asks of a tensor canonicalizer
+    (:class:`joynexus.models.canon_tensor.TensorCanonicalizer`, which imports this module)."""
+
+    def encode(
+        self,
+        images: torch.Tensor,
+        camera_mask: torch.Tensor,
+        texts: Sequence[str],
+        device: torch.device,
+    ) -> dict[str, torch.Tensor]: ...
+
 
 # Architectures whose processor places images where the chat template says; PaliGemma
 # instead takes ``<image>`` tokens in front of a plain prompt.
@@ -115,8 +129,10 @@ def canonicalize(
     *,
     signatures: Sequence[str],
     validated: bool = False,
+    encoder: BatchEncoder | None = None,
+    device: torch.device | None = None,
 ) -> VLAFeature:
-    """Build one :class:`VLAFeature` from ``(tenant_id, schema, batch)`` groups (CPU).
+    """Build one :class:`VLAFeature` from ``(tenant_id, schema, batch)`` groups.
 
     Args:
         processor: The backbone's own ``transformers`` processor.
@@ -125,6 +141,9 @@ def canonicalize(
         signatures: Schema signature of each group (same order), for the slice table.
         validated: Every batch was already checked against its schema (the Inference
             Model Service validates a request once, at admission); skip that check.
+        encoder: The backbone's tensor canonicalizer (the default path: pixels laid out
+            on ``device``, prompt ids cached); ``None`` runs the processor on CPU.
+        device: Where the tensor path puts the inputs (default: CPU).
 
     Raises:
         InvalidRequestError: No groups, or a tenant id appears twice.
@@ -161,7 +180,7 @@ def canonicalize(
     camera_mask = torch.zeros((total, slots), dtype=torch.bool)
     state = torch.zeros((total, max_state), dtype=torch.float32)
     state_mask = torch.zeros((total, max_state), dtype=torch.bool)
-    texts: list[str] = []
+    instructions: list[str] = []
     slices: list[SliceEntry] = []
     # Cameras of one source shape are resized in one call whatever tenant they belong
     # to (each image's result depends on that image alone).
@@ -175,7 +194,7 @@ def canonicalize(
             camera_mask[row : row + n, slot] = True
         state[row : row + n, : schema.state_dim] = torch.from_numpy(batch.state)
         state_mask[row : row + n, : schema.state_dim] = True
-        texts.extend(_cached_prompt(processor, spec, text) for text in batch.instructions)
+        instructions.extend(batch.instructions)
         slices.append(SliceEntry(tenant_id, signature, row, row + n))
         row += n
     for parts in by_shape.values():
@@ -186,6 +205,33 @@ def canonicalize(
             images[start : start + n, slot] = resized[offset : offset + n]
             offset += n
 
+    if encoder is None:
+        model_inputs = processor_inputs(processor, spec, images, camera_mask, instructions)
+    else:
+        model_inputs = encoder.encode(
+            images, camera_mask, instructions, device or torch.device("cpu")
+        )
+    return VLAFeature(
+        model_inputs=model_inputs,
+        state=state,
+        state_mask=state_mask,
+        camera_mask=camera_mask,
+        slices=slices,
+    )
+
+
+def processor_inputs(
+    processor: Any,
+    spec: CanonicalSpec,
+    images: torch.Tensor,
+    camera_mask: torch.Tensor,
+    instructions: Sequence[str],
+) -> dict[str, torch.Tensor]:
+    """The backbone inputs the Hugging Face processor makes of canonical ``uint8
+    [B, slots, 3, S, S]`` images and one instruction per row (CPU): the reference the
+    tensor path (:mod:`joynexus.models.canon_tensor`) is held equal to."""
+    total, slots = int(images.shape[0]), int(images.shape[1])
+    texts = [_cached_prompt(processor, spec, text) for text in instructions]
     nested = [[images[i, s] for s in range(slots)] for i in range(total)]
     if spec.arch == "pi0":
         # π0 masks absent cameras (pixel_attention_mask) instead of showing blank images;
@@ -208,13 +254,4 @@ def canonicalize(
             return_tensors="pt",
             **kwargs,
         )
-    model_inputs = {
-        k: v for k, v in encoded.items() if isinstance(v, torch.Tensor) and k not in _DROP_KEYS
-    }
-    return VLAFeature(
-        model_inputs=model_inputs,
-        state=state,
-        state_mask=state_mask,
-        camera_mask=camera_mask,
-        slices=slices,
-    )
+    return {k: v for k, v in encoded.items() if isinstance(v, torch.Tensor) and k not in _DROP_KEYS}

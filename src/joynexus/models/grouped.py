@@ -82,8 +82,9 @@ class ServeRequest:
 @dataclass(slots=True)
 class StageTimes:
     """Where one grouped inference batch spent its time, in seconds (filled by the
-    executor): waiting for the backbone lock, canonicalization (resize, processor,
-    padding), the backbone forward, and the tenants' heads (decode + copy out)."""
+    executor): canonicalization (resize, pixel layout, padding; before the lock),
+    waiting for the backbone lock, the backbone forward, and the tenants' heads (decode
+    under the lock, the copy to host after it)."""
 
     lock_wait_s: float = 0.0
     canonicalize_s: float = 0.0
@@ -92,7 +93,7 @@ class StageTimes:
 
     @property
     def device_s(self) -> float:
-        """Canonicalize + backbone + heads: the batch's work under the lock."""
+        """Canonicalize + backbone + heads: the batch's own work (not its waiting)."""
         return self.canonicalize_s + self.backbone_s + self.head_s
 
 
@@ -230,6 +231,7 @@ class GroupedExecutor:
         grad: bool = False,
         validated: bool = False,
         times: StageTimes | None = None,
+        feature: VLAFeature | None = None,
     ) -> dict[str, BackboneOutput]:
         """ONE backbone forward over all ``batches``, split back per tenant.
 
@@ -248,6 +250,8 @@ class GroupedExecutor:
                 adapter in the batch the forward stays graph-free.
             validated: The batches were already checked against their schemas.
             times: Filled with the canonicalization and backbone seconds.
+            feature: ``batches`` already canonicalized (in this order), e.g. before
+                the caller took the backbone lock.
 
         Returns:
             key → those rows of the backbone output (detached unless ``grad`` and an
@@ -260,7 +264,8 @@ class GroupedExecutor:
         if not groups:
             raise InvalidRequestError("expected at least one tenant batch", field="batches")
         t0 = time.perf_counter()
-        feature = self.base.canonicalize(groups, validated=validated)
+        if feature is None:
+            feature = self.base.canonicalize(groups, validated=validated)
         t1 = time.perf_counter()
         segments: list[LoRASegment] = []
         for entry in feature.slices:
@@ -475,15 +480,23 @@ class GroupedExecutor:
         adapters = {tid: slots[idx[0]].lora for tid, idx in per_tenant.items()}
         results: list[InferenceResult | None] = [None] * len(requests)
         device = self.base.device
+        # Canonicalization reads only the requests (every one validated, at admission or
+        # in the loop above), so it runs before the lock: a training step waiting for
+        # the backbone never waits for it.
         waited = time.perf_counter()
+        feature = self.base.canonicalize(
+            [(tid, schemas[tid], b) for tid, b in batches.items()], validated=True
+        )
+        locked = time.perf_counter()
+        decoded_groups: list[tuple[list[int], str, int, Decoded]] = []
         # A serving batch: before any training waiting for the lock, and a running step
         # yields to it between its phases (joynexus.utils.priority_lock).
         with self._lock.priority():
             if times is not None:
-                times.lock_wait_s += time.perf_counter() - waited
-            # Every request was validated, at admission or in the loop above.
+                times.canonicalize_s += locked - waited
+                times.lock_wait_s += time.perf_counter() - locked
             features = self.shared_forward(
-                batches, schemas=schemas, adapters=adapters, validated=True, times=times
+                batches, schemas=schemas, adapters=adapters, times=times, feature=feature
             )
             heads = time.perf_counter()
             for key, idx in per_tenant.items():
@@ -507,30 +520,36 @@ class GroupedExecutor:
                         req_mode,
                         slot.inference_generator,
                     )
-                    version = slot.policy_version
-                    # One host copy per decode group; each request gets a view of it.
-                    actions_np = _numpy(decoded.actions)
-                    assert actions_np is not None
-                    log_probs_np = _numpy(decoded.log_probs)
-                    values_np = _numpy(decoded.values)
-                    chain_np = _numpy(decoded.chain)
-                    offset = 0
-                    for i in group:
-                        n = requests[i].observation.batch_size
-                        sl = slice(offset, offset + n)
-                        results[i] = InferenceResult(
-                            tenant_id=tid,
-                            policy_version=version,
-                            actions=actions_np[sl],
-                            log_probs=None if log_probs_np is None else log_probs_np[sl],
-                            values=None if values_np is None else values_np[sl],
-                            chain=None if chain_np is None else chain_np[sl],
-                        )
-                        offset += n
+                    decoded_groups.append((group, tid, slot.policy_version, decoded))
                     row += rows
                     k = end
+            copies = time.perf_counter()
             if times is not None:
-                times.head_s += time.perf_counter() - heads
+                times.head_s += copies - heads
+        # Device-to-host copies after the lock: the decoded tensors are this batch's own
+        # (a later step on the device's stream cannot overwrite them before they are read).
+        for group, tid, version, decoded in decoded_groups:
+            # One host copy per decode group; each request gets a view of it.
+            actions_np = _numpy(decoded.actions)
+            assert actions_np is not None
+            log_probs_np = _numpy(decoded.log_probs)
+            values_np = _numpy(decoded.values)
+            chain_np = _numpy(decoded.chain)
+            offset = 0
+            for i in group:
+                n = requests[i].observation.batch_size
+                sl = slice(offset, offset + n)
+                results[i] = InferenceResult(
+                    tenant_id=tid,
+                    policy_version=version,
+                    actions=actions_np[sl],
+                    log_probs=None if log_probs_np is None else log_probs_np[sl],
+                    values=None if values_np is None else values_np[sl],
+                    chain=None if chain_np is None else chain_np[sl],
+                )
+                offset += n
+        if times is not None:
+            times.head_s += time.perf_counter() - copies
         return [r for r in results if r is not None]
 
 

@@ -123,6 +123,7 @@ def load_base_model(spec: BaseModelSpec, cache_dir: Path) -> ResidentBaseModel:
         dtype=dtype,
         canonical_image_size=spec.canonical_image_size,
         identity=identity,
+        canonicalizer=spec.canonicalizer,
     )
 
 

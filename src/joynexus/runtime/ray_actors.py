@@ -171,4 +171,5 @@ def spec_of(base: ResidentBaseModel) -> BaseModelSpec:
         id=base.model_id,
         device=str(base.device.type),
         canonical_image_size=base.canonical_image_size,
+        canonicalizer=base.canonicalizer,
     )

@@ -70,6 +70,12 @@ class BaseModelSpec(BaseModel):
     canonical_image_size: int | None = Field(default=None, gt=0, le=1024)
     device: str = "cpu"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    canonicalizer: Literal["tensor", "processor"] = Field(
+        default="tensor",
+        description="How canonical backbone inputs are made: 'tensor' (batched tensor "
+        "ops on the model's device, prompt ids cached) or 'processor' (the Hugging Face "
+        "processor per image, the reference; both give the same inputs).",
+    )
 
 
 class DatasetBinding(BaseModel):

@@ -32,6 +32,7 @@ from joynexus.data.record import SCRIPTED_EXPERT_KINDS
 from joynexus.data.sft import SFTBatchBuilder, SFTFeatureMap
 from joynexus.envs.registry import env_schema, unavailable_reason
 from joynexus.errors import DatasetError, JoyNexusError, SpecError
+from joynexus.interop.lerobot import SchemaDims, check_lerobot_base
 from joynexus.models.normalization import NormMode
 from joynexus.models.payload import MANIFEST_FILE
 from joynexus.models.schema import CameraSpec, DataSchema
@@ -339,6 +340,15 @@ def compile_workloads(
     for spec in specs:
         env = _check_env(spec)
         schema = _resolve_schema(spec, env)
+        # A LeRobot policy as base model is checked here, before anything loads it.
+        check_lerobot_base(
+            spec.base_model.id,
+            SchemaDims(
+                state_dim=schema.state_dim,
+                action_dim=schema.action_dim,
+                action_chunk=schema.action_chunk,
+            ),
+        )
         if env is not None and spec.task is not TaskKind.SFT and not _same_interface(env, schema):
             raise SpecError(
                 f"tenant {spec.tenant!r}: the declared schema does not match what env "

@@ -1,0 +1,200 @@
+"""Runs INSIDE the LeRobot side venv (``.venv-lerobot``), never in the project venv.
+
+``lerobot`` pins torch < 2.11 and transformers < 5, so the project cannot import it; this
+script is what JoyNexus runs with the side venv's python (see
+:mod:`joynexus.interop.lerobot`) to use the real ``lerobot`` classes:
+
+* ``make-tiny``: a randomly initialised LeRobot policy of a real family built by its own
+  class from a small config, its VLM pointed at a local tiny SmolVLM directory (built by
+  :func:`joynexus.models.tiny.make_tiny` with the side venv's transformers), saved with
+  ``save_pretrained`` together with its pre/post-processor pipelines and their
+  normalization statistics — the layout of a hub checkpoint such as ``lerobot/smolvla_base``;
+* ``probe``: import the policy modules, print the versions;
+* ``predict``: ``from_pretrained`` on a policy directory, its saved processors on an
+  observation, ``predict_action_chunk`` with a given noise, actions written back.
+
+It prints one JSON line on success. Only the standard library, torch, safetensors,
+transformers and lerobot are imported here (the project's packages are not installed in
+the side venv; ``joynexus.models.tiny`` is loaded from its file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: The families make-tiny builds (pi0 / pi05 need openpi's patched transformers and
+#: only come in the 300M / 2B Gemma variants in lerobot 0.4.4).
+TINY_FAMILIES = ("smolvla",)
+VLM_DIR = "vlm"
+
+
+def _allow_cpu_torchvision() -> None:
+    """Let the registry's torchvision (a CUDA build) import on the CPU torch.
+
+    lerobot imports torchvision at module level (dataset transforms) though the policy
+    code never calls its ops. The CUDA build's ops library cannot load here, and
+    torchvision's import then fails registering fake kernels for two of those ops; their
+    schemas declared up front, the import goes through and the ops stay unavailable.
+    """
+    for op in ("nms", "qnms"):
+        # RuntimeError: already defined (a torchvision whose ops library loads).
+        with contextlib.suppress(RuntimeError):
+            torch.library.define(
+                f"torchvision::{op}", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"
+            )
+
+
+def _tiny_module() -> Any:
+    path = Path(__file__).resolve().parents[2] / "models" / "tiny.py"
+    spec = importlib.util.spec_from_file_location("joynexus_tiny", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _features(state_dim: int, action_dim: int, cameras: list[str], side: int) -> tuple[Any, Any]:
+    types = importlib.import_module("lerobot.configs.types")
+    inputs = {
+        f"observation.images.{name}": types.PolicyFeature(
+            type=types.FeatureType.VISUAL, shape=(3, side, side)
+        )
+        for name in cameras
+    }
+    inputs["observation.state"] = types.PolicyFeature(
+        type=types.FeatureType.STATE, shape=(state_dim,)
+    )
+    outputs = {"action": types.PolicyFeature(type=types.FeatureType.ACTION, shape=(action_dim,))}
+    return inputs, outputs
+
+
+def _stats(state_dim: int, action_dim: int, seed: int) -> dict[str, dict[str, torch.Tensor]]:
+    """Made-up but non-trivial statistics, so normalization is visible in round trips."""
+    g = torch.Generator().manual_seed(seed + 1)
+    out = {}
+    for key, dim in (("observation.state", state_dim), ("action", action_dim)):
+        mean = torch.randn(dim, generator=g) * 0.5
+        std = torch.rand(dim, generator=g) + 0.5
+        out[key] = {"mean": mean, "std": std, "min": mean - 3 * std, "max": mean + 3 * std}
+    return out
+
+
+def make_tiny(args: argparse.Namespace) -> dict[str, Any]:
+    if args.family not in TINY_FAMILIES:
+        raise SystemExit(
+            f"make-tiny: family {args.family!r} cannot be built tiny with lerobot 0.4.4 "
+            f"(its pi0/pi05 need openpi's patched transformers and Gemma 300M/2B); "
+            f"tiny families: {list(TINY_FAMILIES)}"
+        )
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    tiny = _tiny_module()
+    vlm = tiny.make_tiny("smolvlm", out / VLM_DIR, seed=args.seed)
+    side = int(json.loads((vlm / tiny.SIDECAR).read_text())["canonical_image_size"])
+    cameras = args.camera or ["top"]
+    inputs, outputs = _features(args.state_dim, args.action_dim, cameras, side)
+    config_mod = importlib.import_module("lerobot.policies.smolvla.configuration_smolvla")
+    modeling = importlib.import_module("lerobot.policies.smolvla.modeling_smolvla")
+    processors = importlib.import_module("lerobot.policies.smolvla.processor_smolvla")
+    config = config_mod.SmolVLAConfig(
+        input_features=inputs,
+        output_features=outputs,
+        device="cpu",
+        push_to_hub=False,
+        chunk_size=args.chunk_size,
+        n_action_steps=args.chunk_size,
+        max_state_dim=max(args.max_state_dim, args.state_dim),
+        max_action_dim=max(args.max_action_dim, args.action_dim),
+        resize_imgs_with_padding=(side, side),
+        tokenizer_max_length=16,
+        num_steps=args.num_steps,
+        vlm_model_name=str(vlm),
+        load_vlm_weights=False,
+        num_vlm_layers=2,
+        num_expert_layers=-1,
+        self_attn_every_n_layers=2,
+        expert_width_multiplier=0.75,
+    )
+    torch.manual_seed(args.seed)
+    policy = modeling.SmolVLAPolicy(config)
+    policy.eval()
+    stats = _stats(args.state_dim, args.action_dim, args.seed)
+    pre, post = processors.make_smolvla_pre_post_processors(config, dataset_stats=stats)
+    policy.save_pretrained(out)
+    pre.save_pretrained(out)
+    post.save_pretrained(out)
+    return {"out": str(out), "family": args.family, "files": sorted(p.name for p in out.iterdir())}
+
+
+def predict(args: argparse.Namespace) -> dict[str, Any]:
+    """``from_pretrained`` + saved processors + ``predict_action_chunk`` with given noise."""
+    safetensors = importlib.import_module("safetensors.torch")
+    configs = importlib.import_module("lerobot.configs.policies")
+    factory = importlib.import_module("lerobot.policies.factory")
+    path = str(Path(args.policy).resolve())
+    config = configs.PreTrainedConfig.from_pretrained(path)
+    policy = factory.get_policy_class(config.type).from_pretrained(path)
+    policy.eval()
+    pre, post = factory.make_pre_post_processors(config, pretrained_path=path)
+    obs = safetensors.load_file(args.obs)
+    noise = obs.pop("noise")
+    batch: dict[str, Any] = {k: v for k, v in obs.items()}
+    batch["task"] = json.loads(Path(args.task).read_text())
+    batch = pre(batch)
+    with torch.no_grad():
+        chunk = policy.predict_action_chunk(batch, noise=noise)
+    actions = post(chunk)
+    safetensors.save_file({"actions": actions.contiguous()}, args.out)
+    return {"shape": list(actions.shape), "type": config.type}
+
+
+def probe(args: argparse.Namespace) -> dict[str, Any]:
+    """Import the policy and processor modules JoyNexus uses; report the versions."""
+    for family in ("smolvla", "pi0", "pi05"):
+        importlib.import_module(f"lerobot.policies.{family}.modeling_{family}")
+        importlib.import_module(f"lerobot.policies.{family}.processor_{family}")
+    importlib.import_module("lerobot.policies.factory")
+    metadata = importlib.import_module("importlib.metadata")
+    return {p: metadata.version(p) for p in ("lerobot", "torch", "transformers")}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lerobot_run")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("probe")
+    tiny = sub.add_parser("make-tiny")
+    tiny.add_argument("--family", required=True)
+    tiny.add_argument("--out", required=True)
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--state-dim", type=int, default=6)
+    tiny.add_argument("--action-dim", type=int, default=6)
+    tiny.add_argument("--max-state-dim", type=int, default=8)
+    tiny.add_argument("--max-action-dim", type=int, default=8)
+    tiny.add_argument("--chunk-size", type=int, default=4)
+    tiny.add_argument("--num-steps", type=int, default=3)
+    tiny.add_argument("--camera", action="append")
+    pred = sub.add_parser("predict")
+    pred.add_argument("--policy", required=True)
+    pred.add_argument("--obs", required=True, help="safetensors: observation tensors + noise")
+    pred.add_argument("--task", required=True, help="JSON file: the list of task strings")
+    pred.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    _allow_cpu_torchvision()
+    commands = {"probe": probe, "make-tiny": make_tiny, "predict": predict}
+    result = commands[args.command](args)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""Canonicalization as batched tensor operations (the default predict and training path).
+
+The backbone's Hugging Face processor is the reference of what a canonical input is, but
+it works image by image in Python: a few milliseconds per request, all of them holding
+the GIL (and, on an accelerator, leaving the device idle). Once every camera has been
+resized-with-pad to the canonical square (``resize_with_pad``), the processor's remaining
+image work is fixed per architecture — rescale, normalize, and lay the pixels out as the
+vision tower reads them — so :class:`TensorCanonicalizer` does it for every image of a
+group in one call, on the model's device:
+
+* Qwen2.5-VL / Qwen3-VL: ``patch × patch`` patches in ``merge × merge`` groups, each
+  repeated over the temporal patch, flattened to ``[images · grid_h · grid_w, C·T·P·P]``
+  with ``image_grid_thw`` of ``[1, grid_h, grid_w]`` per image;
+* PaliGemma (SigLIP): ``[rows · slots, C, S, S]``;
+* SmolVLM / Idefics3: ``[rows, slots, C, S, S]`` and an all-ones ``pixel_attention_mask``;
+* π0: ``[rows, max present cameras, C, S, S]``, absent cameras zero, and the boolean
+  ``pixel_attention_mask`` of present cameras.
+
+Text never changes between requests of a policy, so each prompt's token ids (and the
+other per-token outputs: ``attention_mask``, ``token_type_ids``, ``mm_token_type_ids``)
+are produced once per (instruction, cameras shown) by the processor itself, cached, and
+left-padded per batch. Whether a loaded processor's image steps really reduce to the
+above (no resize of the canonical square, the usual fused rescale-and-normalize) is
+checked when the canonicalizer is built, against the processor, on random images; a
+backbone whose processor does something else keeps the processor path
+(:meth:`TensorCanonicalizer.build` returns why).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from joynexus.models.canonicalize import CanonicalSpec, processor_inputs
+
+#: Architectures whose vision tower reads flattened Qwen-style patches.
+_QWEN = frozenset({"qwen2_5_vl", "qwen3_vl"})
+_MAX_PROMPTS = 1024
+#: Largest |tensor − processor| the load-time check accepts (the ops are the same, so
+#: in practice the two agree exactly).
+EQUAL_ATOL = 1e-6
+
+
+class TensorCanonicalizer:
+    """Pixel layout and cached prompt ids of one backbone (build with :meth:`build`)."""
+
+    def __init__(self, processor: Any, spec: CanonicalSpec) -> None:
+        self.processor = processor
+        self.spec = spec
+        ip = processor.image_processor
+        self._rescale = bool(getattr(ip, "do_rescale", False))
+        self._normalize = bool(getattr(ip, "do_normalize", False))
+        factor = float(getattr(ip, "rescale_factor", 1 / 255))
+        mean = torch.tensor(list(getattr(ip, "image_mean", (0.0, 0.0, 0.0))), dtype=torch.float32)
+        std = torch.tensor(list(getattr(ip, "image_std", (1.0, 1.0, 1.0))), dtype=torch.float32)
+        if self._rescale and self._normalize:
+            # One subtract and one divide on the 0–255 values: the processor's fused form,
+            # so both give the same float32 bits.
+            mean, std = mean * (1.0 / factor), std * (1.0 / factor)
+        self._factor = factor
+        self._mean = mean.view(1, -1, 1, 1)
+        self._std = std.view(1, -1, 1, 1)
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        if spec.arch in _QWEN:
+            self._patch = int(ip.patch_size)
+            self._merge = int(ip.merge_size)
+            self._temporal = int(ip.temporal_patch_size)
+        self._pad_id = int(processor.tokenizer.pad_token_id or 0)
+        self._prompts: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def build(
+        cls, processor: Any, spec: CanonicalSpec
+    ) -> tuple[TensorCanonicalizer | None, str | None]:
+        """A canonicalizer checked equal to ``processor`` on random canonical images, or
+        ``(None, why)`` when this processor does something the tensor path does not."""
+        if spec.arch not in _QWEN | {"paligemma", "smolvlm", "pi0"}:
+            return None, f"no tensor layout for architecture {spec.arch!r}"
+        try:
+            tensor = cls(processor, spec)
+            gen = torch.Generator().manual_seed(0)
+            size, slots = spec.canonical_image_size, spec.num_camera_slots
+            images = torch.randint(0, 256, (2, slots, 3, size, size), generator=gen)
+            images = images.to(torch.uint8)
+            camera_mask = torch.ones((2, slots), dtype=torch.bool)
+            camera_mask[1, 1:] = False  # a row with one camera (π0 drops the others)
+            texts = ["pick up the red block", ""]
+            ref = processor_inputs(processor, spec, images, camera_mask, texts)
+            got = tensor.encode(images, camera_mask, texts, torch.device("cpu"))
+            why = mismatch(ref, got)
+        except Exception as exc:  # any failure keeps the reference path
+            return None, f"the tensor path failed its check: {type(exc).__name__}: {exc}"
+        return (None, why) if why else (tensor, None)
+
+    # -- images -------------------------------------------------------------------
+
+    def _stats(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        stats = self._on.get(device)
+        if stats is None:
+            stats = (self._mean.to(device), self._std.to(device))
+            self._on[device] = stats
+        return stats
+
+    def _values(self, images: torch.Tensor) -> torch.Tensor:
+        """``uint8 [n, C, S, S]`` → rescaled and normalized ``float32`` (same op order as
+        the processor's fused step)."""
+        if self._normalize:
+            mean, std = self._stats(images.device)
+            x = images.to(torch.float32)
+            if not self._rescale:
+                return (x - mean) / std
+            return x.sub_(mean).div_(std)
+        if self._rescale:
+            return images * self._factor
+        return images.to(torch.float32)
+
+    def _qwen_patches(self, x: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = (int(v) for v in x.shape)
+        p, m, t = self._patch, self._merge, self._temporal
+        gh, gw = h // p, w // p
+        # [n, C, gh/m, m, P, gw/m, m, P] → [n, gh/m, gw/m, m, m, C, P, P]: merge groups of
+        # patches stay contiguous (the merger reads them as one token); each patch is
+        # repeated over the temporal axis (a still image is a one-frame video).
+        x = x.reshape(n, c, gh // m, m, p, gw // m, m, p).permute(0, 2, 5, 3, 6, 1, 4, 7)
+        x = x.unsqueeze(6).expand(-1, -1, -1, -1, -1, -1, t, -1, -1)
+        return x.reshape(n * gh * gw, c * t * p * p)
+
+    def pixels(self, images: torch.Tensor, camera_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The image inputs of ``uint8 [B, slots, 3, S, S]`` canonical images (on the
+        device they are on); ``camera_mask`` marks present cameras (π0 drops the rest)."""
+        b, slots, c, h, w = (int(v) for v in images.shape)
+        arch = self.spec.arch
+        if arch == "pi0":
+            # Present cameras fill each row's first slots; the processor pads every row
+            # to the most cameras any row has, with zero images.
+            present = camera_mask.sum(dim=1)
+            shown = max(1, int(present.max()))
+            keep = camera_mask[:, :shown].to(images.device)
+            values = self._values(images[:, :shown].reshape(b * shown, c, h, w))
+            values = values.view(b, shown, c, h, w) * keep.view(b, shown, 1, 1, 1)
+            return {"pixel_values": values, "pixel_attention_mask": keep.clone()}
+        flat = self._values(images.reshape(b * slots, c, h, w))
+        if arch in _QWEN:
+            p = self._patch
+            grid = torch.tensor([1, h // p, w // p], dtype=torch.long)
+            return {
+                "pixel_values": self._qwen_patches(flat),
+                "image_grid_thw": grid.expand(b * slots, 3).clone(),
+            }
+        if arch == "smolvlm":
+            mask = torch.ones((b, slots, h, w), dtype=torch.int64, device=images.device)
+            return {"pixel_values": flat.view(b, slots, c, h, w), "pixel_attention_mask": mask}
+        return {"pixel_values": flat}
+
+    # -- text ---------------------------------------------------------------------
+
+    def _prompt_row(self, text: str, cameras: int) -> dict[str, torch.Tensor]:
+        """One row's per-token outputs for ``text`` with ``cameras`` images (cached)."""
+        key = (text, cameras)
+        with self._lock:
+            hit = self._prompts.get(key)
+        if hit is not None:
+            return hit
+        spec, size = self.spec, self.spec.canonical_image_size
+        # The text outputs do not depend on pixel values, only on how many images a row
+        # shows; blank canonical images stand in for the row's cameras.
+        images = torch.zeros((1, spec.num_camera_slots, 3, size, size), dtype=torch.uint8)
+        mask = torch.zeros((1, spec.num_camera_slots), dtype=torch.bool)
+        mask[0, :cameras] = True
+        out = processor_inputs(self.processor, spec, images, mask, [text])
+        ids = out["input_ids"]
+        row = {k: v[0] for k, v in out.items() if v.dim() == 2 and v.shape == ids.shape}
+        with self._lock:
+            if len(self._prompts) >= _MAX_PROMPTS:
+                self._prompts.clear()
+            self._prompts[key] = row
+        return row
+
+    def text(self, texts: Sequence[str], camera_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Left-padded per-token inputs of ``texts`` (CPU; one row per text)."""
+        counts = camera_mask.sum(dim=1).tolist() if self.spec.arch == "pi0" else None
+        slots = self.spec.num_camera_slots
+        rows = [
+            self._prompt_row(t, int(counts[i]) if counts is not None else slots)
+            for i, t in enumerate(texts)
+        ]
+        width = max(int(r["input_ids"].shape[0]) for r in rows)
+        out: dict[str, torch.Tensor] = {}
+        for key, first in rows[0].items():
+            fill = self._pad_id if key == "input_ids" else 0
+            out[key] = torch.full((len(rows), width), fill, dtype=first.dtype)
+        for i, r in enumerate(rows):
+            n = int(r["input_ids"].shape[0])
+            for key, value in r.items():
+                out[key][i, width - n :] = value
+        return out
+
+    def encode(
+        self,
+        images: torch.Tensor,
+        camera_mask: torch.Tensor,
+        texts: Sequence[str],
+        device: torch.device,
+    ) -> dict[str, torch.Tensor]:
+        """Every model input of a batch: images uploaded once as ``uint8`` (a quarter of
+        the float bytes) and laid out on ``device``; text from the prompt cache."""
+        inputs = {k: v.to(device) for k, v in self.text(texts, camera_mask).items()}
+        inputs.update(self.pixels(images.to(device), camera_mask))
+        return inputs
+
+
+def mismatch(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> str | None:
+    """Why two sets of model inputs differ (keys, shapes, dtypes, values beyond
+    :data:`EQUAL_ATOL`), or ``None`` when they are equal."""
+    if set(ref) != set(got):
+        return f"keys differ: processor {sorted(ref)}, tensor {sorted(got)}"
+    for key, want in ref.items():
+        have, want = got[key].cpu(), want.cpu()
+        if have.shape != want.shape or have.dtype != want.dtype:
+            return (
+                f"{key}: processor {want.dtype}{list(want.shape)}, "
+                f"tensor {have.dtype}{list(have.shape)}"
+            )
+        if want.is_floating_point():
+            diff = float((have.double() - want.double()).abs().max()) if want.numel() else 0.0
+            if diff > EQUAL_ATOL:
+                return f"{key}: max |difference| {diff:.3g} > {EQUAL_ATOL:g}"
+        elif not torch.equal(have, want):
+            return f"{key}: values differ"
+    return None
+
+
+def max_abs_difference(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> float:
+    """Largest |difference| over the floating inputs of two equal-shaped sets."""
+    worst = 0.0
+    for key, want in ref.items():
+        if want.is_floating_point() and want.numel():
+            diff = got[key].cpu().double() - want.cpu().double()
+            worst = max(worst, float(diff.abs().max()))
+    return worst
+
+
+__all__ = ["EQUAL_ATOL", "TensorCanonicalizer", "max_abs_difference", "mismatch"]
