@@ -1,6 +1,7 @@
+import pytest
 import torch
 
-from joynexus.algorithms.losses import PPOConfig, ppo_loss
+from joynexus.algorithms.losses import PPOConfig, diag_gaussian_kl, ppo_loss
 
 
 def test_ppo_on_policy_gradient_matches_policy_gradient() -> None:
@@ -42,3 +43,20 @@ def test_ppo_value_and_entropy_terms() -> None:
     )
     assert abs(stats["value_loss"] - 0.25) < 1e-6
     assert abs(float(loss) - (0.25 - 0.2)) < 1e-6
+
+
+def test_diag_gaussian_kl_is_the_closed_form_and_pulls_the_mean_back() -> None:
+    mean = torch.tensor([[[0.5, -1.0]]], requires_grad=True)
+    ref_mean = torch.tensor([[[0.0, 0.0]]])
+    std, ref_std = torch.tensor([0.2, 0.4]), torch.tensor([0.4, 0.4])
+    kl = diag_gaussian_kl(mean, std, ref_mean, ref_std)
+    expected = torch.distributions.kl_divergence(
+        torch.distributions.Normal(mean.detach(), std),
+        torch.distributions.Normal(ref_mean, ref_std),
+    ).sum()
+    assert float(kl.sum()) == pytest.approx(float(expected), rel=1e-6)
+    kl.sum().backward()
+    assert mean.grad is not None  # (μ − μ_ref)/σ_ref²: back toward the reference
+    torch.testing.assert_close(mean.grad, (mean.detach() - ref_mean) / ref_std**2)
+    masked = diag_gaussian_kl(mean, std, ref_mean, ref_std, torch.tensor([1.0, 0.0]))
+    assert float(masked.sum()) == pytest.approx(float(kl.sum()) - 0.5 / 0.16, rel=1e-5)

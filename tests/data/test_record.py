@@ -119,6 +119,24 @@ def test_records_metaworld_with_its_shipped_expert(tmp_path: Path) -> None:
     assert np.abs(ds.column("action")).max() <= 1.0
 
 
+@needs_metaworld
+@pytest.mark.filterwarnings("ignore:Constant:UserWarning")  # metaworld's own expert warns
+def test_metaworld_expert_records_what_a_pixels_tenant_observes(tmp_path: Path) -> None:
+    """SFT from pixels: the dataset holds the proprioceptive state (hand and gripper,
+    4-D), while the expert still reads the goal from the simulator, and succeeds."""
+    root = tmp_path / "mw-proprio"
+    spec = EnvSpec(
+        kind="metaworld",
+        task="reach-v3",
+        image_size=16,
+        max_episode_steps=150,
+        observation={"images": False, "state": "proprio"},
+    )
+    summary = record_episodes(spec, root, episodes=2, use_videos=False)
+    assert summary.successes == 2 and summary.kept == 2
+    assert LeRobotDataset(root)[0]["observation.state"].shape == (4,)
+
+
 def test_unknown_policy_or_env_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="only 'scripted'"):
         record_episodes(EnvSpec(kind="pusht"), tmp_path / "x", episodes=1, policy="learned")

@@ -89,3 +89,45 @@ def test_exploration_noise_is_the_rl_tenants_own_after_sft(
                 assert torch.equal(got[name], tensor), name
 
     asyncio.run(main())
+
+
+def test_rl_tenant_is_anchored_to_the_sft_policy_it_started_from(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    """The slot freezes the SFT policy as its KL reference; RL updates move the head,
+    never the reference, and the anchor's KL is reported once they have."""
+
+    async def main() -> None:
+        svc = TrainingModelService(base, TrainingQueue(), output_dir=tmp_path)
+        await svc.add_tenant(_sft_tenant(tmp_path))
+        obs = ObservationBatch.synthetic(SCHEMA, 4, seed=1)
+        await svc.train_batch("sft", TrainBatch(observations=obs, loss="sft"))
+        (ckpt,) = await svc.save(1, ["sft"])
+        rl = config("rl", tmp_path, algo="reinforce")
+        algorithm = rl.algorithm.model_copy(update={"kl_coef": 1.0})
+        await svc.add_tenant(
+            rl.model_copy(update={"init_checkpoint": ckpt, "algorithm": algorithm})
+        )
+        slot = svc._executor.slot("rl")
+        reference = slot.reference_module
+        assert reference is not None
+        sft = svc._executor.slot("sft").action_module.state_dict()
+        frozen = {k: v.clone() for k, v in reference.state_dict().items()}
+        for name, tensor in frozen.items():
+            if not name.endswith("log_std"):  # the RL tenant's own exploration noise
+                assert torch.equal(tensor, sft[name]), name
+        assert not any(p.requires_grad for p in reference.parameters())
+        for _ in range(2):
+            await svc.train_batch(
+                "rl",
+                TrainBatch(observations=obs, loss="reinforce", advantages=torch.ones(4).numpy()),
+            )
+        moved = slot.action_module.state_dict()
+        assert any(not torch.equal(moved[k], frozen[k]) for k in frozen)
+        for name, tensor in reference.state_dict().items():
+            assert torch.equal(tensor, frozen[name]), name
+        # A tenant without init_from has no reference.
+        await svc.add_tenant(config("fresh", tmp_path, algo="reinforce"))
+        assert svc._executor.slot("fresh").reference_module is None
+
+    asyncio.run(main())

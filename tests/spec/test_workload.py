@@ -143,3 +143,38 @@ def test_unknown_lora_target_lists_every_valid_name() -> None:
         parse_spec(rl_spec(action_module={"type": "flow_matching", "lora": {"targets": ["x"]}}))
     for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
         assert name in str(info.value)
+
+
+def test_kl_anchor_defaults_on_from_init_from_and_off_without() -> None:
+    from joynexus.spec.workload import DEFAULT_KL_COEF
+
+    assert parse_spec(rl_spec(init_from="sft")).anchor_coef() == DEFAULT_KL_COEF
+    assert parse_spec(rl_spec()).anchor_coef() == 0.0  # a fresh head: nothing to anchor to
+    explicit = rl_spec(init_from="sft", algorithm={"name": "grpo", "kl_coef": 0.5})
+    assert parse_spec(explicit).anchor_coef() == 0.5
+    off = rl_spec(init_from="sft", algorithm={"name": "grpo", "kl_coef": 0})
+    assert parse_spec(off).anchor_coef() == 0.0
+    # A fresh RL tenant may say 0 explicitly.
+    assert parse_spec(rl_spec(algorithm={"name": "ppo", "kl_coef": 0})).anchor_coef() == 0.0
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"algorithm": {"name": "grpo", "kl_coef": 0.1}}, "starts from a fresh head"),
+        ({"init_from": "sft", "algorithm": {"name": "grpo", "kl_coef": -1}}, "kl_coef"),
+        ({"init_from": "sft", "algorithm": {"name": "grpo", "kl_coef": 101}}, "kl_coef"),
+        (
+            {
+                "task": "sft",
+                "env": None,
+                "dataset": {"path": "demos"},
+                "algorithm": {"name": "sft", "kl_coef": 0.1},
+            },
+            "belongs to an rl workload",
+        ),
+    ],
+)
+def test_kl_anchor_refused_where_it_cannot_apply(over: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_spec(rl_spec(**over))

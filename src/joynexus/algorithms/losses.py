@@ -68,3 +68,27 @@ def ppo_loss(
         loss = loss - cfg.entropy_coef * ent
         stats["entropy"] = float(ent.detach())
     return loss, stats
+
+
+def diag_gaussian_kl(
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    ref_mean: torch.Tensor,
+    ref_std: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``KL(N(mean, std²) ‖ N(ref_mean, ref_std²))`` per row, summed over the entries
+    ``mask`` keeps: ``[B, ...]`` → ``[B]`` (in nats, the units of a log-probability).
+
+    Per entry ``log(σ_ref/σ) + (σ² + (μ − μ_ref)²) / (2σ_ref²) − ½``: zero, with a zero
+    gradient, exactly when the two Gaussians agree; its gradient in ``μ`` is
+    ``(μ − μ_ref)/σ_ref²``, which pulls the mean back toward the reference.
+    """
+    # ``mean − ref_mean`` has the full shape; the stds may be per action dim.
+    var_ratio = (std / ref_std).pow(2)
+    per_entry = 0.5 * (var_ratio + ((mean - ref_mean) / ref_std).pow(2) - 1.0) - torch.log(
+        std / ref_std
+    )
+    if mask is not None:
+        per_entry = per_entry * torch.broadcast_to(mask.to(per_entry), per_entry.shape)
+    return per_entry.flatten(1).sum(dim=-1)

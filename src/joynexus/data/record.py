@@ -94,12 +94,17 @@ class MetaWorldScriptedPolicy:
         """MetaWorld experts are stateless."""
 
     def act(self, env: EnvAdapter, obs: EnvObservation) -> np.ndarray:
-        if obs.state.shape[1] != _METAWORLD_FULL_STATE:
+        from joynexus.envs.metaworld import full_states
+
+        # The expert reads the goal and object poses; when the tenant observes only
+        # proprioception (SFT from pixels) they come from the simulator, not the obs.
+        states = obs.state if obs.state.shape[1] == _METAWORLD_FULL_STATE else full_states(env)
+        if states is None or states.shape[1] != _METAWORLD_FULL_STATE:
             raise SpecError(
                 "MetaWorld's scripted expert reads the full 39-D observation; record with "
-                "observation.state 'default' or 'privileged'"
+                "observation.state 'default' or 'privileged', or from a local MetaWorld env"
             )
-        rows = [self._policy.get_action(np.asarray(s, dtype=np.float64)) for s in obs.state]
+        rows = [self._policy.get_action(np.asarray(s, dtype=np.float64)) for s in states]
         return np.clip(np.asarray(rows, dtype=np.float32), -1.0, 1.0)
 
 

@@ -37,7 +37,13 @@ from joynexus.envs.vector import SingleEnv, SingleObservation, SingleStep, Vecto
 from joynexus.errors import SpecError
 from joynexus.models.schema import METAWORLD, CameraSpec, DataSchema
 
-__all__ = ["CAMERAS", "DEFAULT_IMAGE_SIZE", "make_metaworld", "metaworld_schema"]
+__all__ = [
+    "CAMERAS",
+    "DEFAULT_IMAGE_SIZE",
+    "full_states",
+    "make_metaworld",
+    "metaworld_schema",
+]
 
 DEFAULT_IMAGE_SIZE = 224
 CAMERAS = ("corner", "corner2", "corner3", "topview", "behindGripper", "gripperPOV")
@@ -126,8 +132,13 @@ class _MetaWorldSingle:
             mujoco_fast_render(self.env.model)
         self.tasks = list(self.benchmark.train_tasks)
         self.rng = np.random.default_rng()
+        # The last full 39-D observation, whatever the tenant observes: a scripted
+        # expert reads the goal and object poses from it when the tenant sees only
+        # proprioception (recording demonstrations for SFT from pixels).
+        self.full_state = np.zeros(0, np.float64)
 
     def _obs(self, state: np.ndarray) -> SingleObservation:
+        self.full_state = np.asarray(state, dtype=np.float64)
         if self.images:
             frame = mujoco_render_rgb(self.env, fast=self.fast)
             if self.camera in _UPSIDE_DOWN:
@@ -161,6 +172,15 @@ class _MetaWorldSingle:
 
     def close(self) -> None:
         self.env.close()
+
+
+def full_states(env: EnvAdapter) -> np.ndarray | None:
+    """The sub-envs' last full 39-D observations ``[N, 39]`` (privileged: goal and
+    object poses), or None when ``env`` is not a MetaWorld adapter of this process."""
+    subs = getattr(env, "envs", None)
+    if not subs or not all(isinstance(e, _MetaWorldSingle) for e in subs):
+        return None
+    return np.stack([e.full_state for e in subs])
 
 
 def make_metaworld(spec: EnvSpec) -> EnvAdapter:

@@ -469,6 +469,10 @@ def init_slot_from(
     either: SFT regresses the mean and never trains it, so the slot keeps the noise its
     own head config declares (``init_log_std``), the RL tenant's choice.
 
+    The action module as started is frozen as the slot's reference policy (the KL
+    anchor of its RL, :meth:`TenantSlot.freeze_reference`); restoring the tenant's own
+    later checkpoints on top leaves that reference in place.
+
     Raises:
         NotFoundError: no checkpoint at ``path``.
         InvalidRequestError: a hash mismatch, or tensors that do not fit the slot.
@@ -498,6 +502,7 @@ def init_slot_from(
     _copy_validated(slot, {**tensors, **fresh})
     if normalization is not None:
         slot.normalization = normalization
+    slot.freeze_reference()
     return manifest
 
 

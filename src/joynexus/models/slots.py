@@ -9,6 +9,7 @@ shared with, or averaged against, another tenant's slot (paper Appendix A.6).
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from collections.abc import Iterable, Iterator
@@ -166,6 +167,10 @@ class TenantSlot:
             adapter.to(device=device, dtype=dtype) if adapter is not None else None
         )
         self.action_module: PolicyHead = module.to(device=device, dtype=dtype)
+        # The frozen policy RL is anchored to (algorithm.kl_coef): set by
+        # freeze_reference when the slot starts from another policy (init_from). Not a
+        # module of the slot: never trained, checkpointed or sent.
+        self.reference_module: PolicyHead | None = None
         self.value_head: ValueHead | None = (
             critic.to(device=device, dtype=dtype) if critic is not None else None
         )
@@ -221,6 +226,14 @@ class TenantSlot:
         """Parameters plus AdamW's two moments per parameter: the tenant's training
         footprint (adapter, head, critic and their optimizer state; never the base)."""
         return 3 * self.parameter_bytes()
+
+    def freeze_reference(self) -> None:
+        """Keep a frozen copy of the current action module as the reference policy of
+        the KL anchor (the SFT policy an RL tenant starts from). It costs one more copy
+        of the head's weights, and no optimizer state."""
+        reference = copy.deepcopy(self.action_module)
+        reference.requires_grad_(False)
+        self.reference_module = reference.eval()
 
     # --- compute ---------------------------------------------------------------------
 

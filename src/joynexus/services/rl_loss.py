@@ -12,6 +12,16 @@ contract: a Gaussian OFT head gives the log-density of the action chunk, a flow 
   normalised again per microbatch).
 * ``reinforce``: ``-mean(A · log π(a|o))`` minus the entropy bonus, no critic, no ratio.
 
+Each adds the KL anchor ``kl_coef · mean KL(π ‖ π_ref)`` when the slot has a reference
+policy (the SFT policy it started from, frozen: ``init_from``). The KL is exact, not a
+sampled estimate: both heads give their density at the behaviour samples as Gaussians
+(one over the chunk for a Gaussian head; one per Flow-SDE step, given the recorded
+chain, for a flow head), so it is a sum of closed-form Gaussian KLs in nats per chunk.
+It vanishes with its gradient at the reference and pulls the policy back toward it
+(SimpleVLA-RL's and π_RL's guard against RL walking away from what SFT learned). On a
+LoRA tenant both heads read the same (current) features: the head is anchored, the
+adapter is not.
+
 A head's log-probabilities may need fields its rollout recorded (``rl_fields``: a flow
 head's chain, partition field ``flow_chain``); a head whose entropy does not depend on
 its weights (a flow head: the SDE's noise schedule is fixed, see the spec check) has no
@@ -25,9 +35,10 @@ from typing import Literal
 
 import torch
 
-from joynexus.algorithms.losses import PPOConfig, ppo_loss
+from joynexus.algorithms.losses import PPOConfig, diag_gaussian_kl, ppo_loss
 from joynexus.errors import InvalidRequestError
 from joynexus.models.policies import PolicyHead
+from joynexus.models.policies.flow import gaussian_log_density
 from joynexus.models.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 from joynexus.services.samples import FLOW_CHAIN
@@ -75,6 +86,12 @@ def behaviour_log_probs(
         InvalidRequestError: a head whose recorded rollout fields are missing.
     """
     head = rl_head(slot)
+    return head.rl_log_prob(features, state, actions, _recorded(slot, head, chain))
+
+
+def _recorded(
+    slot: TenantSlot, head: PolicyHead, chain: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
     recorded = {FLOW_CHAIN: chain} if chain is not None else {}
     missing = [name for name in head.rl_fields if name not in recorded]
     if missing:
@@ -84,7 +101,47 @@ def behaviour_log_probs(
             tenant_id=slot.tenant_id,
             field=missing[0],
         )
-    return head.rl_log_prob(features, state, actions, recorded)
+    return recorded
+
+
+def anchored_log_probs(
+    slot: TenantSlot,
+    features: BackboneOutput,
+    state: torch.Tensor,
+    actions: torch.Tensor,
+    chain: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities ``[B]`` of the behaviour samples under the current policy and
+    their KL ``[B]`` to the slot's reference policy, from one forward of each head.
+
+    Raises:
+        InvalidRequestError: no reference policy, a head without Gaussian densities, or
+            samples without the fields it needs.
+    """
+    head = rl_head(slot)
+    reference = slot.reference_module
+    if reference is None:
+        raise InvalidRequestError(
+            f"tenant {slot.tenant_id!r}: the KL anchor needs a reference policy (the one "
+            "an init_from workload starts from); this tenant has none",
+            tenant_id=slot.tenant_id,
+            field="algorithm.kl_coef",
+        )
+    recorded = _recorded(slot, head, chain)
+    try:
+        current = head.rl_gaussians(features, state, actions, recorded)
+    except NotImplementedError:
+        raise InvalidRequestError(
+            f"tenant {slot.tenant_id!r}: a {slot.head_config.type!r} head gives no Gaussian "
+            "policy density, so no KL anchor; set algorithm.kl_coef: 0",
+            tenant_id=slot.tenant_id,
+            field="algorithm.kl_coef",
+        ) from None
+    with torch.no_grad():
+        ref = reference.rl_gaussians(features, state, actions, recorded)
+    log_probs = gaussian_log_density(current.sample, current.mean, current.std, current.mask)
+    kl = diag_gaussian_kl(current.mean, current.std, ref.mean, ref.std, current.mask)
+    return log_probs, kl
 
 
 def policy_loss(
@@ -111,7 +168,8 @@ def policy_loss(
         advantages: ``[B]``.
         old_log_probs: ``[B]`` behaviour log-probs (required for ppo / grpo).
         returns: ``[B]`` value targets (ppo with a critic).
-        config: Clip ratio and loss coefficients.
+        config: Clip ratio and loss coefficients (``kl_coef``: the KL anchor's weight,
+            applied when the slot has a reference policy).
         chain: ``[B, steps + 1, chunk, A]`` recorded Flow-SDE chains (flow heads).
 
     Raises:
@@ -125,7 +183,43 @@ def policy_loss(
     state = state.to(device=p.device, dtype=p.dtype)
     actions = actions.to(device=p.device, dtype=p.dtype)
     advantages = advantages.to(device=p.device, dtype=p.dtype)
-    new_log_probs = behaviour_log_probs(slot, features, state, actions, chain)
+    kl_coef = cfg.kl_coef or 0.0
+    kl: torch.Tensor | None = None
+    if kl_coef > 0 and slot.reference_module is not None:
+        new_log_probs, kl = anchored_log_probs(slot, features, state, actions, chain)
+    else:
+        new_log_probs = behaviour_log_probs(slot, features, state, actions, chain)
+    loss, stats = _surrogate(
+        slot,
+        head,
+        features,
+        state,
+        algorithm,
+        new_log_probs,
+        advantages,
+        old_log_probs,
+        returns,
+        cfg,
+    )
+    if kl is None:
+        return loss, stats
+    anchor = kl.mean()
+    stats["kl_ref"] = float(anchor.detach())
+    return loss + kl_coef * anchor, stats
+
+
+def _surrogate(
+    slot: TenantSlot,
+    head: PolicyHead,
+    features: BackboneOutput,
+    state: torch.Tensor,
+    algorithm: RLAlgorithm,
+    new_log_probs: torch.Tensor,
+    advantages: torch.Tensor,
+    old_log_probs: torch.Tensor | None,
+    returns: torch.Tensor | None,
+    cfg: AlgorithmSpec,
+) -> tuple[torch.Tensor, dict[str, float]]:
     entropy = head.entropy()
     if algorithm == "reinforce":
         pg = -(advantages.detach() * new_log_probs).mean()

@@ -73,7 +73,9 @@ class TenantConfig(BaseModel):
             head=spec.action_module,
             optimizer=spec.optimizer,
             value_head=spec.uses_value_head,
-            algorithm=spec.algorithm,
+            # The KL anchor's default depends on init_from, which the config does not
+            # carry: resolved here, once.
+            algorithm=spec.algorithm.model_copy(update={"kl_coef": spec.anchor_coef()}),
             seed=spec.seed,
             output_dir=spec.output_dir,
         )

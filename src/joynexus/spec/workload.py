@@ -105,6 +105,16 @@ class DatasetBinding(BaseModel):
     )
 
 
+#: ``algorithm.kl_coef`` of an RL workload that starts from another policy (init_from).
+#: The anchor's gradient on a mean is ``kl_coef·Δμ/σ²`` against the policy gradient's
+#: ``E[A·(a − μ)]/σ²`` (advantages normalized to unit scale, ``|a − μ| ≈ σ``): they balance
+#: at ``Δμ ≈ c·σ/kl_coef``, ``c`` the advantage–noise correlation (≈ 0.1 on a noisy
+#: group). 0.1 lets the mean drift about one exploration std per action entry from the
+#: SFT policy before the anchor holds it: room to improve within the region the policy
+#: explores, none to walk far from it on a few noisy groups (push-v3's collapse).
+DEFAULT_KL_COEF = 0.1
+
+
 class AlgorithmSpec(BaseModel):
     """Learning algorithm and its hyperparameters."""
 
@@ -116,6 +126,16 @@ class AlgorithmSpec(BaseModel):
     clip_ratio: float = Field(default=0.2, gt=0, lt=1)
     value_coef: float = Field(default=0.5, ge=0)
     entropy_coef: float = Field(default=0.0, ge=0)
+    kl_coef: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="rl from init_from only: weight of the KL anchor "
+        "KL(policy || reference) added to the loss, the reference being the policy the "
+        "workload started from (the SFT checkpoint), frozen; exact for Gaussian and "
+        "Flow-SDE heads, in nats per action chunk. Unset: "
+        f"{DEFAULT_KL_COEF} with init_from, none without; 0 turns the anchor off.",
+    )
     epochs: int = Field(default=1, ge=1, le=64, description="Passes over each training job.")
     microbatch_size: int = Field(default=64, ge=1, le=65536)
     horizon: int = Field(default=64, ge=1, le=100_000, description="Rollout steps per job.")
@@ -289,6 +309,7 @@ class WorkloadSpec(BaseModel):
 
     @model_validator(mode="after")
     def _task_rules(self) -> WorkloadSpec:
+        self._check_anchor(self.algorithm.kl_coef)
         if isinstance(self.schema_, str) and self.schema_ not in PRESETS:
             raise ValueError(f"unknown schema preset {self.schema_!r}; presets: {sorted(PRESETS)}")
         if self.task is TaskKind.RL:
@@ -332,6 +353,28 @@ class WorkloadSpec(BaseModel):
                     "resumes from its own checkpoint without it"
                 )
         return self
+
+    def _check_anchor(self, kl_coef: float | None) -> None:
+        if kl_coef is None:
+            return
+        if self.task is not TaskKind.RL:
+            raise ValueError(
+                "algorithm.kl_coef belongs to an rl workload (a KL anchor of RL updates to "
+                f"the policy it started from); task {self.task.value!r} has none"
+            )
+        if kl_coef > 0 and self.init_from is None:
+            raise ValueError(
+                f"algorithm.kl_coef={kl_coef} anchors the policy to the one it started "
+                "from, and this workload starts from a fresh head (no init_from); name "
+                "the SFT tenant or checkpoint in init_from, or drop kl_coef"
+            )
+
+    def anchor_coef(self) -> float:
+        """The KL anchor's weight this workload trains with (see ``kl_coef``)."""
+        if self.task is not TaskKind.RL or self.init_from is None:
+            return 0.0
+        coef = self.algorithm.kl_coef
+        return DEFAULT_KL_COEF if coef is None else coef
 
     def _check_groups(self, group_size: int) -> None:
         name = self.algorithm.name

@@ -47,6 +47,26 @@ class PolicySample(NamedTuple):
     chain: torch.Tensor | None = None
 
 
+class PolicyGaussians(NamedTuple):
+    """A policy's density at recorded samples as a product of diagonal Gaussians
+    (:meth:`PolicyHead.rl_gaussians`): ``log π = Σ log N(x; mean, std²)`` over the
+    entries ``mask`` keeps. A Gaussian head is one Gaussian over the chunk; a Flow-SDE
+    head one per denoising step, conditioned on the recorded chain.
+
+    Attributes:
+        sample: ``[B, ...]`` the recorded points the density is taken at (the actions;
+            a flow head's chain states ``x_1 … x_K``).
+        mean: Shaped as ``sample`` (with grad).
+        std: Broadcastable to ``mean``.
+        mask: Broadcastable to ``mean`` (1 = the entry counts), or None.
+    """
+
+    sample: torch.Tensor
+    mean: torch.Tensor
+    std: torch.Tensor
+    mask: torch.Tensor | None
+
+
 class PolicyHead(nn.Module, abc.ABC):
     """A tenant-private action head: backbone features + state → action chunk.
 
@@ -145,6 +165,21 @@ class PolicyHead(nn.Module, abc.ABC):
             NotImplementedError: the head has no policy density (see :attr:`supports_rl`).
         """
         raise NotImplementedError(f"{type(self).__name__} has no policy log-density")
+
+    def rl_gaussians(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        actions: torch.Tensor,
+        fields: Mapping[str, torch.Tensor],
+    ) -> PolicyGaussians:
+        """The Gaussians behind :meth:`rl_log_prob` at the same samples (with grad), so a
+        KL to a reference policy (the RL anchor to the SFT policy) is exact, not sampled.
+
+        Raises:
+            NotImplementedError: the head has no Gaussian policy density.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no Gaussian policy density")
 
     def entropy(self) -> torch.Tensor | None:
         """The policy's entropy when it depends on the weights (an entropy bonus can act

@@ -55,7 +55,13 @@ from collections.abc import Callable, Mapping
 import torch
 
 from joynexus.errors import SchemaMismatchError
-from joynexus.models.policies.base import PolicyHead, PolicySample, expand_mask, masked_reduce
+from joynexus.models.policies.base import (
+    PolicyGaussians,
+    PolicyHead,
+    PolicySample,
+    expand_mask,
+    masked_reduce,
+)
 from joynexus.models.types import BackboneOutput
 
 VelocityFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -206,14 +212,15 @@ def sample_chain(
     return torch.stack(chain, dim=1), log_prob
 
 
-def chain_log_prob(
+def chain_gaussians(
     velocity: VelocityFn,
     chain: torch.Tensor,
     *,
     noise_level: float,
     mask: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Log-probability ``[B]`` of a recorded chain under ``velocity`` (with grad).
+) -> PolicyGaussians:
+    """The ``K`` Gaussian steps ``N(mean_k, std_k²)`` of a recorded chain under
+    ``velocity`` (with grad): ``mean`` ``[B, K, chunk, A]``, ``sample`` ``x_1 … x_K``.
 
     All ``K`` steps run as ONE batched velocity call over ``B·K`` rows (the states
     ``x_0 … x_{K−1}`` are known), so recomputing costs one forward, not ``K``.
@@ -247,7 +254,20 @@ def chain_log_prob(
     v = velocity(flat_x, flat_t).reshape(x.shape)
     mean, std = sde_step(x, times[None, :, None, None], v, dt=dt, noise_level=noise_level)
     step_mask = None if mask is None else mask.unsqueeze(1).expand_as(x).to(x)
-    return gaussian_log_density(chain[:, 1:], mean, std.expand_as(mean), step_mask)
+    return PolicyGaussians(chain[:, 1:], mean, std.expand_as(mean), step_mask)
+
+
+def chain_log_prob(
+    velocity: VelocityFn,
+    chain: torch.Tensor,
+    *,
+    noise_level: float,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Log-probability ``[B]`` of a recorded chain under ``velocity`` (with grad): the
+    density of its steps under :func:`chain_gaussians` (same arguments and errors)."""
+    steps = chain_gaussians(velocity, chain, noise_level=noise_level, mask=mask)
+    return gaussian_log_density(steps.sample, steps.mean, steps.std, steps.mask)
 
 
 def repeat_rows(tensor: torch.Tensor, times: int) -> torch.Tensor:
@@ -367,6 +387,16 @@ class FlowSDEPolicy(PolicyHead):
         """The recorded chain's Flow-SDE log-probability (the actions are its last step)."""
         return self.log_prob(features, state, fields[FLOW_CHAIN])
 
+    def rl_gaussians(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        actions: torch.Tensor,
+        fields: Mapping[str, torch.Tensor],
+    ) -> PolicyGaussians:
+        """The recorded chain's Flow-SDE steps as Gaussians (see :meth:`chain_steps`)."""
+        return self.chain_steps(features, state, fields[FLOW_CHAIN])
+
     def log_prob(
         self,
         features: BackboneOutput,
@@ -374,7 +404,20 @@ class FlowSDEPolicy(PolicyHead):
         chain: torch.Tensor,
         action_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Log-probability ``[B]`` of recorded chains under the current weights (with grad).
+        """Log-probability ``[B]`` of recorded chains under the current weights (with grad);
+        arguments and errors as :meth:`chain_steps`."""
+        steps = self.chain_steps(features, state, chain, action_mask)
+        return gaussian_log_density(steps.sample, steps.mean, steps.std, steps.mask)
+
+    def chain_steps(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        chain: torch.Tensor,
+        action_mask: torch.Tensor | None = None,
+    ) -> PolicyGaussians:
+        """The Flow-SDE steps of recorded chains under the current weights (with grad):
+        the Gaussians :meth:`log_prob` sums the density of.
 
         Args:
             features: Backbone output of the chains' observations.
@@ -398,7 +441,7 @@ class FlowSDEPolicy(PolicyHead):
                 field="flow_chain",
             )
         steps = int(chain.shape[1]) - 1
-        return chain_log_prob(
+        return chain_gaussians(
             self.sde_velocity(features, state.to(ref), steps),
             chain,
             noise_level=self.sde_noise_level(),

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from joynexus.models.policies.base import (
+    PolicyGaussians,
     PolicyHead,
     PolicySample,
     ResidualMLPBlock,
@@ -199,6 +200,18 @@ class OFTHead(PolicyHead):
     ) -> torch.Tensor:
         """The Gaussian log-density of the behaviour actions (no recorded fields needed)."""
         return self.log_prob(features, state, actions)
+
+    def rl_gaussians(
+        self,
+        features: BackboneOutput,
+        state: torch.Tensor,
+        actions: torch.Tensor,
+        fields: Mapping[str, torch.Tensor],
+    ) -> PolicyGaussians:
+        """One diagonal Gaussian over the chunk: the mean and the clamped std."""
+        self.check_inputs(features, state, actions)
+        mu = self.mean(features, state)
+        return PolicyGaussians(actions.to(mu), mu, self.clamped_log_std().exp(), None)
 
 
 def build_oft_head(

@@ -1,0 +1,86 @@
+"""SFT from pixels learns what only the camera shows (MetaWorld reach-v3, proprio state).
+
+On reach-v3 the goal is visible only in the image: the proprioceptive state is the hand
+position and gripper opening. Two tenants train side by side through the Master on
+demonstrations of the same expert episodes (same seeds): one sees the camera, the other
+a black frame (``images: false``). Both can learn how the hand moves; only the first
+can learn where the goal is. The test fails unless the camera tenant's held-out action
+error falls clearly (to half); it passes only if that error also ends clearly below the
+blind tenant's, and is an expected failure (xfail) while it does not — the gap measured
+today, which this test will report closed.
+
+Success is not the measure here: at this CI size (and at the larger sizes measured in
+docs/RESULTS.md §15) SFT from pixels on the tiny random backbone does not raise success
+beyond its intervals, so a success test could not fail for the right reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from joynexus.master.run import run_workloads
+from joynexus.spec.workload import WorkloadSpec, parse_spec
+
+pytest.importorskip("metaworld")
+
+
+def _tenant(name: str, images: bool, demos: Path, tiny_model: str) -> WorkloadSpec:
+    spec: dict[str, Any] = {
+        "tenant": name,
+        "task": "sft",
+        "base_model": {"id": tiny_model, "canonical_image_size": 56},
+        "env": {
+            "kind": "metaworld",
+            "task": "reach-v3",
+            "image_size": 64,
+            "max_episode_steps": 150,
+            "observation": {"images": images, "state": "proprio"},
+        },
+        "dataset": {"path": str(demos), "record_episodes": 30, "heldout_fraction": 0.2},
+        "action_module": {
+            "type": "oft",
+            "hidden_dim": 128,
+            "num_blocks": 2,
+            "pooling": "attention",
+        },
+        "optimizer": {"lr": 0.001},
+        "algorithm": {"name": "sft", "samples_per_job": 128, "microbatch_size": 128},
+        "scheduling": {"completion_target": 80, "prefetch": 2},
+    }
+    return parse_spec(spec)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Constant:UserWarning")  # metaworld's own expert warns
+def test_sft_from_pixels_reads_the_goal_from_the_camera(tmp_path: Path, tiny_model: str) -> None:
+    specs = [
+        _tenant("camera", True, tmp_path / "demos-camera", tiny_model),
+        _tenant("blind", False, tmp_path / "demos-blind", tiny_model),
+    ]
+    summary = asyncio.run(run_workloads(specs, tmp_path / "run"))
+    camera, blind = summary.tenants["camera"], summary.tenants["blind"]
+    assert camera.state == "completed", camera.errors
+    assert blind.state == "completed", blind.errors
+    errors = {
+        name: (t.sft_heldout_error_initial, t.sft_heldout_error_final)
+        for name, t in (("camera", camera), ("blind", blind))
+    }
+    print(f"reach-v3 SFT held-out action error (initial, final): {errors}")
+    initial, final = errors["camera"]
+    _, blind_final = errors["blind"]
+    assert initial is not None and final is not None and blind_final is not None
+    # SFT through the whole image path (rendered recording, video decode, canonical
+    # image, backbone forward with the image tokens) must learn: a broken image path
+    # (NaN or garbage frames, misaligned rows) keeps the error up.
+    assert final < 0.5 * initial
+    if final >= 0.8 * blind_final:
+        # Measured (docs/RESULTS.md §15): the frozen tiny random backbone's features do
+        # not yet carry the goal; the camera tenant learns no better than the blind one.
+        pytest.xfail(
+            f"the camera does not help yet: held-out error {final:.3f} with the camera, "
+            f"{blind_final:.3f} without (needs < 0.8x)"
+        )

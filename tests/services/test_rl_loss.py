@@ -1,0 +1,149 @@
+"""The KL anchor of RL to the reference (SFT) policy, on a Gaussian and a Flow-SDE head.
+
+The anchor is ``kl_coef · KL(π ‖ π_ref)`` at the behaviour samples: zero with a zero
+gradient while the policy is its reference, positive once it moves, and its gradient
+points back toward the reference.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from joynexus.errors import InvalidRequestError
+from joynexus.models.backbone import ResidentBaseModel
+from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig
+from joynexus.models.slots import TenantSlot
+from joynexus.models.types import BackboneOutput
+from joynexus.services.rl_loss import anchored_log_probs, behaviour_log_probs, policy_loss
+from joynexus.spec.workload import AlgorithmSpec
+from tests.services.test_training_service import FM, OFT, SCHEMA
+
+HEADS = {"oft": OFT, "flow_matching": FM}
+
+
+def _inputs(
+    slot: TenantSlot, hidden: int
+) -> tuple[BackboneOutput, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    g = torch.Generator().manual_seed(0)
+    features = BackboneOutput(
+        hidden_states=torch.randn(6, 5, hidden, generator=g),
+        attention_mask=torch.ones(6, 5, dtype=torch.long),
+    )
+    state = torch.randn(6, SCHEMA.state_dim, generator=g)
+    drawn = slot.sample(features, state, generator=g)
+    return features, state, drawn.actions, drawn.chain
+
+
+def _slot(base: ResidentBaseModel, head: OFTHeadConfig | FlowMatchingHeadConfig) -> TenantSlot:
+    slot = TenantSlot("anchored", SCHEMA, base, head, seed=3)
+    slot.freeze_reference()
+    return slot
+
+
+def _perturb(slot: TenantSlot, scale: float) -> dict[str, torch.Tensor]:
+    """Move every head weight by Gaussian noise; returns the move per parameter."""
+    g = torch.Generator().manual_seed(1)
+    moves = {}
+    with torch.no_grad():
+        for name, p in slot.action_module.named_parameters():
+            moves[name] = scale * torch.randn(p.shape, generator=g)
+            p.add_(moves[name])
+    return moves
+
+
+@pytest.mark.parametrize("kind", sorted(HEADS))
+def test_anchor_vanishes_with_its_gradient_at_the_reference(
+    base: ResidentBaseModel, kind: str
+) -> None:
+    slot = _slot(base, HEADS[kind])
+    features, state, actions, chain = _inputs(slot, base.hidden_size)
+    log_probs, kl = anchored_log_probs(slot, features, state, actions, chain)
+    # The anchored path computes the same log-probabilities as the plain one.
+    plain = behaviour_log_probs(slot, features, state, actions, chain)
+    torch.testing.assert_close(log_probs, plain, rtol=1e-5, atol=1e-4)
+    assert kl.shape == (6,)
+    assert float(kl.abs().max()) < 1e-6
+    at_reference = _grad_norm(slot, kl)
+    # Float rounding only (a flow step's 1/σ² amplifies it): nothing against the
+    # gradient of a policy moved by 1e-3 per weight.
+    _perturb(slot, 1e-3)
+    _, kl = anchored_log_probs(slot, features, state, actions, chain)
+    assert float(kl.min()) > 0
+    assert at_reference < 1e-3 * _grad_norm(slot, kl)
+
+
+def _grad_norm(slot: TenantSlot, kl: torch.Tensor) -> float:
+    slot.action_module.zero_grad()
+    kl.mean().backward()
+    grads = [p.grad for p in slot.action_module.parameters() if p.grad is not None]
+    assert grads, "the anchor reaches the head's weights"
+    return float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+
+
+@pytest.mark.parametrize("kind", sorted(HEADS))
+def test_anchor_gradient_pulls_the_policy_back_toward_the_reference(
+    base: ResidentBaseModel, kind: str
+) -> None:
+    slot = _slot(base, HEADS[kind])
+    features, state, actions, chain = _inputs(slot, base.hidden_size)
+    moves = _perturb(slot, 0.02)
+    _, kl = anchored_log_probs(slot, features, state, actions, chain)
+    assert float(kl.min()) > 0
+    kl.mean().backward()
+    # KL ≈ ½ δᵀFδ near the reference, so its gradient Fδ has a positive inner product
+    # with the move δ away from it: descending the anchor undoes the move.
+    inner = sum(
+        float((p.grad * moves[name]).sum())
+        for name, p in slot.action_module.named_parameters()
+        if p.grad is not None
+    )
+    assert inner > 0
+    # And descending it alone brings the policy back: the KL falls step after step.
+    opt = torch.optim.Adam(slot.action_module.parameters(), lr=2e-3)
+    before = float(kl.mean())
+    for _ in range(30):
+        opt.zero_grad()
+        _, kl = anchored_log_probs(slot, features, state, actions, chain)
+        kl.mean().backward()
+        opt.step()
+    _, kl = anchored_log_probs(slot, features, state, actions, chain)
+    assert float(kl.mean()) < 0.5 * before
+
+
+@pytest.mark.parametrize("kind", sorted(HEADS))
+def test_policy_loss_adds_the_weighted_anchor_only_with_a_reference(
+    base: ResidentBaseModel, kind: str
+) -> None:
+    slot = _slot(base, HEADS[kind])
+    features, state, actions, chain = _inputs(slot, base.hidden_size)
+    old = behaviour_log_probs(slot, features, state, actions, chain).detach()
+    zero = torch.zeros(6)  # no advantage: the surrogate is 0, the loss is the anchor alone
+    config = AlgorithmSpec(name="grpo", kl_coef=0.5)
+    _perturb(slot, 0.02)
+
+    def loss() -> tuple[torch.Tensor, dict[str, float]]:
+        return policy_loss(
+            slot,
+            features,
+            state,
+            actions,
+            algorithm="grpo",
+            advantages=zero,
+            old_log_probs=old,
+            config=config,
+            chain=chain,
+        )
+
+    value, stats = loss()
+    assert stats["kl_ref"] > 0
+    assert float(value) == pytest.approx(0.5 * stats["kl_ref"], rel=1e-4, abs=1e-6)
+    config = AlgorithmSpec(name="grpo", kl_coef=0.0)  # off
+    value, stats = loss()
+    assert "kl_ref" not in stats and float(value) == pytest.approx(0.0, abs=1e-6)
+    slot.reference_module = None  # a fresh RL tenant: nothing to anchor to
+    config = AlgorithmSpec(name="grpo", kl_coef=0.5)
+    _, stats = loss()
+    assert "kl_ref" not in stats
+    with pytest.raises(InvalidRequestError, match="reference policy"):
+        anchored_log_probs(slot, features, state, actions, chain)
