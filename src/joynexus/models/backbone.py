@@ -368,6 +368,16 @@ class ResidentBaseModel:
         feature.camera_mask = feature.camera_mask.to(self.device)
         return feature
 
+    def images_per_row(self, feature: VLAFeature) -> list[int]:
+        """How many images each row of ``feature`` feeds the vision tower, in row order
+        (LoRA on the vision tower maps images back to rows with this): every camera
+        slot, absent cameras as blank images; a π0 prefix encodes as many per row as
+        the batch's widest row has cameras, and masks the rest afterwards."""
+        per_row = self.num_camera_slots
+        if self.pi0 is not None:
+            per_row = int(feature.model_inputs["pixel_values"].shape[1])
+        return [per_row] * feature.batch_size
+
     def encode(self, feature: VLAFeature, *, grad: bool = False) -> BackboneOutput:
         """The shared frozen forward: last hidden state (+ chosen layers) and mask
         (and, on a π0 base, the prefix KV cache).

@@ -1,12 +1,22 @@
 """Tenant LoRA adapters on the shared frozen backbone, applied per row of a mixed batch.
 
 A tenant's action module may carry a low-rank adapter (``action_module.lora``) on the
-language model's linear layers. The base weights are never copied: the resident
-backbone's targetable ``nn.Linear`` modules get one forward hook each (installed once,
-by :class:`LoRAHost`), and during one backbone forward the executor publishes which
-rows belong to which adapter (:func:`lora_rows`). Each hook then adds, segment by
-segment, the low-rank delta ``scale * (x[rows] @ A.T) @ B.T`` of that segment's adapter
-to the base output; rows without an adapter keep the base output.
+language model's linear layers, and optionally on the vision tower's (``vision``) and on
+the vision-to-language projection (``vision_projection``). The base weights are never
+copied: the resident backbone's targetable ``nn.Linear`` modules get one forward hook
+each (installed once, by :class:`LoRAHost`), and during one backbone forward the
+executor publishes which rows belong to which adapter (:func:`lora_rows`). Each hook
+then adds, segment by segment, the low-rank delta ``scale * (x[rows] @ A.T) @ B.T`` of
+that segment's adapter to the base output; rows without an adapter keep the base output.
+
+The vision tower does not see samples but images: every sample brings its camera
+images (all camera slots, or only its present cameras on a π0 prefix), and each
+architecture lays them out with a fixed number of leading rows per image (SigLIP /
+SmolVLM: one row per image; Qwen-VL: its patches, packed). Canonicalization makes every
+image the same size, so a vision layer's leading dimension is ``images × k`` for one
+``k``: the assignment carries each adapter's image range (:attr:`LoRARows.image_segments`)
+and the hook scales it by ``k``. A tenant's images therefore only ever meet its own
+adapter.
 
 The segment loop is a plain-torch segmented gather-matmul (as Punica's SGMV does), so
 it runs on CPU and CUDA; it sits behind :data:`SegmentedLoRAKernel` and
@@ -53,6 +63,21 @@ _LM_LINEAR = re.compile(
     r"^(?:.*\.)?(?:language_model|text_model)\.layers\.\d+\.(?:self_attn|mlp)\.([A-Za-z0-9_]+)$"
 )
 
+# The vision encoder's attention / MLP projections: SigLIP (PaliGemma, π0), SmolVLM's
+# Idefics3 tower (``...encoder.layers.N``) and Qwen-VL's packed tower (``visual.blocks.N``).
+_VISION_LINEAR = re.compile(
+    r"^(?:.*\.)?(?:vision_model|vision_tower|visual)\.(?:.*\.)?(?:encoder\.layers|blocks)"
+    r"\.\d+\.(?:self_attn|attn|mlp)\.[A-Za-z0-9_]+$"
+)
+# The vision-to-language projection (connector): SmolVLM's modality projection,
+# PaliGemma's projector, Qwen2.5-VL's patch merger, Qwen3-VL's merger and deepstack mergers.
+_PROJECTION_LINEAR = re.compile(
+    r"^(?:.*\.)?(?:connector\.modality_projection\.proj|multi_modal_projector\.linear"
+    r"|visual\.(?:merger|deepstack_merger_list\.\d+)\.(?:mlp\.\d+|linear_fc\d+))$"
+)
+VISION_FAMILIES: tuple[str, ...] = ("smolvlm", "paligemma", "qwen2_5_vl", "qwen3_vl", "pi0")
+"""Backbone families whose vision tower and projection a LoRA adapter may target."""
+
 PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_CONFIG_FILE = "adapter_config.json"
 
@@ -76,7 +101,15 @@ class LoRAConfig(BaseModel):
         description=f"Language-model linear layers to adapt; any of {list(LANGUAGE_TARGETS)}.",
     )
     vision: bool = Field(
-        default=False, description="Also adapt the vision tower (not supported yet)."
+        default=False,
+        description="Also adapt every attention and MLP linear layer of the vision tower "
+        f"(families {list(VISION_FAMILIES)}); each tenant's images go through its own adapter.",
+    )
+    vision_projection: bool = Field(
+        default=False,
+        description="Also adapt the vision-to-language projection (connector / patch "
+        "merger): a trainable, tenant-private correction of how image features enter the "
+        "language model, at the adapter's rank.",
     )
 
     @field_validator("targets")
@@ -89,16 +122,6 @@ class LoRAConfig(BaseModel):
             )
         if len(set(value)) != len(value):
             raise ValueError(f"LoRA targets repeat a name: {list(value)}")
-        return value
-
-    @field_validator("vision")
-    @classmethod
-    def _no_vision(cls, value: bool) -> bool:
-        if value:
-            raise ValueError(
-                "LoRA on the vision tower is not supported yet (its rows are packed per "
-                "image, not per sample); set vision: false"
-            )
         return value
 
     @property
@@ -122,6 +145,17 @@ def lora_target_modules(model: nn.Module, targets: Sequence[str]) -> dict[str, n
     return out
 
 
+def vision_target_modules(model: nn.Module, *, projection: bool) -> dict[str, nn.Linear]:
+    """The vision tower's linear layers of ``model`` (``projection=False``) or those of
+    its vision-to-language projection (``projection=True``)."""
+    pattern = _PROJECTION_LINEAR if projection else _VISION_LINEAR
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and pattern.match(name)
+    }
+
+
 class LoRAAdapter(nn.Module):
     """One tenant's low-rank matrices: ``A [rank, in]`` and ``B [out, rank]`` per layer.
 
@@ -138,6 +172,8 @@ class LoRAAdapter(nn.Module):
             raise ValueError("a LoRA adapter needs at least one target module")
         self.config = config
         self.scaling = config.scaling
+        #: The adapter reaches into the vision tower or its projection (rows = images).
+        self.sees_images = config.vision or config.vision_projection
         self.module_names: tuple[str, ...] = tuple(shapes)
         self.A = nn.ParameterDict()
         self.B = nn.ParameterDict()
@@ -289,11 +325,38 @@ def set_segmented_kernel(kernel: SegmentedLoRAKernel | None) -> SegmentedLoRAKer
 
 @dataclass(frozen=True)
 class LoRARows:
-    """Which rows of the current backbone forward go through which adapter."""
+    """Which rows of the current backbone forward go through which adapter.
+
+    ``segments`` are in samples (the language model's rows). ``images`` and
+    ``image_segments`` are the same assignment in images, for the vision tower: build
+    them with :meth:`with_images` from the images each sample brings.
+    """
 
     rows: int
     segments: tuple[LoRASegment, ...]
     training: bool = False
+    images: int = 0
+    image_segments: tuple[LoRASegment, ...] = ()
+
+    def with_images(self, images_per_row: Sequence[int]) -> LoRARows:
+        """This assignment plus its image ranges (adapters that adapt vision only).
+
+        Raises:
+            ValueError: ``images_per_row`` does not have one entry per row.
+        """
+        if len(images_per_row) != self.rows:
+            raise ValueError(
+                f"LoRA: {len(images_per_row)} image counts for a batch of {self.rows} rows"
+            )
+        starts = [0]
+        for count in images_per_row:
+            starts.append(starts[-1] + int(count))
+        image_segments = tuple(
+            LoRASegment(starts[seg.start], starts[seg.stop], seg.adapter)
+            for seg in self.segments
+            if seg.adapter.sees_images and starts[seg.stop] > starts[seg.start]
+        )
+        return LoRARows(self.rows, self.segments, self.training, starts[-1], image_segments)
 
 
 _ACTIVE: ContextVar[LoRARows | None] = ContextVar("joynexus_lora_rows", default=None)
@@ -321,41 +384,62 @@ class LoRAHost:
 
     def __init__(self, model: nn.Module):
         self.modules = lora_target_modules(model, LANGUAGE_TARGETS)
+        self.vision_modules = vision_target_modules(model, projection=False)
+        self.projection_modules = vision_target_modules(model, projection=True)
         for name, module in self.modules.items():
-            module.register_forward_hook(functools.partial(self._hook, name))
+            module.register_forward_hook(functools.partial(self._hook, name, False))
+        for name, module in {**self.vision_modules, **self.projection_modules}.items():
+            module.register_forward_hook(functools.partial(self._hook, name, True))
 
-    def shapes(self, targets: Sequence[str]) -> dict[str, tuple[int, int]]:
-        """Module name → ``(in_features, out_features)`` of the layers ``targets`` name."""
+    def shapes(
+        self, targets: Sequence[str], *, vision: bool = False, projection: bool = False
+    ) -> dict[str, tuple[int, int]]:
+        """Module name → ``(in_features, out_features)`` of the language layers
+        ``targets`` name, plus the vision tower's (``vision``) and the projection's
+        (``projection``) layers."""
         wanted = set(targets)
-        return {
-            name: (m.in_features, m.out_features)
-            for name, m in self.modules.items()
-            if name.rsplit(".", 1)[-1] in wanted
-        }
+        chosen = {n: m for n, m in self.modules.items() if n.rsplit(".", 1)[-1] in wanted}
+        if vision:
+            chosen.update(self.vision_modules)
+        if projection:
+            chosen.update(self.projection_modules)
+        return {name: (m.in_features, m.out_features) for name, m in chosen.items()}
 
     @staticmethod
-    def _hook(name: str, module: nn.Module, args: Any, output: torch.Tensor) -> Any:
+    def _hook(name: str, images: bool, module: nn.Module, args: Any, output: torch.Tensor) -> Any:
         assignment = _ACTIVE.get()
-        if assignment is None or not assignment.segments:
+        if assignment is None:
             return None
         x = args[0]
-        if int(x.shape[0]) != assignment.rows:
-            raise RuntimeError(
-                f"LoRA: layer {name} got {int(x.shape[0])} rows, the batch has "
-                f"{assignment.rows}; this architecture does not keep rows separate"
-            )
+        rows = int(x.shape[0])
+        if images:
+            if not assignment.image_segments:
+                return None
+            # Every image has the same size, so it owns ``per`` consecutive leading rows
+            # here (1 per image, or its patches in a packed tower).
+            if assignment.images <= 0 or rows % assignment.images:
+                raise RuntimeError(
+                    f"LoRA: vision layer {name} got {rows} rows for {assignment.images} "
+                    "images; this architecture does not keep images separate"
+                )
+            per = rows // assignment.images
+            owned = [(s.start * per, s.stop * per, s.adapter) for s in assignment.image_segments]
+        else:
+            if not assignment.segments:
+                return None
+            if rows != assignment.rows:
+                raise RuntimeError(
+                    f"LoRA: layer {name} got {rows} rows, the batch has "
+                    f"{assignment.rows}; this architecture does not keep rows separate"
+                )
+            owned = [(s.start, s.stop, s.adapter) for s in assignment.segments]
         segments: list[KernelSegment] = []
-        for seg in assignment.segments:
-            pair = seg.adapter.pair(name)
+        for start, stop, adapter in owned:
+            pair = adapter.pair(name)
             if pair is not None:
                 segments.append(
                     KernelSegment(
-                        seg.start,
-                        seg.stop,
-                        pair[0],
-                        pair[1],
-                        seg.adapter.scaling,
-                        seg.adapter.config.dropout,
+                        start, stop, pair[0], pair[1], adapter.scaling, adapter.config.dropout
                     )
                 )
         if not segments:
