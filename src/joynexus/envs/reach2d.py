@@ -204,9 +204,7 @@ def make_reach2d(spec: EnvSpec) -> EnvAdapter:
     size = schema.cameras["top"].height
     opts = _options(spec)
     proprio = spec.observation.state == "proprio"
-    envs: list[SingleEnv] = [
-        Reach2DSim(size, opts, proprio=proprio) for _ in range(spec.num_envs)
-    ]
+    envs: list[SingleEnv] = [Reach2DSim(size, opts, proprio=proprio) for _ in range(spec.num_envs)]
     return VectorEnvAdapter(
         envs, schema, max_episode_steps=spec.max_episode_steps or DEFAULT_MAX_EPISODE_STEPS
     )
