@@ -72,7 +72,9 @@ def _gen(seed: int = 7) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-@pytest.mark.parametrize("make", [_oft, lambda: _oft(pooling="attention"), _fm])
+@pytest.mark.parametrize(
+    "make", [_oft, lambda: _oft(pooling="attention"), lambda: _oft(pooling="positional"), _fm]
+)
 def test_predict_shape_and_padding_invariance(make: object) -> None:
     head: ActionModule = make()  # type: ignore[operator]
     f = _features()
@@ -244,3 +246,22 @@ def test_configs_validate_and_discriminate() -> None:
     head = build_action_module(OFTHeadConfig(), hidden_size=D, schema=LIBERO)
     assert (head.state_dim, head.action_dim, head.action_chunk) == (8, 7, 8)
     assert math.isfinite(float(head.predict(_features(b=2), torch.zeros(2, 8)).sum()))
+
+
+def test_positional_pooling_tells_where_a_token_is_and_the_others_do_not() -> None:
+    # Two observations with the same tokens in another order (the goal's patch at
+    # another place in the frame): a mean or one query over the token set cannot tell
+    # them apart, the positional pooling can.
+    f = _features(b=1, length=7, seed=3)
+    hs = f.hidden_states
+    swapped = BackboneOutput(
+        hidden_states=hs[:, [0, 1, 2, 3, 5, 4, 6]], attention_mask=f.attention_mask
+    )
+    state = torch.zeros(1, S)
+    for pooling in ("mean", "attention"):
+        head = _oft(pooling=pooling)
+        torch.testing.assert_close(head.mean(f, state), head.mean(swapped, state))
+    head = _oft(pooling="positional")
+    with torch.no_grad():  # a trained output layer (the initial one is ~0)
+        head.out_proj.weight.normal_()
+    assert not torch.allclose(head.mean(f, state), head.mean(swapped, state), atol=1e-4)

@@ -16,9 +16,12 @@ class OFTHeadConfig(PolicyConfig):
     type: Literal["oft"] = "oft"
     hidden_dim: int = Field(default=128, gt=0, le=8192)
     num_blocks: int = Field(default=2, ge=0, le=32)
-    pooling: Literal["mean", "attention"] = Field(
+    pooling: Literal["mean", "attention", "positional"] = Field(
         default="mean",
-        description="'mean' = masked mean over valid tokens; 'attention' = one learned query.",
+        description="'mean' = masked mean over valid tokens; 'attention' = one learned "
+        "query; 'positional' = several learned queries over the tokens plus a learned "
+        "embedding of each token's place, so where in the image a query looked survives "
+        "pooling (the backbone's residual stream carries no absolute position).",
     )
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     init_log_std: float = Field(default=-1.0, ge=-10.0, le=2.0)

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from joynexus.errors import InvalidRequestError
 from joynexus.models.policies.base import (
     PolicyGaussians,
     PolicyHead,
@@ -60,6 +61,46 @@ class AttentionPooling(nn.Module):
         return (weights * hidden_states).sum(dim=1)
 
 
+class PositionalPooling(nn.Module):
+    """Several learned queries over the valid tokens, each token tagged with a learned
+    embedding of its place counted from the last token.
+
+    Why: a backbone with rotary positions keeps no absolute position in its hidden
+    states, so a query that finds "the green patch" among the image tokens returns what
+    it looks like, not where it is — and where is the goal. Inputs are left-padded, so a
+    token's distance from the end is the same for every row of one schema: the
+    embedding names the image token (and so the place in the frame) it came from.
+    """
+
+    QUERIES = 4
+    MAX_TOKENS = 4096
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.queries = nn.Parameter(torch.randn(self.QUERIES, hidden_size) * hidden_size**-0.5)
+        self.key = nn.Linear(hidden_size, hidden_size, bias=False)
+        self.position = nn.Embedding(self.MAX_TOKENS, hidden_size)
+        nn.init.normal_(self.position.weight, std=0.02)
+        self.out = nn.Linear(self.QUERIES * hidden_size, hidden_size)
+        self.scale = hidden_size**-0.5
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        length = hidden_states.shape[1]
+        if length > self.MAX_TOKENS:
+            raise InvalidRequestError(
+                f"positional pooling reads at most {self.MAX_TOKENS} tokens, got {length}",
+                field="action_module.pooling",
+            )
+        from_end = torch.arange(length - 1, -1, -1, device=hidden_states.device)
+        tokens = hidden_states + self.position(from_end).to(hidden_states)  # [B, L, D]
+        scores = torch.einsum("bld,qd->bql", self.key(tokens), self.queries) * self.scale
+        invalid = (attention_mask == 0).unsqueeze(1)
+        scores = scores.masked_fill(invalid, torch.finfo(scores.dtype).min)
+        pooled = torch.softmax(scores, dim=-1) @ tokens  # [B, Q, D]
+        out: torch.Tensor = self.out(pooled.flatten(1))
+        return out
+
+
 class OFTHead(PolicyHead):
     """MLP-ResNet action head with a Gaussian policy on top of its mean.
 
@@ -85,9 +126,11 @@ class OFTHead(PolicyHead):
             action_chunk=action_chunk,
         )
         self.config = config
-        self.pool: AttentionPooling | None = (
-            AttentionPooling(hidden_size) if config.pooling == "attention" else None
-        )
+        self.pool: AttentionPooling | PositionalPooling | None = None
+        if config.pooling == "attention":
+            self.pool = AttentionPooling(hidden_size)
+        elif config.pooling == "positional":
+            self.pool = PositionalPooling(hidden_size)
         self.input_norm = nn.LayerNorm(hidden_size)
         self.input_proj = nn.Linear(hidden_size, config.hidden_dim)
         self.state_proj: nn.Linear | None = (
