@@ -68,7 +68,7 @@ def demo(
             help="Episodes of each RL and SFT tenant's success-rate measurement, before "
             "and after its training in its isolated replay (0: not measured). Default: "
             "2 per RL tenant with the paper's simulators, 6 with the fast ones (each "
-            "episode adds about 50 s and 10 s to the demo), and 40 for the SFT tenant "
+            "episode adds about 50 s and 10 s to the demo), and 30 for the SFT tenant "
             "(MetaWorld, about 4 s per episode measured twice).",
         ),
     ] = None,
