@@ -32,6 +32,7 @@ import copy
 import importlib
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -324,7 +325,7 @@ class SmolVLA(nn.Module):
         shared: PrefixCache,
         pad: torch.Tensor,
         state: torch.Tensor,
-        state_proj: nn.Module | None = None,
+        state_proj: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[PrefixCache, torch.Tensor]:
         """Extend the shared cache by the state token of normalized, padded ``state``
         projected by ``state_proj`` (a tenant's; default: the checkpoint's).
@@ -449,8 +450,7 @@ def export_smolvla(
     for key, value in (tensors or {}).items():
         if key not in state or state[key].shape != value.shape:
             raise InvalidRequestError(
-                f"export: {key!r} {list(value.shape)} is not a tensor of this SmolVLA "
-                "checkpoint",
+                f"export: {key!r} {list(value.shape)} is not a tensor of this SmolVLA checkpoint",
                 field="tensors",
             )
         state[key] = value.detach().to("cpu", state[key].dtype).clone().contiguous()
