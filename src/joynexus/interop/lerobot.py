@@ -36,6 +36,8 @@ SIDE_SCRIPT = Path(__file__).with_name("side") / "lerobot_run.py"
 FAMILIES = ("smolvla", "pi0", "pi05")
 #: The families ``make-tiny`` builds through the real classes (see side.lerobot_run).
 TINY_FAMILIES = ("smolvla",)
+#: The families hosted as the resident prefix (models.policies.smolvla_expert).
+HOSTED_FAMILIES = ("smolvla",)
 #: Other policy types lerobot 0.4.x saves; named so a checkpoint of one is refused by
 #: name rather than as an unknown directory.
 OTHER_LEROBOT_TYPES = (
@@ -204,7 +206,7 @@ def check_lerobot_base(model_id: str, schema: SchemaDims | None) -> LeRobotCheck
     Raises:
         SpecError: a bad checkpoint (see :func:`read_lerobot_checkpoint`), a schema wider
             or longer than its expert, an unsupported family named by hub id, or a
-            family JoyNexus reads but cannot yet host as its resident prefix.
+            family JoyNexus reads but does not host as its resident prefix (π0, π0.5).
     """
     path = Path(os.path.expanduser(model_id))
     if not path.is_dir():
@@ -214,15 +216,14 @@ def check_lerobot_base(model_id: str, schema: SchemaDims | None) -> LeRobotCheck
         if family not in FAMILIES:
             raise SpecError(
                 f"base model {model_id!r} is a LeRobot {family!r} policy; JoyNexus hosts the "
-                f"LeRobot families {list(FAMILIES)} only",
+                f"LeRobot families {list(HOSTED_FAMILIES)} only",
                 field="base_model.id",
             )
-        raise SpecError(
-            f"base model {model_id!r} is a LeRobot {family!r} policy: JoyNexus reads its "
-            "checkpoint (spec check, `joynexus models make-tiny --family`) but does not yet "
-            "host a LeRobot policy's prefix as its resident backbone (docs/BACKBONES.md)",
-            field="base_model.id",
-        )
+        if family not in HOSTED_FAMILIES:
+            raise _not_hosted(model_id, family)
+        # A hosted family by hub id (nothing is downloaded at spec time): its dims are
+        # checked when the server has fetched it and builds the tenant's expert.
+        return None
     if not is_lerobot_dir(path):
         return None
     ckpt = read_lerobot_checkpoint(path)
@@ -234,11 +235,16 @@ def check_lerobot_base(model_id: str, schema: SchemaDims | None) -> LeRobotCheck
             fields=[f for f, _ in problems],
             problems=dict(problems),
         )
-    raise SpecError(
-        f"base model {model_id!r} is a LeRobot {ckpt.type!r} policy (chunk {ckpt.chunk_size}, "
-        f"state {ckpt.state_dim}/{ckpt.max_state_dim}, action "
-        f"{ckpt.action_dim}/{ckpt.max_action_dim}): JoyNexus reads and checks it but does not "
-        "yet host a LeRobot policy's prefix as its resident backbone (docs/BACKBONES.md)",
+    if ckpt.type not in HOSTED_FAMILIES:
+        raise _not_hosted(model_id, ckpt.type)
+    return ckpt
+
+
+def _not_hosted(model_id: str, family: str) -> SpecError:
+    return SpecError(
+        f"base model {model_id!r} is a LeRobot {family!r} policy: JoyNexus reads its "
+        f"checkpoint but hosts only {list(HOSTED_FAMILIES)} as a resident prefix "
+        "(docs/BACKBONES.md)",
         field="base_model.id",
     )
 

@@ -49,6 +49,16 @@ EXPERT_KEY_PREFIX = "model.vlm_with_expert."
 PROJECTION_KEY_PREFIX = "model."
 
 
+def lerobot_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A tenant expert's tensors (by :class:`SmolVLAExpert`'s names) under the names a
+    LeRobot SmolVLA checkpoint gives them."""
+    prefix = {"lm_expert": EXPERT_KEY_PREFIX}
+    return {
+        prefix.get(key.split(".", 1)[0], PROJECTION_KEY_PREFIX) + key: value
+        for key, value in state.items()
+    }
+
+
 class _Resident:
     """The resident checkpoint, held by reference: not a submodule (a tenant's state
     dict and parameters are its own), and not copied with the tenant's module (a frozen
@@ -119,11 +129,7 @@ class SmolVLAExpert(PrefixFlowExpert):
 
     def expert_state(self) -> dict[str, torch.Tensor]:
         """The tenant's tensors under their LeRobot SmolVLA names."""
-        prefix = {"lm_expert": EXPERT_KEY_PREFIX}
-        return {
-            prefix.get(key.split(".", 1)[0], PROJECTION_KEY_PREFIX) + key: value
-            for key, value in self.state_dict().items()
-        }
+        return lerobot_names(dict(self.state_dict()))
 
     # --- compute ---------------------------------------------------------------------
 
