@@ -19,11 +19,14 @@ from joynexus.errors import SpecError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.grouped import GroupedExecutor
+from joynexus.models.normalization import FeatureNormStats, NormalizationStats
+from joynexus.models.payload import save_slot
 from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.policies.smolvla_expert import SmolVLAExpert, SmolVLAExpertConfig
+from joynexus.models.policies.smolvla_expert.export import export_lerobot_checkpoint
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.slots import OptimizerConfig, TenantSlot
-from tests.interop.lerobot_helpers import tiny_smolvla
+from tests.interop.lerobot_helpers import TASKS, lerobot_actions, tiny_smolvla
 
 REL = 1e-5
 
@@ -189,7 +192,9 @@ def test_an_rl_step_moves_the_flow_sde_log_probability(base: ResidentBaseModel) 
     assert float(moved[advantages > 0].mean()) > float(moved[advantages < 0].mean())
 
 
-def test_refusals_are_spec_errors(base: ResidentBaseModel, checkpoint: Path, tmp_path: Path) -> None:
+def test_refusals_are_spec_errors(
+    base: ResidentBaseModel, checkpoint: Path, tmp_path: Path
+) -> None:
     too_wide = schema("wide", 6, 9, 5, (64, 64))
     with pytest.raises(SpecError, match="max_action_dim of 8") as info:
         TenantSlot("w", too_wide, base, SmolVLAExpertConfig())
@@ -202,3 +207,72 @@ def test_refusals_are_spec_errors(base: ResidentBaseModel, checkpoint: Path, tmp
     (pi0 / "config.json").write_text(json.dumps({**config, "type": "pi0"}))
     with pytest.raises(SpecError, match="LeRobot 'pi0' policy"):
         ResidentBaseModel.from_pretrained(str(pi0))
+
+
+def _stats(dim: int, center: float, scale: float) -> FeatureNormStats:
+    mean = [center + 0.1 * i for i in range(dim)]
+    std = [scale + 0.2 * i for i in range(dim)]
+    return FeatureNormStats(
+        mean=mean, std=std, q01=[m - 2 for m in mean], q99=[m + 2 for m in mean]
+    )
+
+
+def test_a_trained_tenant_exports_as_a_lerobot_policy_that_lerobot_runs_identically(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    """Out: the tenant checkpoint → `export --format lerobot` → lerobot's from_pretrained
+    and select_action give JoyNexus's actions for the same observation and noise."""
+    both = {"top": CameraSpec(height=64, width=64), "wrist": CameraSpec(height=64, width=64)}
+    own = schema("own", 6, 6, 4, (64, 64)).model_copy(update={"cameras": both})
+    opt = OptimizerConfig(lr=1e-3)
+    slot = TenantSlot("t", own, base, SmolVLAExpertConfig(), optimizer=opt)
+    # The tenant's own statistics: they win over the checkpoint's in the export.
+    slot.normalization = NormalizationStats(state=_stats(6, 0.5, 2.0), action=_stats(6, 0.1, 1.0))
+    ex = GroupedExecutor(base, [slot])
+    for _ in range(2):
+        ex.train_step({"t": ObservationBatch.synthetic(own, 2, seed=4)})
+    saved = save_slot(slot, tmp_path / "outputs", 2, include_optim=False)
+    out = export_lerobot_checkpoint(saved, tmp_path / "exported", base=base)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "policy_postprocessor.json",
+        "policy_postprocessor_step_0_unnormalizer_processor.safetensors",
+        "policy_preprocessor.json",
+        "policy_preprocessor_step_5_normalizer_processor.safetensors",
+    ]
+    assert json.loads((out / "config.json").read_text())["type"] == "smolvla"
+
+    g = torch.Generator().manual_seed(11)
+    pixels = {
+        c: torch.randint(0, 256, (2, 64, 64, 3), generator=g, dtype=torch.uint8) for c in both
+    }
+    state = torch.randn(2, 6, generator=g)
+    noise = torch.randn(2, 4, 8, generator=g)
+    obs = {
+        f"observation.images.{c}": p.permute(0, 3, 1, 2).float().contiguous() / 255 for c, p in pixels.items()
+    }
+    theirs = lerobot_actions(
+        out, {**obs, "observation.state": state, "noise": noise}, tmp_path / "r", select=True
+    )
+
+    batch = ObservationBatch(
+        cameras={c: p.numpy() for c, p in pixels.items()}, state=state.numpy(), instructions=TASKS
+    )
+    features = base.encode(base.canonicalize([("t", own, batch)]))
+    expert = slot.action_module
+    assert isinstance(expert, SmolVLAExpert)
+    norm = slot.normalization
+
+    def ours(module: SmolVLAExpert) -> torch.Tensor:
+        model_state = torch.from_numpy(norm.normalize(state.numpy(), "state"))
+        chunk = module.denoise(features, model_state, noise)[:, :4, :6]
+        return torch.from_numpy(norm.unnormalize(chunk.numpy(), "action"))
+
+    mine = ours(expert)
+    assert theirs.shape == mine.shape == (2, 4, 6)
+    assert (mine - theirs).abs().max().item() <= 1e-4
+    # Not vacuous: the checkpoint's own (untrained) expert acts otherwise.
+    template = TenantSlot("u", own, base, SmolVLAExpertConfig()).action_module
+    assert isinstance(template, SmolVLAExpert)
+    assert (ours(template) - theirs).abs().max().item() > 1e-3
