@@ -217,6 +217,11 @@ def _stats(dim: int, center: float, scale: float) -> FeatureNormStats:
     )
 
 
+def _chw(pixels: torch.Tensor) -> torch.Tensor:
+    """``uint8 [B, H, W, C]`` → what lerobot takes: ``float [B, C, H, W]`` in [0, 1]."""
+    return (pixels.permute(0, 3, 1, 2).float() / 255).contiguous()
+
+
 def test_a_trained_tenant_exports_as_a_lerobot_policy_that_lerobot_runs_identically(
     base: ResidentBaseModel, tmp_path: Path
 ) -> None:
@@ -249,9 +254,7 @@ def test_a_trained_tenant_exports_as_a_lerobot_policy_that_lerobot_runs_identica
     }
     state = torch.randn(2, 6, generator=g)
     noise = torch.randn(2, 4, 8, generator=g)
-    obs = {
-        f"observation.images.{c}": p.permute(0, 3, 1, 2).float().contiguous() / 255 for c, p in pixels.items()
-    }
+    obs = {f"observation.images.{c}": _chw(p) for c, p in pixels.items()}
     theirs = lerobot_actions(
         out, {**obs, "observation.state": state, "noise": noise}, tmp_path / "r", select=True
     )
