@@ -279,3 +279,52 @@ def test_a_trained_tenant_exports_as_a_lerobot_policy_that_lerobot_runs_identica
     template = TenantSlot("u", own, base, SmolVLAExpertConfig()).action_module
     assert isinstance(template, SmolVLAExpert)
     assert (ours(template) - theirs).abs().max().item() > 1e-3
+
+
+def test_a_tenant_without_statistics_takes_the_checkpoints(base: ResidentBaseModel) -> None:
+    from joynexus.services.tenancy import TenantConfig, build_slot
+
+    assert base.smolvla is not None
+    fits = schema("fits", 6, 6, 4, (64, 64))
+    slot = build_slot(TenantConfig(tenant_id="n", schema=fits, head=SmolVLAExpertConfig()), base)
+    assert slot.normalization is not None
+    stats = base.smolvla.ckpt.stats
+    assert slot.normalization.action.mean == pytest.approx(stats["action"]["mean"])
+    assert slot.normalization.state is not None
+    assert slot.normalization.state.std == pytest.approx(stats["observation.state"]["std"])
+    # The tenant's own statistics win; and a narrower tenant keeps raw units.
+    own = NormalizationStats(state=_stats(6, 0.5, 2.0), action=_stats(6, 0.1, 1.0))
+    config = TenantConfig(tenant_id="o", schema=fits, head=SmolVLAExpertConfig(), normalization=own)
+    assert build_slot(config, base).normalization == own
+    narrow = TenantConfig(tenant_id="m", schema=SCHEMAS["b"], head=SmolVLAExpertConfig())
+    assert build_slot(narrow, base).normalization is None
+
+
+def test_models_export_cli_writes_the_tenants_lerobot_directory(
+    base: ResidentBaseModel, checkpoint: Path, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from joynexus.cli.main import app
+
+    slot = TenantSlot("t", SCHEMAS["c"], base, SmolVLAExpertConfig(), optimizer=OptimizerConfig())
+    GroupedExecutor(base, [slot]).train_step({"t": ObservationBatch.synthetic(SCHEMAS["c"], 2)})
+    save_slot(slot, tmp_path / "outputs", 1, include_optim=False)
+    out = tmp_path / "policy"
+    common = ["--outputs", str(tmp_path / "outputs"), "--base-model", str(checkpoint)]
+    args = ["models", "export", "--format", "lerobot", "--tenant", "t", "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, *common])
+    assert result.exit_code == 0, result.output
+    weights = load_file(str(out / "model.safetensors"))
+    expert = slot.action_module
+    assert isinstance(expert, SmolVLAExpert)
+    assert all(torch.equal(weights[k], v) for k, v in expert.expert_state().items())
+    assert len(weights) == len(load_file(str(checkpoint / "model.safetensors")))
+    # Another head's checkpoint is refused with the reason; an unknown format too.
+    oft = TenantSlot("o", SCHEMAS["c"], base, OFTHeadConfig(hidden_dim=16, num_blocks=1))
+    save_slot(oft, tmp_path / "outputs", 1, include_optim=False)
+    args = ["models", "export", "--tenant", "o", "--out", str(tmp_path / "x"), *common]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and "only a 'smolvla_expert' exports" in result.output
+    result = CliRunner().invoke(app, [*args, "--format", "onnx"])
+    assert result.exit_code != 0 and "lerobot" in result.output

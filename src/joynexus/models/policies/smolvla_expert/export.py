@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -38,7 +38,10 @@ def lerobot_stats(stats: NormalizationStats) -> dict[str, dict[str, list[float]]
     ``(x − mean) / std``, so any affine normalization (mean/std or quantiles) is its
     center and scale (floored as the tenant's own, see NormalizationStats)."""
     out: dict[str, dict[str, list[float]]] = {}
-    features: tuple[tuple[str, Any], ...] = (("action", ACTION_KEY), ("state", STATE_KEY))
+    features: tuple[tuple[Literal["state", "action"], str], ...] = (
+        ("action", ACTION_KEY),
+        ("state", STATE_KEY),
+    )
     for which, key in features:
         if which == "state" and stats.state is None:
             continue

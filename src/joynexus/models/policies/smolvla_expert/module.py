@@ -78,6 +78,12 @@ class SmolVLAExpert(PrefixFlowExpert):
         SpecError: the schema is wider or longer than the checkpoint allows.
     """
 
+    # Copies of the checkpoint's modules (set by name from PROJECTIONS).
+    state_proj: nn.Linear
+    action_in_proj: nn.Linear
+    action_time_mlp_in: nn.Linear
+    action_time_mlp_out: nn.Linear
+
     def __init__(
         self,
         config: SmolVLAExpertConfig,
