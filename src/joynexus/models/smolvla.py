@@ -32,6 +32,7 @@ import copy
 import importlib
 import json
 import math
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -444,7 +445,14 @@ def export_smolvla(
     dst = Path(out)
     dst.mkdir(parents=True, exist_ok=True)
     src = Path(model.ckpt.path)
-    (dst / "config.json").write_text((src / "config.json").read_text())
+    config = json.loads((src / "config.json").read_text())
+    vlm = Path(str(config["vlm_model_name"]))
+    if vlm.is_dir() and vlm.resolve().is_relative_to(src.resolve()):
+        # A VLM kept inside the checkpoint (a tiny one) travels with the export, so the
+        # directory stands alone once the checkpoint is gone.
+        shutil.copytree(vlm, dst / vlm.name, dirs_exist_ok=True)
+        config["vlm_model_name"] = str((dst / vlm.name).resolve())
+    (dst / "config.json").write_text(json.dumps(config, indent=4))
     # Tied tensors (a shared storage) are written as separate copies, as LeRobot does.
     state = {k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}
     for key, value in (tensors or {}).items():
