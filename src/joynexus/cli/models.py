@@ -187,9 +187,11 @@ def export_command(
     assert checkpoint is not None
     try:
         model_id = base_model or read_manifest(checkpoint).base_model_id
+        # Exported while a rebuilt tiny checkpoint still exists: a LeRobot export copies
+        # the checkpoint's config and processor files.
         with tempfile.TemporaryDirectory() as cache:
             base = load_base_model(BaseModelSpec(id=model_id), Path(cache))
-        path = exporters[export_format](checkpoint, out, base=base)
+            path = exporters[export_format](checkpoint, out, base=base)
     except JoyNexusError as error:
         raise typer.BadParameter(str(error), param_hint="--checkpoint") from None
     files = ", ".join(sorted(p.name for p in path.iterdir()))

@@ -44,6 +44,8 @@ from torch.nn import functional as F
 
 from joynexus.errors import InvalidRequestError
 from joynexus.interop.lerobot import (
+    POSTPROCESSOR,
+    PREPROCESSOR,
     WEIGHTS,
     LeRobotCheckpoint,
     read_lerobot_checkpoint,
@@ -446,12 +448,14 @@ def export_smolvla(
     dst.mkdir(parents=True, exist_ok=True)
     src = Path(model.ckpt.path)
     config = json.loads((src / "config.json").read_text())
-    vlm = Path(str(config["vlm_model_name"]))
+    vlm_name = str(config["vlm_model_name"])
+    vlm, moved = Path(vlm_name), None
     if vlm.is_dir() and vlm.resolve().is_relative_to(src.resolve()):
         # A VLM kept inside the checkpoint (a tiny one) travels with the export, so the
         # directory stands alone once the checkpoint is gone.
         shutil.copytree(vlm, dst / vlm.name, dirs_exist_ok=True)
-        config["vlm_model_name"] = str((dst / vlm.name).resolve())
+        moved = str((dst / vlm.name).resolve())
+        config["vlm_model_name"] = moved
     (dst / "config.json").write_text(json.dumps(config, indent=4))
     # Tied tensors (a shared storage) are written as separate copies, as LeRobot does.
     state = {k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}
@@ -464,4 +468,18 @@ def export_smolvla(
         state[key] = value.detach().to("cpu", state[key].dtype).clone().contiguous()
     save_file(state, str(dst / WEIGHTS), metadata={"format": "pt"})
     write_processors(src, dst, stats)
+    if moved is not None:
+        # The tokenizer step names the VLM too.
+        for name in (PREPROCESSOR, POSTPROCESSOR):
+            pipeline = json.loads((dst / name).read_text())
+            (dst / name).write_text(json.dumps(_renamed(pipeline, vlm_name, moved), indent=2))
     return dst
+
+
+def _renamed(value: Any, old: str, new: str) -> Any:
+    """``value`` (JSON data) with every string equal to ``old`` replaced by ``new``."""
+    if isinstance(value, dict):
+        return {k: _renamed(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_renamed(v, old, new) for v in value]
+    return new if value == old else value
