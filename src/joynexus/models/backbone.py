@@ -74,7 +74,7 @@ class ResidentBaseModel:
     Build it with :meth:`from_pretrained`. The wrapped module never requires grad;
     :meth:`encode` builds an autograd graph only when asked (``grad=True``), and then
     only tenant LoRA adapters can receive gradients. ``lora`` is the
-    :class:`~joynexus.models.lora.LoRAHost` of the language model's linear layers.
+    :class:`~joynexus.models.lora.LoRAHost` of the linear layers LoRA may adapt.
 
     A π0 checkpoint (``arch == "pi0"``) is resident as its PaliGemma prefix (``model``);
     ``pi0`` keeps its config and pretrained action expert, and :meth:`encode` also
