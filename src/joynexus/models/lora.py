@@ -175,6 +175,7 @@ class LoRAAdapter(nn.Module):
         #: The adapter reaches into the vision tower or its projection (rows = images).
         self.sees_images = config.vision or config.vision_projection
         self.module_names: tuple[str, ...] = tuple(shapes)
+        self._keys = {name: _key(name) for name in shapes}
         self.A = nn.ParameterDict()
         self.B = nn.ParameterDict()
         for name, (fan_in, fan_out) in shapes.items():
@@ -182,13 +183,22 @@ class LoRAAdapter(nn.Module):
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
             self.A[_key(name)] = nn.Parameter(a)
             self.B[_key(name)] = nn.Parameter(torch.zeros(fan_out, config.rank))
+        # The ParameterDicts' own storage (the same dicts for the module's lifetime).
+        self._a = self.A._parameters
+        self._b = self.B._parameters
 
     def pair(self, module_name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(A, B)`` of ``module_name``, or None when this adapter does not target it."""
-        key = _key(module_name)
-        if key not in self.A:
+        # Called by every hooked layer for every segment of every forward: a dict lookup
+        # of the key and the ParameterDicts' own storage, not ParameterDict's attribute
+        # protocol (which showed up in profiles of a grouped training step). Read each
+        # time, so parameters replaced by ``.to()`` or a state load are always current.
+        key = self._keys.get(module_name)
+        if key is None:
             return None
-        return self.A[key], self.B[key]
+        a, b = self._a[key], self._b[key]
+        assert a is not None and b is not None
+        return a, b
 
     def peft_state_dict(self) -> dict[str, torch.Tensor]:
         """The adapter under PEFT's saved names (``base_model.model.<m>.lora_A.weight``)."""
