@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,37 @@ def _fit(base: ResidentBaseModel, schema: DataSchema) -> DataSchema:
             "action_chunk": min(schema.action_chunk, ckpt.chunk_size),
         }
     )
+
+
+def paired_median_times(
+    fns: Mapping[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int
+) -> dict[str, tuple[float, float]]:
+    """Median wall and process-CPU seconds of each of ``fns``, timed in turns.
+
+    Each repeat runs every function once, in rotating order, so that on a shared machine
+    a burst of someone else's load hits all of them alike and the ratios between them
+    stay meaningful (timing one function's repeats after the other's does not).
+    Process CPU time counts this process's work only (on CPU; on a GPU it is the host
+    side), a second view that other processes' load barely moves.
+
+    Returns:
+        name → ``(wall_s, cpu_s)``.
+    """
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    wall: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(repeats):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            _sync(device)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fns[name]()
+            _sync(device)
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    return {n: (statistics.median(wall[n]), statistics.median(cpu[n])) for n in names}
 
 
 def _groups(base: ResidentBaseModel, num_tenants: int, batch: int, seed: int = 0) -> list[Group]:

@@ -80,7 +80,7 @@ class ResidentBaseModel:
     Build it with :meth:`from_pretrained`. The wrapped module never requires grad;
     :meth:`encode` builds an autograd graph only when asked (``grad=True``), and then
     only tenant LoRA adapters can receive gradients. ``lora`` is the
-    :class:`~joynexus.models.lora.LoRAHost` of the language model's linear layers.
+    :class:`~joynexus.models.lora.LoRAHost` of the linear layers LoRA may adapt.
 
     A π0 checkpoint (``arch == "pi0"``) is resident as its PaliGemma prefix (``model``);
     ``pi0`` keeps its config and pretrained action expert, and :meth:`encode` also
@@ -410,6 +410,16 @@ class ResidentBaseModel:
         feature.state_mask = feature.state_mask.to(self.device)
         feature.camera_mask = feature.camera_mask.to(self.device)
         return feature
+
+    def images_per_row(self, feature: VLAFeature) -> list[int]:
+        """How many images each row of ``feature`` feeds the vision tower, in row order
+        (LoRA on the vision tower maps images back to rows with this): every camera
+        slot, absent cameras as blank images; a π0 prefix encodes as many per row as
+        the batch's widest row has cameras, and masks the rest afterwards."""
+        per_row = self.num_camera_slots
+        if self.pi0 is not None:
+            per_row = int(feature.model_inputs["pixel_values"].shape[1])
+        return [per_row] * feature.batch_size
 
     def encode(self, feature: VLAFeature, *, grad: bool = False) -> BackboneOutput:
         """The shared frozen forward: last hidden state (+ chosen layers) and mask
