@@ -31,6 +31,7 @@ from fastapi import FastAPI, Request, Response, WebSocket
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 
 from joynexus.errors import JoyNexusError, ServiceUnavailableError
@@ -182,10 +183,12 @@ def front_app(config: ServerConfig, hub: HubClient, loopback: str) -> FastAPI:
             request.method,
             httpx.URL(path=request.url.path, query=request.url.query.encode()),
             headers=headers,
-            content=request.stream() if body is None else body,
+            content=_content(request) if body is None else body,
         )
         try:
             answer = await client.send(upstream, stream=True)
+        except ClientDisconnect:  # the client left while its body was being forwarded
+            return Response(status_code=400)
         except httpx.TransportError:
             raise ServiceUnavailableError(
                 "the model process is not answering; retry", service="model"
@@ -239,6 +242,14 @@ def front_app(config: ServerConfig, hub: HubClient, loopback: str) -> FastAPI:
         return await forward(request)
 
     return app
+
+
+def _content(request: Request) -> Any:
+    """The body to forward, streamed; none when the request declares none."""
+    headers = request.headers
+    if "content-length" in headers or "transfer-encoding" in headers:
+        return request.stream()
+    return None
 
 
 async def relay_websocket(websocket: WebSocket, loopback: str) -> None:
