@@ -96,9 +96,7 @@ def _answer(server: Server, tenant: str, headers: dict[str, str], body: bytes) -
 def test_predict_answers_and_errors_are_the_same_through_a_front(pair: dict[str, Any]) -> None:
     (plain, plain_keys), (front, front_keys) = pair["plain"], pair["front"]
     statuses = []
-    for i, (p_case, f_case) in enumerate(
-        zip(_cases(plain_keys), _cases(front_keys), strict=True)
-    ):
+    for i, (p_case, f_case) in enumerate(zip(_cases(plain_keys), _cases(front_keys), strict=True)):
         want, got = _answer(plain, *p_case), _answer(front, *f_case)
         assert got == want, f"case {i}: {got} != {want}"
         statuses.append(got[0])
