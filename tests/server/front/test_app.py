@@ -115,3 +115,29 @@ def test_other_routes_are_forwarded_unchanged(pair: dict[str, Any]) -> None:
         assert r.status_code == 404 and r.json()["code"] == "not_found"
         r = httpx.get(f"{server.url}/healthz", timeout=30)
         assert r.status_code == 200
+
+
+def _openpi_handshake(server: Server, headers: dict[str, str]) -> Any:
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    url = server.url.replace("http://", "ws://") + "/v1/openpi"
+    try:
+        with connect(url, additional_headers=headers, open_timeout=30, proxy=None) as ws:
+            return "metadata", unpackb(ws.recv(timeout=30))
+    except InvalidStatus as exc:
+        return exc.response.status_code, exc.response.body
+
+
+@pytest.mark.timeout(300)
+def test_the_openpi_websocket_is_relayed(pair: dict[str, Any]) -> None:
+    answers = {}
+    for name in ("plain", "front"):
+        server, keys = pair[name]
+        answers[name] = [
+            _openpi_handshake(server, {}),
+            _openpi_handshake(server, {"Authorization": "Api-Key jnx_bad.key"}),
+            _openpi_handshake(server, {"Authorization": f"Api-Key {keys['alice']}"}),
+        ]
+    assert answers["front"] == answers["plain"]
+    assert answers["plain"][0][0] == 401

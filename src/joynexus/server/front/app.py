@@ -258,14 +258,23 @@ async def relay_websocket(websocket: WebSocket, loopback: str) -> None:
     from websockets.exceptions import ConnectionClosed, InvalidStatus
 
     url = "ws" + loopback.removeprefix("http") + websocket.url.path
+    if websocket.url.query:
+        url += "?" + websocket.url.query
     keep = {"authorization", "api-key", REQUEST_ID_HEADER.lower()}
     headers = [(k, v) for k, v in websocket.headers.items() if k.lower() in keep]
     try:
         upstream = await connect(
             url, additional_headers=headers, max_size=None, compression=None, proxy=None
         )
-    except InvalidStatus as exc:  # refused at the handshake: refuse the client alike
-        await websocket.close(code=1008, reason=f"HTTP {exc.response.status_code}")
+    except InvalidStatus as exc:  # refused at the handshake: the same status and body
+        refused = exc.response
+        await websocket.send_denial_response(
+            Response(
+                bytes(refused.body or b""),
+                status_code=refused.status_code,
+                media_type=refused.headers.get("content-type"),
+            )
+        )
         return
     except OSError:
         await websocket.close(code=1011, reason="the model process is not answering")

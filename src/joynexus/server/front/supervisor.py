@@ -24,6 +24,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from pathlib import Path
@@ -46,6 +47,10 @@ SLOTS = 16
 SLOT_BYTES = 4 << 20
 STOP_TIMEOUT_S = 5.0
 POLL_S = 0.1
+#: A front that exits within this many seconds of its start is restarted with a delay
+#: doubling up to MAX_DELAY_S.
+QUICK_EXIT_S = 5.0
+MAX_DELAY_S = 10.0
 
 
 def default_front_procs() -> int:
@@ -78,6 +83,8 @@ class FrontSupervisor:
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     blocks: dict[int, shared_memory.SharedMemory] = field(default_factory=dict)
     restarts: int = 0
+    _started: dict[int, float] = field(default_factory=dict)
+    _delay: dict[int, float] = field(default_factory=dict)
 
     def start(self) -> None:
         for index in range(self.count):
@@ -111,10 +118,14 @@ class FrontSupervisor:
             "--limits",
             self.limits.model_dump_json(),
         ]
+        self._started[index] = time.monotonic()
         self.procs[index] = subprocess.Popen(
             cmd,
             pass_fds=(self.public.fileno(),),
             stdin=subprocess.DEVNULL,
+            # Its own session: a terminal's Ctrl-C reaches the model process, which stops
+            # the fronts itself (a front stopped first would only be restarted).
+            start_new_session=True,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
 
@@ -122,16 +133,25 @@ class FrontSupervisor:
         """Restart every front that exited, forever (polled: cheap, and no SIGCHLD
         handler to share with the simulators' process pools)."""
         while True:
+            now = time.monotonic()
             for index, proc in list(self.procs.items()):
-                if proc.poll() is not None:
-                    log.warning(
-                        "front process %d (pid %d) exited with %s; starting a new one",
-                        index,
-                        proc.pid,
-                        proc.returncode,
-                    )
-                    self.restarts += 1
-                    self._spawn(index)
+                if proc.poll() is None:
+                    continue
+                # One that dies soon after its start (a broken environment) is started
+                # again with a growing delay, not in a tight loop.
+                quick = now - self._started[index] < QUICK_EXIT_S
+                delay = min(MAX_DELAY_S, 2 * self._delay.get(index, POLL_S)) if quick else 0.0
+                if now < self._started[index] + delay:
+                    continue
+                self._delay[index] = delay or POLL_S
+                log.warning(
+                    "front process %d (pid %d) exited with %s; starting a new one",
+                    index,
+                    proc.pid,
+                    proc.returncode,
+                )
+                self.restarts += 1
+                self._spawn(index)
             await asyncio.sleep(POLL_S)
 
     def stop(self) -> None:
