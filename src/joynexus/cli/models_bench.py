@@ -230,6 +230,16 @@ def bench_serving(
             "deployments once per value, in that order, side by side in one run.",
         ),
     ] = None,
+    front_procs: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--front-procs",
+            min=0,
+            help="Ours' --front-procs (default: serve's, usable cores - 1). Repeat it "
+            "(--front-procs 0 --front-procs 1) to run ours once per value against one "
+            "baseline run; the baseline's servers always run with 0.",
+        ),
+    ] = None,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the results as JSON here.")
     ] = None,
@@ -256,7 +266,28 @@ def bench_serving(
         size=size,
         threads=threads,
         canonicalizers=kinds,
+        front_procs=front_procs,
         progress=lambda line: console.print(f"[dim]{line}[/dim]"),
+    )
+    print_report(result, console)
+    _write_json(result, json_path)
+
+
+@bench_app.command("front-channel")
+def bench_front_channel(
+    messages: Annotated[
+        int, typer.Option("--messages", min=10, help="Observations per channel and size.")
+    ] = 2000,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
+    ] = None,
+) -> None:
+    """How a front process hands a decoded observation to the model process: pickled in
+    the frame vs shared-memory slots (round-trip microseconds)."""
+    from joynexus.bench.front_channel import print_report, run_front_channel_bench
+
+    result = run_front_channel_bench(
+        messages=messages, progress=lambda line: console.print(f"[dim]{line}[/dim]")
     )
     print_report(result, console)
     _write_json(result, json_path)
