@@ -175,6 +175,7 @@ class LoRAAdapter(nn.Module):
         #: The adapter reaches into the vision tower or its projection (rows = images).
         self.sees_images = config.vision or config.vision_projection
         self.module_names: tuple[str, ...] = tuple(shapes)
+        self._keys = {name: _key(name) for name in shapes}
         self.A = nn.ParameterDict()
         self.B = nn.ParameterDict()
         for name, (fan_in, fan_out) in shapes.items():
@@ -182,13 +183,22 @@ class LoRAAdapter(nn.Module):
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
             self.A[_key(name)] = nn.Parameter(a)
             self.B[_key(name)] = nn.Parameter(torch.zeros(fan_out, config.rank))
+        # The ParameterDicts' own storage (the same dicts for the module's lifetime).
+        self._a = self.A._parameters
+        self._b = self.B._parameters
 
     def pair(self, module_name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(A, B)`` of ``module_name``, or None when this adapter does not target it."""
-        key = _key(module_name)
-        if key not in self.A:
+        # Called by every hooked layer for every segment of every forward: a dict lookup
+        # of the key and the ParameterDicts' own storage, not ParameterDict's attribute
+        # protocol (which showed up in profiles of a grouped training step). Read each
+        # time, so parameters replaced by ``.to()`` or a state load are always current.
+        key = self._keys.get(module_name)
+        if key is None:
             return None
-        return self.A[key], self.B[key]
+        a, b = self._a[key], self._b[key]
+        assert a is not None and b is not None
+        return a, b
 
     def peft_state_dict(self) -> dict[str, torch.Tensor]:
         """The adapter under PEFT's saved names (``base_model.model.<m>.lora_A.weight``)."""
@@ -250,7 +260,10 @@ def sgmv_torch(
 
     When the segments tile every row in equal sizes with one rank, dtype and dropout
     (the common case of a grouped step), the deltas are two batched matmuls over the
-    stacked adapters; otherwise one pair of matmuls per segment.
+    stacked adapters; otherwise one pair of matmuls per segment. Either way the scale
+    rides on the rank-sized intermediate (or the matmul's ``alpha``) and the second
+    matmul adds into the base output in the same op (``baddbmm`` / ``addmm``): no
+    output-sized temporaries, which in a training step are also saved for backward.
     """
     if _uniform(x, segments):
         return _batched_delta(x, base_out, segments, training)
@@ -262,12 +275,21 @@ def sgmv_torch(
         xs = x[seg.start : seg.stop].to(seg.a.dtype)
         if training and seg.dropout > 0:
             xs = F.dropout(xs, seg.dropout, training=True)
-        delta = (xs @ seg.a.t()) @ seg.b.t()
-        parts.append(base_out[seg.start : seg.stop] + (delta * seg.scaling).to(base_out.dtype))
+        parts.append(_add_low_rank(base_out[seg.start : seg.stop], xs, seg))
         row = seg.stop
     if row < int(base_out.shape[0]):
         parts.append(base_out[row:])
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _add_low_rank(base: torch.Tensor, xs: torch.Tensor, seg: KernelSegment) -> torch.Tensor:
+    """``base + scaling * (xs @ A.T) @ B.T`` for one segment's rows."""
+    xa = xs.reshape(-1, xs.shape[-1]) @ seg.a.t()
+    if base.dtype != xa.dtype:
+        delta = (xa @ seg.b.t()) * seg.scaling
+        return base + delta.reshape(base.shape).to(base.dtype)
+    flat = torch.addmm(base.reshape(-1, base.shape[-1]), xa, seg.b.t(), alpha=seg.scaling)
+    return flat.reshape(base.shape)
 
 
 def _uniform(x: torch.Tensor, segments: Sequence[KernelSegment]) -> bool:
@@ -303,10 +325,17 @@ def _batched_delta(
     xs = x.to(first.a.dtype).reshape(n, -1, x.shape[-1])  # [S, rows/S * ..., in]
     if training and first.dropout > 0:
         xs = F.dropout(xs, first.dropout, training=True)
-    delta = torch.bmm(torch.bmm(xs, a.transpose(1, 2)), b.transpose(1, 2))
-    scales = torch.tensor([seg.scaling for seg in segments], dtype=delta.dtype)
-    delta = delta * scales.to(delta.device).view(n, 1, 1)
-    return base_out + delta.reshape(base_out.shape).to(base_out.dtype)
+    xa = torch.bmm(xs, a.transpose(1, 2))  # [S, m, r]: rank-sized, cheap to scale
+    alpha = first.scaling
+    if any(seg.scaling != alpha for seg in segments):
+        scales = torch.tensor([seg.scaling for seg in segments], dtype=xa.dtype)
+        xa = xa * scales.to(xa.device).view(n, 1, 1)
+        alpha = 1.0
+    if base_out.dtype != xa.dtype:
+        delta = torch.bmm(xa, b.transpose(1, 2)) * alpha
+        return base_out + delta.reshape(base_out.shape).to(base_out.dtype)
+    base3 = base_out.reshape(n, -1, base_out.shape[-1])
+    return torch.baddbmm(base3, xa, b.transpose(1, 2), alpha=alpha).reshape(base_out.shape)
 
 
 _kernel: SegmentedLoRAKernel = sgmv_torch
