@@ -15,7 +15,8 @@
 #                         (--size 3b, ~3.4B parameters; tiny in a dry run)
 #   lora                  mixed-adapter LoRA forward / forward+backward, bf16, small size
 #   serving               one shared server vs one single-policy server per tenant (when
-#                         `joynexus bench serving` exists; it runs its servers on CPU)
+#                         `joynexus bench serving` exists; it runs its servers on CPU),
+#                         ours with front processes (cores - 1) and without
 #   canonicalize          tensor canonicalization (pixels laid out on the GPU) vs the
 #                         Hugging Face processor: equality and ms per batch, every arch
 #   pi0                   group batching with pi0 (shared PaliGemma prefix, per-tenant action
@@ -70,7 +71,8 @@ if [[ $dry -eq 1 ]]; then
   grid=(--tenants 2 --batch 1 --repeats 1 --warmup 0 --breakdown 2,1)
   large_grid=("${grid[@]}")
   lora=(--tenants 2 --ranks 8 --repeats 1 --warmup 0 --no-peft)
-  serving=(--tenants 2 --clients-per-tenant 1 --duration-s 0.5 --requests 3 --size tiny)
+  serving=(--tenants 2 --clients-per-tenant 1 --duration-s 0.5 --requests 3 --size tiny
+    --front-procs 1)
   canon=(--arch qwen2_5_vl --tenants 2 --repeats 1)
   pi0_grid=("${grid[@]}")
 else
@@ -81,7 +83,11 @@ else
   grid=(--tenants 2,4,8,16 --batch 1,4,8 --repeats 5 --warmup 2 --breakdown 8,4)
   large_grid=(--tenants 2,4,8 --batch 1,4 --repeats 3 --warmup 1 --breakdown 8,4)
   lora=(--tenants 8 --ranks 8,32 --repeats 9 --warmup 3)
-  serving=(--tenants 8 --size small --duration-s 20)
+  # Ours with front processes (usable cores - 1, serve's default) and without, against
+  # one baseline run; tensor canonicalization (the default) on every server.
+  fronts=$(($(nproc) > 1 ? $(nproc) - 1 : 1))
+  serving=(--tenants 8 --size small --duration-s 20 --front-procs "$fronts" --front-procs 0
+    --canonicalizer tensor)
   canon=(--tenants 8 --repeats 20)
   pi0_grid=(--tenants 2,4,8 --batch 1,4 --repeats 5 --warmup 2 --breakdown 8,1)
   py="$(dirname "$jn")/python"

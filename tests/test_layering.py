@@ -257,6 +257,15 @@ LIGHT: dict[str, tuple[str, ...]] = {
         "joynexus.client",
         "joynexus.cli",
     ),
+    # A front process: HTTP decoding without torch or anything that hosts the model.
+    "joynexus.server.front.worker": (
+        "torch",
+        "joynexus.master",
+        "joynexus.runtime",
+        "joynexus.workflows",
+        "joynexus.client",
+        "joynexus.cli",
+    ),
     "joynexus.control.scheduler": _except("joynexus.control", "joynexus.errors", "joynexus.utils"),
     # The Inference Queue; the Training Queue stores torch tensors and imports torch.
     "joynexus.queues.inference": _except("joynexus.queues", "joynexus.errors", "joynexus.utils"),

@@ -3,11 +3,15 @@
 Two deployments serve the same N tenants the same closed-loop ``predict`` traffic over
 HTTP, one after the other, on this machine:
 
-* **ours**: one ``joynexus serve`` process, one resident backbone, every tenant's
-  requests group-batched by the Inference Queue;
+* **ours**: one ``joynexus serve`` deployment, one resident backbone, every tenant's
+  requests group-batched by the Inference Queue; with ``front_procs`` > 0 (the
+  default: serve's own, usable cores − 1) its front processes decode and encode HTTP
+  and hand the tensors to the model process through shared memory
+  (:mod:`joynexus.server.front`); several values run ours once per value against the
+  same baseline;
 * **baseline**: what users would otherwise run, one single-policy server per tenant
-  (a ``joynexus serve`` hosting that tenant alone), each with its own copy of the same
-  backbone.
+  (a ``joynexus serve --front-procs 0`` hosting that tenant alone: one process, as a
+  single-policy server is), each with its own copy of the same backbone.
 
 Every server is a subprocess on a free 127.0.0.1 port, started and always stopped by the
 bench (:mod:`joynexus.bench.server_procs`: SIGTERM, then SIGKILL, then whatever the
@@ -35,10 +39,9 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httpx
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
 from joynexus.bench.server_procs import RssSampler, Server, running_servers
+from joynexus.bench.serving_report import print_report
 from joynexus.metrics.stages import PER_BATCH_STAGES, PREDICT_STAGES
 from joynexus.wire import MSGPACK_MEDIA_TYPE, packb
 
@@ -284,6 +287,7 @@ def run_serving_bench(
     threads: int = 1,
     model_dir: Path | None = None,
     canonicalizers: Sequence[str] = ("tensor",),
+    front_procs: Sequence[int] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Run both deployments one after the other; the figures and ratios (JSON-ready).
@@ -301,6 +305,9 @@ def run_serving_bench(
             run once per canonicalizer in this order, in one session, and the result
             keeps each run's figures under ``by_canonicalizer`` (before/after, side by
             side on the same machine state).
+        front_procs: Ours' ``--front-procs`` (default: serve's default). Several: ours
+            runs once per value against one baseline run; the result's ``ours`` and
+            ratios are the first value's, ``by_front_procs`` holds every value's.
     """
 
     say = progress or (lambda _line: None)
@@ -316,8 +323,18 @@ def run_serving_bench(
             threads,
             model_dir,
             list(canonicalizers),
+            _fronts(front_procs),
             say,
         )
+
+
+def _fronts(front_procs: Sequence[int] | None) -> list[int]:
+    from joynexus.server.front.supervisor import default_front_procs
+
+    values = [default_front_procs()] if not front_procs else list(front_procs)
+    if any(v < 0 for v in values) or len(set(values)) != len(values):
+        raise ValueError(f"front_procs: distinct values >= 0 expected, got {values}")
+    return values
 
 
 @contextmanager
@@ -343,29 +360,44 @@ def _pair(
     model: str,
     threads: int,
     canonicalizer: str,
+    fronts: Sequence[int],
     load: dict[str, Any],
     say: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Ours, then the baseline, every server with ``--canonicalizer canonicalizer``."""
+    """Ours (once per ``fronts`` value), then the baseline, every server with
+    ``--canonicalizer canonicalizer``."""
     args = ["--canonicalizer", canonicalizer]
     tenants = len(names)
-    say(f"ours ({canonicalizer}): one server, {tenants} tenants")
-    with running_servers(root / "ours", ["server"], model, threads, args) as (server,):
-        targets = [_Target(t, server.url, _open_tenant(server, t, model)) for t in names]
-        say(f"ours: {tenants}x{load['clients']} clients for {load['duration_s']:g} s")
-        ours = _side("ours", [server], targets, **load)
+    ours_runs: dict[int, dict[str, Any]] = {}
+    for n in fronts:
+        say(f"ours ({canonicalizer}, {n} front procs): one server, {tenants} tenants")
+        ours_args = [*args, "--front-procs", str(n)]
+        with running_servers(root / f"ours-f{n}", ["server"], model, threads, ours_args) as (
+            server,
+        ):
+            targets = [_Target(t, server.url, _open_tenant(server, t, model)) for t in names]
+            say(f"ours: {tenants}x{load['clients']} clients for {load['duration_s']:g} s")
+            ours_runs[n] = {"front_procs": n, **_side("ours", [server], targets, **load)}
 
     say(f"baseline ({canonicalizer}): {tenants} single-policy servers")
-    with running_servers(root / "baseline", names, model, threads, args) as servers:
+    base_args = [*args, "--front-procs", "0"]
+    with running_servers(root / "baseline", names, model, threads, base_args) as servers:
         targets = [
             _Target(t, s.url, _open_tenant(s, t, model))
             for t, s in zip(names, servers, strict=True)
         ]
         say(f"baseline: {tenants}x{load['clients']} clients for {load['duration_s']:g} s")
         base = _side("baseline", servers, targets, **load)
+    variants = {str(n): _versus(ours, base) for n, ours in ours_runs.items()}
+    out = {**variants[str(fronts[0])], "baseline": base}
+    if len(fronts) > 1:
+        out["by_front_procs"] = variants
+    return out
+
+
+def _versus(ours: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     return {
         "ours": ours,
-        "baseline": base,
         "throughput_ratio": _ratio(ours["req_per_s"], base["req_per_s"]),
         "memory_ratio": _ratio(base["rss_peak_mb"], ours["rss_peak_mb"]),
         "memory_ratio_pss": _ratio(base["pss_after_mb"], ours["pss_after_mb"]),
@@ -383,6 +415,7 @@ def _run(
     threads: int,
     model_dir: Path | None,
     canonicalizers: list[str],
+    fronts: list[int],
     say: Callable[[str], None],
 ) -> dict[str, Any]:
     from joynexus.models.tiny import make_tiny
@@ -397,7 +430,7 @@ def _run(
             say(f"building the {size} qwen2_5_vl model")
             model_dir = make_tiny("qwen2_5_vl", root / "model", size=cast("TinySize", size), seed=0)
         for kind in canonicalizers:
-            runs[kind] = _pair(root / kind, names, str(model_dir), threads, kind, load, say)
+            runs[kind] = _pair(root / kind, names, str(model_dir), threads, kind, fronts, load, say)
 
     config = {
         "tenants": tenants,
@@ -410,124 +443,10 @@ def _run(
         "observation": f"1 x {IMAGE_SIZE}x{IMAGE_SIZE} camera + state[{STATE_DIM}]",
         "cpu_count": os.cpu_count(),
         "load_avg_1m_at_start": load_1m,
+        "load_avg_1m_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "canonicalizers": canonicalizers,
+        "front_procs": fronts,
     }
     if len(runs) == 1:
         return {"config": config, **runs[canonicalizers[0]]}
     return {"config": config, "by_canonicalizer": runs}
-
-
-def print_report(result: dict[str, Any], console: Console) -> None:
-    runs = result.get("by_canonicalizer")
-    if runs is None:
-        _print_run(result, console)
-        return
-    for kind, run in runs.items():
-        console.print(f"[bold]canonicalizer: {kind}[/bold]")
-        _print_run({"config": result["config"], **run}, console)
-    summary = Table(
-        "canonicalizer",
-        "ours req/s",
-        "baseline req/s",
-        "throughput_ratio",
-        "p99_ratio",
-        "memory_ratio",
-        "ours canonicalize ms/req",
-        "ours overhead ms/req",
-        title="side by side (one session)",
-    )
-    for kind, run in runs.items():
-        per_request = run["ours"]["stages"]["per_request"]
-        summary.add_row(
-            kind,
-            f"{run['ours']['req_per_s']:.1f}",
-            f"{run['baseline']['req_per_s']:.1f}",
-            f"{run['throughput_ratio']:.2f}",
-            f"{run['p99_ratio']:.2f}",
-            f"{run['memory_ratio']:.2f}",
-            f"{per_request['canonicalize_ms']:.2f}",
-            f"{run['ours']['stages']['overhead_ms']:.2f}",
-        )
-    console.print(summary)
-
-
-def _print_run(result: dict[str, Any], console: Console) -> None:
-    cfg = result["config"]
-    table = Table(
-        "side",
-        "srv",
-        "reqs",
-        "errors",
-        "req/s",
-        "p50 ms",
-        "p99 ms",
-        "RSS MB",
-        "PSS MB",
-        title=(
-            f"serving: {cfg['tenants']} tenants x {cfg['clients_per_tenant']} clients, "
-            f"{cfg['size']} model, {cfg['duration_s']:g} s per side"
-        ),
-    )
-    for side in ("ours", "baseline"):
-        r = result[side]
-        table.add_row(
-            side,
-            str(r["servers"]),
-            str(r["requests"]),
-            str(r["errors"]),
-            f"{r['req_per_s']:.1f}",
-            f"{r['p50_ms']:.1f}",
-            f"{r['p99_ms']:.1f}",
-            f"{r['rss_peak_mb']:.0f}",
-            f"{r['pss_after_mb']:.0f}",
-        )
-    console.print(table)
-    stages = Table(
-        "side",
-        "batches",
-        "rows/b",
-        "ten/b",
-        "mean ms",
-        "dev ms",
-        "other ms",
-        "busy",
-        title="where a request's time goes (device: its batch's canonicalize + backbone + "
-        "heads; other: HTTP, queue and lock wait, client)",
-    )
-    for side in ("ours", "baseline"):
-        st = result[side]["stages"]
-        stages.add_row(
-            side,
-            str(st["batches"]),
-            f"{st['mean_batch_rows']:.2f}",
-            f"{st['mean_batch_tenants']:.2f}",
-            f"{st['client_mean_ms']:.1f}",
-            f"{st['device_ms_per_batch']:.1f}",
-            f"{st['other_ms']:.1f}",
-            f"{st['device_busy_fraction']:.0%}",
-        )
-    console.print(stages)
-    breakdown = Table(
-        "stage",
-        "ours ms/request",
-        "baseline ms/request",
-        title="where a request's time goes, by stage (per-batch stages: the batch's time "
-        "divided by the requests it answered)",
-    )
-    rows = [(stage, f"{stage}_ms") for stage in PREDICT_STAGES]
-    for label, key in rows:
-        breakdown.add_row(
-            label,
-            *(f"{result[side]['stages']['per_request'][key]:.2f}" for side in ("ours", "baseline")),
-        )
-    breakdown.add_row(
-        "overhead (decode + admission + canonicalize + encode)",
-        *(f"{result[side]['stages']['overhead_ms']:.2f}" for side in ("ours", "baseline")),
-    )
-    console.print(breakdown)
-    console.print(
-        f"throughput_ratio {result['throughput_ratio']:.2f} (target >= 2), "
-        f"memory_ratio {result['memory_ratio']:.2f} (target >= 4; "
-        f"PSS {result['memory_ratio_pss']:.2f}), "
-        f"p99_ratio {result['p99_ratio']:.2f} (target <= 1)"
-    )

@@ -51,7 +51,12 @@ def _int_list(value: str, option: str) -> list[int]:
 @bench_app.command("group-batching")
 def bench_group_batching(
     arch: Annotated[
-        str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm | pi0")
+        str,
+        typer.Option(
+            "--arch",
+            help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm | pi0 | smolvla (a tiny LeRobot "
+            "SmolVLA checkpoint, built by the real lerobot)",
+        ),
     ] = "qwen2_5_vl",
     size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
     tenants: Annotated[str, typer.Option("--tenants", help="Tenant counts.")] = "2,4,6,8",
@@ -76,7 +81,13 @@ def bench_group_batching(
     """Shared-forward throughput, serial vs grouped: speedup grid and forward breakdown."""
     from joynexus.bench.group_batching import print_report, run_group_batching
 
-    _check_model_options(arch, size, device)
+    if arch == "smolvla":
+        # A tiny LeRobot SmolVLA checkpoint, built by the real lerobot in its venv.
+        _check_model_options("smolvlm", size, device)
+        if size != "tiny":
+            raise typer.BadParameter("smolvla is built at --size tiny", param_hint="--size")
+    else:
+        _check_model_options(arch, size, device)
     bd = _int_list(breakdown, "--breakdown")
     if len(bd) != 2:
         raise typer.BadParameter("expected TENANTS,BATCH, e.g. 8,4", param_hint="--breakdown")
@@ -231,6 +242,16 @@ def bench_serving(
             "deployments once per value, in that order, side by side in one run.",
         ),
     ] = None,
+    front_procs: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--front-procs",
+            min=0,
+            help="Ours' --front-procs (default: serve's, usable cores - 1). Repeat it "
+            "(--front-procs 0 --front-procs 1) to run ours once per value against one "
+            "baseline run; the baseline's servers always run with 0.",
+        ),
+    ] = None,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the results as JSON here.")
     ] = None,
@@ -257,7 +278,28 @@ def bench_serving(
         size=size,
         threads=threads,
         canonicalizers=kinds,
+        front_procs=front_procs,
         progress=lambda line: console.print(f"[dim]{line}[/dim]"),
+    )
+    print_report(result, console)
+    _write_json(result, json_path)
+
+
+@bench_app.command("front-channel")
+def bench_front_channel(
+    messages: Annotated[
+        int, typer.Option("--messages", min=10, help="Observations per channel and size.")
+    ] = 2000,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
+    ] = None,
+) -> None:
+    """How a front process hands a decoded observation to the model process: pickled in
+    the frame vs shared-memory slots (round-trip microseconds)."""
+    from joynexus.bench.front_channel import print_report, run_front_channel_bench
+
+    result = run_front_channel_bench(
+        messages=messages, progress=lambda line: console.print(f"[dim]{line}[/dim]")
     )
     print_report(result, console)
     _write_json(result, json_path)

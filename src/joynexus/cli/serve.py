@@ -214,6 +214,17 @@ def serve(
             "--max-connections", min=1, help="Open connections; more are closed (503 above)."
         ),
     ] = 512,
+    front_procs: Annotated[
+        int | None,
+        typer.Option(
+            "--front-procs",
+            min=0,
+            help="Front processes that accept HTTP on the port and decode / encode "
+            "predict requests, handing tensors to this process through shared memory "
+            "(other routes are forwarded unchanged). Default: usable cores - 1, at least "
+            "1; 0: this process does everything.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the HTTP API with a live Master Service (workloads can be submitted any time).
 
@@ -359,7 +370,22 @@ def serve(
         # Slow or half-open clients and accept-error storms: see server.connections.
         install_log_limits(connection_limits)
         options = uvicorn_options(connection_limits)
-        if openpi_port is None:
+        from joynexus.server.front.supervisor import default_front_procs, serve_with_fronts
+
+        fronts = default_front_procs() if front_procs is None else front_procs
+        if fronts > 0:
+            console.print(f"{fronts} front process(es) decode HTTP on port {port}")
+            side = None if openpi_port is None else _openpi_server(live.app, host, openpi_port)
+            serve_with_fronts(
+                live.app,
+                host=host,
+                port=port,
+                fronts=fronts,
+                options=options,
+                limits=connection_limits,
+                side=side,
+            )
+        elif openpi_port is None:
             uvicorn.run(live.app, host=host, port=port, log_level="info", **options)
         else:
             _serve_with_openpi(live.app, host, port, openpi_port, options)
@@ -504,19 +530,27 @@ def _serve_with_openpi(
 
     import uvicorn
 
-    from joynexus.server.openpi import OPENPI, openpi_app
     from joynexus.server.openpi.app import serve_together
+
+    asyncio.run(
+        serve_together(
+            uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", **options)),
+            _openpi_server(app, host, openpi_port),
+        )
+    )
+
+
+def _openpi_server(app: FastAPI, host: str, openpi_port: int) -> Any:
+    """The openpi port's server (its own app, the main app's state)."""
+    import uvicorn
+
+    from joynexus.server.openpi import OPENPI, openpi_app
 
     state = app.state.joynexus
     side = openpi_app(state, state.service(OPENPI))
     console.print(
         f"openpi websocket policy endpoint: ws://{host}:{openpi_port} (GET /healthz there)"
     )
-    asyncio.run(
-        serve_together(
-            uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", **options)),
-            uvicorn.Server(
-                uvicorn.Config(side, host=host, port=openpi_port, log_level="info", lifespan="off")
-            ),
-        )
+    return uvicorn.Server(
+        uvicorn.Config(side, host=host, port=openpi_port, log_level="info", lifespan="off")
     )

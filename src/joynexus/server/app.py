@@ -36,7 +36,7 @@ from joynexus.server.state import ServerState, ServiceRegistry
 from joynexus.server.wire import add_component_schemas
 from joynexus.utils.clock import Clock, SystemClock
 
-__all__ = ["API_VERSION", "create_app"]
+__all__ = ["API_VERSION", "create_app", "install_request_ids"]
 
 API_VERSION = "v1"
 _TITLE = "JoyNexus"
@@ -115,16 +115,7 @@ def create_app(
     )
     app.add_middleware(BodyLimitMiddleware, limits=body_limits)
 
-    @app.middleware("http")
-    async def request_ids(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        incoming = request.headers.get(REQUEST_ID_HEADER, "")
-        rid = incoming if 0 < len(incoming) <= 64 and incoming.isalnum() else uuid.uuid4().hex
-        request.state.request_id = rid
-        response = await call_next(request)
-        response.headers.setdefault(REQUEST_ID_HEADER, rid)
-        return response
+    install_request_ids(app)
 
     routers = (
         health.router,
@@ -154,3 +145,19 @@ def create_app(
 
     app.openapi = openapi  # type: ignore[method-assign]
     return app
+
+
+def install_request_ids(app: FastAPI) -> None:
+    """Give every request an id (the client's ``X-Request-ID`` when it is a short
+    alphanumeric one, else a new one), echoed in the response's header."""
+
+    @app.middleware("http")
+    async def request_ids(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        incoming = request.headers.get(REQUEST_ID_HEADER, "")
+        rid = incoming if 0 < len(incoming) <= 64 and incoming.isalnum() else uuid.uuid4().hex
+        request.state.request_id = rid
+        response = await call_next(request)
+        response.headers.setdefault(REQUEST_ID_HEADER, rid)
+        return response

@@ -33,6 +33,7 @@ from joynexus.utils.files import storage_full_cause
 __all__ = [
     "REQUEST_ID_HEADER",
     "document_error_bodies",
+    "error_response",
     "install_error_handlers",
     "request_id",
 ]
@@ -180,3 +181,15 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)
+
+
+async def error_response(request: Request, exc: Exception) -> JSONResponse:
+    """The response the handlers above give ``exc`` (for code that runs outside a
+    route: the front processes' hub answers a predict's errors with it)."""
+    if isinstance(exc, JoyNexusError):
+        return await _joynexus_error(request, exc)
+    if isinstance(exc, RequestValidationError):
+        return await _validation_error(request, exc)
+    if isinstance(exc, StarletteHTTPException):
+        return await _http_error(request, exc)
+    return await _unexpected(request, exc)

@@ -41,6 +41,7 @@ __all__ = [
     "Tensor",
     "add_component_schemas",
     "decode_body",
+    "decode_bytes",
     "read_body",
     "respond",
     "tensor_body",
@@ -179,7 +180,21 @@ async def decode_body(
         RequestValidationError: the body does not match ``model`` (answered as 422).
     """
     raw = await read_body(request, max_body_bytes)
-    media = _media_type(request.headers.get("content-type"))
+    return decode_bytes(
+        raw, request.headers.get("content-type"), model, max_tensor_bytes=max_tensor_bytes
+    )
+
+
+def decode_bytes(
+    raw: bytes, content_type: str | None, model: type[M], *, max_tensor_bytes: int
+) -> M:
+    """Decode (JSON or msgpack) and validate a body already read into ``model``.
+
+    Raises:
+        UnsupportedMediaTypeError, InvalidRequestError: bad bodies.
+        RequestValidationError: the body does not match ``model`` (answered as 422).
+    """
+    media = _media_type(content_type)
     if media in _MSGPACK_TYPES:
         obj = unpackb(raw)
     elif media in ("", "application/json"):

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from joynexus.errors import LimitExceededError, SchemaMismatchError
 from joynexus.metrics.stages import StageMeter
 from joynexus.models.batch import ObservationBatch
+from joynexus.server.config import ServerConfig
 from joynexus.server.futures import FutureRef
 from joynexus.server.names import Name, PathName
 from joynexus.server.routes.metrics import METRICS
@@ -179,17 +180,17 @@ class ExportOut(BaseModel):
     named_tensors: dict[str, Tensor]
 
 
-def _own(tenant_id: PathName, principal: TenantPrincipal, state: State) -> str:
+def own_slot(tenant_id: PathName, principal: TenantPrincipal, state: State) -> str:
     # A dependency, so a foreign slot answers 403 before the body is even validated;
     # the one tenant check of the predict path.
     return state.gateway.own_slot(tenant_id, tenant_id_of(principal))
 
 
 #: The calling tenant, which must be the ``{tenant_id}`` of the path.
-OwnSlot = Annotated[str, Depends(_own)]
+OwnSlot = Annotated[str, Depends(own_slot)]
 
 
-def _primitives(state: ServerState) -> ModelPrimitives:
+def primitives(state: ServerState) -> ModelPrimitives:
     """The Master's model primitives behind the gateway (503 without a Master)."""
     return state.gateway.master.primitives
 
@@ -214,10 +215,10 @@ async def predict(tenant: OwnSlot, request: Request, state: State) -> Any:
     """``predict``: actions (and log-probs in ``sample`` mode, values with a critic)."""
     started = time.perf_counter()
     body: PredictIn = await _body(request, state, PredictIn)
-    _check_predict_size(state, body.observations)
+    check_predict_size(state.config, body.observations)
     observations = body.observations.batch()
     decoded = time.perf_counter()
-    result = await _primitives(state).predict(tenant, observations, body.policy_version, body.mode)
+    result = await primitives(state).predict(tenant, observations, body.policy_version, body.mode)
     answered = time.perf_counter()
     out = PredictOut.model_construct(
         actions=np.asarray(result.actions, dtype=np.float32),
@@ -227,16 +228,15 @@ async def predict(tenant: OwnSlot, request: Request, state: State) -> Any:
         flow_chain=_f32(result.chain),
     )
     response = respond(request, out)
-    stages = _stage_meter(state)
+    stages = stage_meter(state)
     if stages is not None:
         stages.add("http_decode", decoded - started)
         stages.add("http_encode", time.perf_counter() - answered)
     return response
 
 
-def _check_predict_size(state: ServerState, obs: ObservationsIn) -> None:
+def check_predict_size(cfg: ServerConfig, obs: ObservationsIn) -> None:
     """Bound the rows and text one predict puts on the shared backbone (422)."""
-    cfg = state.config
     rows = len(obs.instructions)
     if rows > cfg.max_predict_rows:
         raise LimitExceededError(
@@ -259,7 +259,7 @@ def _check_predict_size(state: ServerState, obs: ObservationsIn) -> None:
         )
 
 
-def _stage_meter(state: ServerState) -> StageMeter | None:
+def stage_meter(state: ServerState) -> StageMeter | None:
     """The Metrics Service's predict-stage meter, when this server has one."""
     metrics = state.services.extras.get(METRICS)
     stages = getattr(metrics, "stages", None)
@@ -287,7 +287,7 @@ async def train_batch(tenant: OwnSlot, request: Request, state: State) -> StepOu
         flow_chain=_f32(body.flow_chain),
     )
     batch.check()  # every field against the batch: a bad one never reaches the optimizer
-    step = await _primitives(state).train_batch(tenant, batch)
+    step = await primitives(state).train_batch(tenant, batch)
     return StepOut(
         loss=float(step.loss), policy_version=int(step.policy_version), grad_norm=step.grad_norm
     )
@@ -296,7 +296,7 @@ async def train_batch(tenant: OwnSlot, request: Request, state: State) -> StepOu
 @router.post("/export_params", responses=tensor_response(ParamsOut))
 async def export_params(tenant: OwnSlot, request: Request, state: State) -> Any:
     """``export_params``: the tenant's current action-module tensors (no shared base)."""
-    version, signature, named = await _primitives(state).export_params(tenant)
+    version, signature, named = await primitives(state).export_params(tenant)
     out = ParamsOut.model_construct(
         tenant_id=tenant, policy_version=version, schema_signature=signature, named_tensors=named
     )
@@ -314,7 +314,7 @@ async def load_weights(tenant: OwnSlot, request: Request, state: State) -> LoadW
     body: LoadWeightsIn = await _body(request, state, LoadWeightsIn)
     for name, arr in body.named_tensors.items():
         check_tensor(arr, name=f"named_tensors[{name!r}]", finite=True)
-    served = await _primitives(state).load_weights(tenant, body.version, body.named_tensors)
+    served = await primitives(state).load_weights(tenant, body.version, body.named_tensors)
     return LoadWeightsOut(policy_version=served)
 
 
@@ -326,7 +326,7 @@ def _submit(state: ServerState, tenant: str, kind: str, work: Any) -> FutureRef:
 @router.post("/save", status_code=status.HTTP_202_ACCEPTED, response_model=FutureRef)
 async def save(tenant: OwnSlot, body: SaveIn, state: State) -> FutureRef:
     """``save``: checkpoint the slot; the future's result lists the written paths."""
-    slots = _primitives(state)
+    slots = primitives(state)
     slots.require_slot(tenant)
 
     async def work() -> dict[str, Any]:
@@ -338,7 +338,7 @@ async def save(tenant: OwnSlot, body: SaveIn, state: State) -> FutureRef:
 @router.post("/rollout", status_code=status.HTTP_202_ACCEPTED, response_model=FutureRef)
 async def rollout(tenant: OwnSlot, body: RolloutIn, state: State) -> FutureRef:
     """``rollout``: an env loop over ``predict`` into a reserved job's partition (future)."""
-    slots = _primitives(state)
+    slots = primitives(state)
     slots.require_slot(tenant)
 
     async def work() -> dict[str, Any]:
@@ -359,7 +359,7 @@ async def rollout(tenant: OwnSlot, body: RolloutIn, state: State) -> FutureRef:
 @router.post("/train_job", status_code=status.HTTP_202_ACCEPTED, response_model=FutureRef)
 async def train_job(tenant: OwnSlot, body: TrainJobIn, state: State) -> FutureRef:
     """``train_job``: train a leased job of the tenant from its partition (future)."""
-    slots = _primitives(state)
+    slots = primitives(state)
     slots.require_slot(tenant)
 
     async def work() -> dict[str, Any]:
@@ -371,5 +371,5 @@ async def train_job(tenant: OwnSlot, body: TrainJobIn, state: State) -> FutureRe
 @router.get("/export", responses=tensor_response(ExportOut))
 async def export(tenant: OwnSlot, request: Request, state: State) -> Any:
     """The tenant's action module with a manifest (schema, head, version, base model id)."""
-    manifest, named = await _primitives(state).export(tenant)
+    manifest, named = await primitives(state).export(tenant)
     return respond(request, ExportOut.model_construct(manifest=manifest, named_tensors=named))

@@ -1,0 +1,157 @@
+"""The tables of ``joynexus bench serving`` (:mod:`joynexus.bench.serving`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from joynexus.metrics.stages import PREDICT_STAGES
+
+__all__ = ["print_report"]
+
+
+def print_report(result: dict[str, Any], console: Console) -> None:
+    runs = result.get("by_canonicalizer")
+    if runs is None:
+        _print_run(result, console)
+        return
+    for kind, run in runs.items():
+        console.print(f"[bold]canonicalizer: {kind}[/bold]")
+        _print_run({"config": result["config"], **run}, console)
+    summary = Table(
+        "canonicalizer",
+        "ours req/s",
+        "baseline req/s",
+        "throughput_ratio",
+        "p99_ratio",
+        "memory_ratio",
+        "ours canonicalize ms/req",
+        "ours overhead ms/req",
+        title="side by side (one session)",
+    )
+    for kind, run in runs.items():
+        per_request = run["ours"]["stages"]["per_request"]
+        summary.add_row(
+            kind,
+            f"{run['ours']['req_per_s']:.1f}",
+            f"{run['baseline']['req_per_s']:.1f}",
+            f"{run['throughput_ratio']:.2f}",
+            f"{run['p99_ratio']:.2f}",
+            f"{run['memory_ratio']:.2f}",
+            f"{per_request['canonicalize_ms']:.2f}",
+            f"{run['ours']['stages']['overhead_ms']:.2f}",
+        )
+    console.print(summary)
+
+
+def _print_run(result: dict[str, Any], console: Console) -> None:
+    cfg = result["config"]
+    table = Table(
+        "side",
+        "srv",
+        "reqs",
+        "errors",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "RSS MB",
+        "PSS MB",
+        title=(
+            f"serving: {cfg['tenants']} tenants x {cfg['clients_per_tenant']} clients, "
+            f"{cfg['size']} model, {cfg['duration_s']:g} s per side"
+        ),
+    )
+    for side in ("ours", "baseline"):
+        r = result[side]
+        table.add_row(
+            side,
+            str(r["servers"]),
+            str(r["requests"]),
+            str(r["errors"]),
+            f"{r['req_per_s']:.1f}",
+            f"{r['p50_ms']:.1f}",
+            f"{r['p99_ms']:.1f}",
+            f"{r['rss_peak_mb']:.0f}",
+            f"{r['pss_after_mb']:.0f}",
+        )
+    console.print(table)
+    stages = Table(
+        "side",
+        "batches",
+        "rows/b",
+        "ten/b",
+        "mean ms",
+        "dev ms",
+        "other ms",
+        "busy",
+        title="where a request's time goes (device: its batch's canonicalize + backbone + "
+        "heads; other: HTTP, queue and lock wait, client)",
+    )
+    for side in ("ours", "baseline"):
+        st = result[side]["stages"]
+        stages.add_row(
+            side,
+            str(st["batches"]),
+            f"{st['mean_batch_rows']:.2f}",
+            f"{st['mean_batch_tenants']:.2f}",
+            f"{st['client_mean_ms']:.1f}",
+            f"{st['device_ms_per_batch']:.1f}",
+            f"{st['other_ms']:.1f}",
+            f"{st['device_busy_fraction']:.0%}",
+        )
+    console.print(stages)
+    breakdown = Table(
+        "stage",
+        "ours ms/request",
+        "baseline ms/request",
+        title="where a request's time goes, by stage (per-batch stages: the batch's time "
+        "divided by the requests it answered)",
+    )
+    rows = [(stage, f"{stage}_ms") for stage in PREDICT_STAGES]
+    for label, key in rows:
+        breakdown.add_row(
+            label,
+            *(f"{result[side]['stages']['per_request'][key]:.2f}" for side in ("ours", "baseline")),
+        )
+    breakdown.add_row(
+        "overhead (decode + admission + canonicalize + encode)",
+        *(f"{result[side]['stages']['overhead_ms']:.2f}" for side in ("ours", "baseline")),
+    )
+    console.print(breakdown)
+    variants = result.get("by_front_procs")
+    if variants:
+        table = Table(
+            "front procs",
+            "ours req/s",
+            "p99 ms",
+            "RSS MB",
+            "throughput_ratio",
+            "p99_ratio",
+            "memory_ratio",
+            "overhead ms/req",
+            title="ours per --front-procs (one baseline run)",
+        )
+        for n, v in variants.items():
+            table.add_row(
+                n,
+                f"{v['ours']['req_per_s']:.1f}",
+                f"{v['ours']['p99_ms']:.1f}",
+                f"{v['ours']['rss_peak_mb']:.0f}",
+                f"{v['throughput_ratio']:.2f}",
+                f"{v['p99_ratio']:.2f}",
+                f"{v['memory_ratio']:.2f}",
+                f"{v['ours']['stages']['overhead_ms']:.2f}",
+            )
+        console.print(table)
+    console.print(
+        f"ours: {result['ours'].get('front_procs', 0)} front process(es); load average "
+        f"{cfg.get('load_avg_1m_at_start')} at start, {cfg.get('load_avg_1m_at_end')} at end"
+    )
+    console.print(
+        f"throughput_ratio {result['throughput_ratio']:.2f} (target >= 2), "
+        f"memory_ratio {result['memory_ratio']:.2f} (target >= 4; "
+        f"PSS {result['memory_ratio_pss']:.2f}), "
+        f"p99_ratio {result['p99_ratio']:.2f} (target <= 1)"
+    )

@@ -1,0 +1,310 @@
+"""The HTTP app of a front process.
+
+* ``POST /v1/models/{tenant_id}/predict``: read the body, decode it (msgpack or JSON),
+  validate it into the route's own :class:`~joynexus.server.routes.models.PredictIn`
+  and bound its size, then hand the observation to the model process
+  (:class:`HubClient`) and encode its answer as the client's ``Accept`` asks. A body
+  this fast path refuses (malformed, too large, no ``Content-Length``, a bad path
+  name) is forwarded unchanged to the model process's loopback server instead, so the
+  client gets exactly today's answer, in today's order (a bad key is a 401 even when
+  the body is bad too).
+* everything else (control routes, long polls, the dashboard, ``/metrics``) is
+  forwarded unchanged to the loopback server, streamed both ways;
+* ``/v1/openpi`` (websocket) is relayed message by message to the loopback server.
+
+When the model process cannot be reached the answer is 503 ``service_unavailable``;
+a front whose hub connection is gone stops (its supervisor starts a new one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request, Response, WebSocket
+from fastapi.exceptions import RequestValidationError
+from pydantic import TypeAdapter, ValidationError
+from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
+from starlette.responses import StreamingResponse
+
+from joynexus.errors import JoyNexusError, ServiceUnavailableError
+from joynexus.server.accesslog import install_access_log_redaction
+from joynexus.server.app import install_request_ids
+from joynexus.server.config import ServerConfig
+from joynexus.server.errors import REQUEST_ID_HEADER, install_error_handlers, request_id
+from joynexus.server.front.channel import SlotRing, encode_frame, read_frame
+from joynexus.server.names import PathName
+from joynexus.server.routes.models import PredictIn, PredictOut, check_predict_size
+from joynexus.server.wire import decode_bytes, respond
+
+__all__ = ["HubClient", "front_app"]
+
+_PATH_NAME: TypeAdapter[str] = TypeAdapter(PathName)
+#: Connection-level headers a proxy must not pass on (RFC 9110 §7.6.1).
+_HOP = {
+    b"connection",
+    b"keep-alive",
+    b"proxy-authenticate",
+    b"proxy-authorization",
+    b"te",
+    b"trailer",
+    b"transfer-encoding",
+    b"upgrade",
+}
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+class HubClient:
+    """This front's connection to the model process's hub (one, multiplexed)."""
+
+    def __init__(self, path: str, index: int, ring: SlotRing | None) -> None:
+        self.path = path
+        self.index = index
+        self.ring = ring
+        self.on_lost: Callable[[], None] = lambda: None
+        self._ids = itertools.count()
+        self._pending: dict[int, asyncio.Future[tuple[Any, ...]]] = {}
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._encode_s = 0.0
+        self._encode_n = 0
+
+    async def connect(self) -> None:
+        reader, self._writer = await asyncio.open_unix_connection(self.path)
+        self._writer.write(encode_frame(("hello", self.index)))
+        self._reader_task = asyncio.create_task(self._read(reader))
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            await asyncio.gather(self._reader_task, return_exceptions=True)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                reply = await read_frame(reader)
+                future = self._pending.pop(int(reply[1]), None)
+                if future is not None and not future.done():
+                    future.set_result(reply)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            gone = ServiceUnavailableError(
+                "the model process went away while answering; retry", service="model"
+            )
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(gone)
+            self._pending.clear()
+            self.on_lost()
+
+    def encoded(self, seconds: float) -> None:
+        """Seconds this front spent encoding an answer (reported with the next request)."""
+        self._encode_s += seconds
+        self._encode_n += 1
+
+    async def predict(
+        self, request: Request, tenant: str, body: PredictIn, decode_s: float
+    ) -> tuple[Any, ...]:
+        """The hub's reply to one decoded predict: ``("ok", id, result)`` or
+        ``("error", id, status, body, headers)``."""
+        if self._writer is None or self._writer.is_closing():
+            raise ServiceUnavailableError("the model process is not reachable", service="model")
+        obs = body.observations
+        arrays = {f"cam:{name}": arr for name, arr in obs.cameras.items()}
+        arrays["state"] = obs.state
+        if obs.actions is not None:
+            arrays["actions"] = obs.actions
+        placed = None if self.ring is None else self.ring.put(arrays)
+        req_id = next(self._ids)
+        rest = {
+            "instructions": obs.instructions,
+            "policy_version": body.policy_version,
+            "mode": body.mode,
+            "decode_s": decode_s,
+            "encode_s": self._encode_s,
+            "encode_n": self._encode_n,
+        }
+        self._encode_s, self._encode_n = 0.0, 0
+        message = (
+            "predict",
+            req_id,
+            request.url.path,
+            tenant,
+            request.headers.get("authorization"),
+            request_id(request),
+            None if placed is None else placed[1],
+            arrays if placed is None else None,
+            rest,
+        )
+        future: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = future
+        try:
+            self._writer.write(encode_frame(message))
+            return await future
+        finally:
+            self._pending.pop(req_id, None)
+            if placed is not None and self.ring is not None:
+                self.ring.release(placed[0])
+
+
+def front_app(config: ServerConfig, hub: HubClient, loopback: str) -> FastAPI:
+    """The app one front process serves on the public port."""
+    client = httpx.AsyncClient(
+        base_url=loopback,
+        timeout=httpx.Timeout(None, connect=10.0),  # long polls wait as long as they wait
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await client.aclose()
+
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    install_error_handlers(app)
+    install_request_ids(app)
+    install_access_log_redaction()
+
+    async def forward(request: Request, body: bytes | None = None) -> Response:
+        headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _HOP]
+        headers = [(k, v) for k, v in headers if k.lower() != REQUEST_ID_HEADER.lower().encode()]
+        headers.append((REQUEST_ID_HEADER.encode(), request_id(request).encode()))
+        upstream = client.build_request(
+            request.method,
+            httpx.URL(path=request.url.path, query=request.url.query.encode()),
+            headers=headers,
+            content=_content(request) if body is None else body,
+        )
+        try:
+            answer = await client.send(upstream, stream=True)
+        except ClientDisconnect:  # the client left while its body was being forwarded
+            return Response(status_code=400)
+        except httpx.TransportError:
+            raise ServiceUnavailableError(
+                "the model process is not answering; retry", service="model"
+            ) from None
+        out = StreamingResponse(
+            answer.aiter_raw(),
+            status_code=answer.status_code,
+            background=BackgroundTask(answer.aclose),
+        )
+        out.raw_headers = [(k, v) for k, v in answer.headers.raw if k.lower() not in _HOP]
+        return out
+
+    @app.post("/v1/models/{tenant_id}/predict")
+    async def predict(tenant_id: str, request: Request) -> Response:
+        started = time.perf_counter()
+        declared = request.headers.get("content-length", "")
+        if not declared.isdigit() or int(declared) > config.max_body_bytes:
+            return await forward(request)  # the loopback's body limits answer it
+        raw = await request.body()
+        try:
+            _PATH_NAME.validate_python(tenant_id)
+            body = decode_bytes(
+                raw,
+                request.headers.get("content-type"),
+                PredictIn,
+                max_tensor_bytes=config.max_tensor_bytes,
+            )
+            check_predict_size(config, body.observations)
+            body.observations.batch()  # the finite-values check, as the route does
+        except (JoyNexusError, RequestValidationError, ValidationError):
+            return await forward(request, raw)  # today's answer, in today's order
+        reply = await hub.predict(request, tenant_id, body, time.perf_counter() - started)
+        if reply[0] == "error":
+            _, _, status, content, headers = reply
+            response = Response(content, status_code=status)
+            response.raw_headers = [
+                (k.encode("latin-1"), v.encode("latin-1")) for k, v in headers
+            ] + [(b"content-length", str(len(content)).encode())]
+            return response
+        encoding = time.perf_counter()
+        response = respond(request, PredictOut.model_construct(**reply[2]))
+        hub.encoded(time.perf_counter() - encoding)
+        return response
+
+    @app.websocket("/v1/openpi")
+    async def openpi(websocket: WebSocket) -> None:
+        await relay_websocket(websocket, loopback)
+
+    @app.api_route("/{path:path}", methods=_METHODS, include_in_schema=False)
+    async def everything_else(request: Request) -> Response:
+        return await forward(request)
+
+    return app
+
+
+def _content(request: Request) -> Any:
+    """The body to forward, streamed; none when the request declares none."""
+    headers = request.headers
+    if "content-length" in headers or "transfer-encoding" in headers:
+        return request.stream()
+    return None
+
+
+async def relay_websocket(websocket: WebSocket, loopback: str) -> None:
+    """Relay one websocket to the same path on the loopback server, both ways."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+    url = "ws" + loopback.removeprefix("http") + websocket.url.path
+    if websocket.url.query:
+        url += "?" + websocket.url.query
+    keep = {"authorization", "api-key", REQUEST_ID_HEADER.lower()}
+    headers = [(k, v) for k, v in websocket.headers.items() if k.lower() in keep]
+    try:
+        upstream = await connect(
+            url, additional_headers=headers, max_size=None, compression=None, proxy=None
+        )
+    except InvalidStatus as exc:  # refused at the handshake: the same status and body
+        refused = exc.response
+        await websocket.send_denial_response(
+            Response(
+                bytes(refused.body or b""),
+                status_code=refused.status_code,
+                media_type=refused.headers.get("content-type"),
+            )
+        )
+        return
+    except OSError:
+        await websocket.close(code=1011, reason="the model process is not answering")
+        return
+    await websocket.accept()
+
+    async def inbound() -> None:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            data = message.get("bytes")
+            await upstream.send(data if data is not None else message.get("text") or "")
+
+    async def outbound() -> None:
+        with contextlib.suppress(ConnectionClosed):
+            async for data in upstream:
+                if isinstance(data, bytes):
+                    await websocket.send_bytes(data)
+                else:
+                    await websocket.send_text(data)
+        close = upstream.close_code or 1000
+        with contextlib.suppress(Exception):
+            await websocket.close(code=close, reason=upstream.close_reason or "")
+
+    tasks = [asyncio.create_task(inbound()), asyncio.create_task(outbound())]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await upstream.close()

@@ -1,0 +1,70 @@
+"""A front process: ``python -m joynexus.server.front.worker --fd N ...``.
+
+Started by :class:`~joynexus.server.front.supervisor.FrontSupervisor` with the public
+listening socket inherited as file descriptor ``--fd`` (every front accepts on the same
+socket, the kernel hands each connection to one of them), the hub's socket path, its
+index and shared-memory block, the loopback URL of the model process, the server's
+configuration and its connection limits. It never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+
+import uvicorn
+
+from joynexus.server.config import ServerConfig
+from joynexus.server.connections import ConnectionLimits, install_log_limits, uvicorn_options
+from joynexus.server.front.app import HubClient, front_app
+from joynexus.server.front.channel import SlotRing, attach
+
+__all__ = ["main"]
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="joynexus-front", description=__doc__)
+    p.add_argument("--fd", type=int, required=True, help="the public listening socket")
+    p.add_argument("--hub", required=True, help="the model process's hub socket path")
+    p.add_argument("--index", type=int, required=True)
+    p.add_argument("--shm", default="", help="this front's shared-memory block")
+    p.add_argument("--slots", type=int, default=16)
+    p.add_argument("--loopback", required=True, help="the model process's HTTP URL")
+    p.add_argument("--config", required=True, help="ServerConfig as JSON")
+    p.add_argument("--limits", required=True, help="ConnectionLimits as JSON")
+    return p.parse_args(argv)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    config = ServerConfig.model_validate_json(args.config)
+    limits = ConnectionLimits.model_validate_json(args.limits)
+    ring = SlotRing(attach(args.shm), args.slots) if args.shm else None
+    hub = HubClient(args.hub, args.index, ring)
+    await hub.connect()
+    install_log_limits(limits)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            front_app(config, hub, args.loopback), log_level="info", **uvicorn_options(limits)
+        )
+    )
+
+    def lost() -> None:  # the model process is gone or restarting: stop, be replaced
+        server.should_exit = True
+
+    hub.on_lost = lost
+    sock = socket.socket(fileno=args.fd)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        await hub.close()
+        if ring is not None:
+            ring.shm.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(_serve(_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

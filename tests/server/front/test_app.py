@@ -1,0 +1,143 @@
+"""Front processes answer every predict error exactly as the single-process server.
+
+Two real ``joynexus serve`` processes on the tiny backbone, one with ``--front-procs
+0`` (today's single process) and one with a front process; the same requests (good,
+and every way a predict can be refused, in the orders that matter) must get the same
+status, error body and error headers from both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from joynexus.bench.server_procs import Server, running_servers
+from joynexus.bench.serving import _body, _open_tenant
+from joynexus.wire import MSGPACK_MEDIA_TYPE, packb, unpackb
+
+pytest.importorskip("psutil")
+
+MODEL = "tiny:qwen2_5_vl"
+MSGPACK = {"Content-Type": MSGPACK_MEDIA_TYPE, "Accept": MSGPACK_MEDIA_TYPE}
+
+
+def _open(root: Path, front_procs: int) -> Iterator[tuple[Server, dict[str, str]]]:
+    with running_servers(root, ["server"], MODEL, 1, ["--front-procs", str(front_procs)]) as (
+        server,
+    ):
+        keys = {t: _open_tenant(server, t, MODEL) for t in ("alice", "bob")}
+        yield server, keys
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("front-contract")
+    plain = _open(root / "plain", 0)
+    front = _open(root / "front", 1)
+    try:
+        yield {"plain": next(plain), "front": next(front)}
+    finally:
+        for gen in (plain, front):
+            gen.close()
+
+
+def _obs(**change: Any) -> dict[str, Any]:
+    obs: dict[str, Any] = {
+        "cameras": {"top": np.zeros((1, 32, 32, 3), np.uint8)},
+        "state": np.zeros((1, 4), np.float32),
+        "instructions": ["reach the target"],
+    }
+    obs.update(change)
+    return obs
+
+
+def _cases(keys: dict[str, str]) -> list[tuple[str, dict[str, str], bytes]]:
+    alice = {"Authorization": f"Bearer {keys['alice']}", **MSGPACK}
+    bad_key = {"Authorization": "Bearer jnx_bad.key", **MSGPACK}
+    return [
+        ("alice", alice, _body(0)),
+        ("alice", MSGPACK, _body(0)),  # no key
+        ("alice", bad_key, _body(0)),  # bad key, good body
+        ("alice", bad_key, b"\xc1 not msgpack"),  # bad key and bad body: the key first
+        ("bob", alice, _body(0)),  # another tenant's slot
+        ("alice", alice, b"\xc1 not msgpack"),
+        ("alice", {**alice, "Content-Type": "text/plain"}, _body(0)),
+        ("alice", alice, packb({"observations": {"state": np.zeros((1, 4), np.float32)}})),
+        ("alice", alice, packb({"observations": _obs(state=np.full((1, 4), np.nan, np.float32))})),
+        ("alice", alice, packb({"observations": _obs(instructions=["x"] * 300)})),
+        ("alice", alice, packb({"observations": _obs(), "mode": "greedy"})),
+        ("alice", {**alice, "X-Request-ID": "abc123"}, packb({"observations": _obs()})),
+        ("al ice", alice, _body(0)),  # a path name that is not a name
+    ]
+
+
+def _answer(server: Server, tenant: str, headers: dict[str, str], body: bytes) -> Any:
+    r = httpx.post(
+        f"{server.url}/v1/models/{tenant}/predict", content=body, headers=headers, timeout=60
+    )
+    if r.status_code == 200:
+        out = unpackb(r.content)
+        content: Any = {k: np.asarray(v).shape for k, v in out.items() if v is not None}
+    else:
+        content = r.json()
+        content.get("details", {}).pop("request_id", None)
+        content["message"] = content["message"].split(" quote request id")[0]
+    kept = ("content-type", "www-authenticate", "retry-after")
+    rid = r.headers.get("x-request-id") if headers.get("X-Request-ID") else None
+    return r.status_code, content, {k: r.headers.get(k) for k in kept}, rid
+
+
+@pytest.mark.timeout(300)
+def test_predict_answers_and_errors_are_the_same_through_a_front(pair: dict[str, Any]) -> None:
+    (plain, plain_keys), (front, front_keys) = pair["plain"], pair["front"]
+    statuses = []
+    for i, (p_case, f_case) in enumerate(zip(_cases(plain_keys), _cases(front_keys), strict=True)):
+        want, got = _answer(plain, *p_case), _answer(front, *f_case)
+        assert got == want, f"case {i}: {got} != {want}"
+        statuses.append(got[0])
+    # The cases do cover the contract: success and each kind of refusal.
+    assert {200, 400, 401, 403, 415, 422} <= set(statuses), statuses
+
+
+@pytest.mark.timeout(300)
+def test_other_routes_are_forwarded_unchanged(pair: dict[str, Any]) -> None:
+    for name in ("plain", "front"):
+        server, _ = pair[name]
+        admin = {"Authorization": f"Bearer {(server.run_dir / 'admin.key').read_text().strip()}"}
+        r = httpx.get(f"{server.url}/v1/tenants", headers=admin, timeout=30)
+        assert r.status_code == 200 and {t["tenant_id"] for t in r.json()} == {"alice", "bob"}
+        r = httpx.get(f"{server.url}/v1/nowhere", timeout=30)
+        assert r.status_code == 404 and r.json()["code"] == "not_found"
+        r = httpx.get(f"{server.url}/healthz", timeout=30)
+        assert r.status_code == 200
+
+
+def _openpi_handshake(server: Server, headers: dict[str, str]) -> Any:
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    url = server.url.replace("http://", "ws://") + "/v1/openpi"
+    try:
+        with connect(url, additional_headers=headers, open_timeout=30, proxy=None) as ws:
+            return "metadata", unpackb(ws.recv(timeout=30))
+    except InvalidStatus as exc:
+        return exc.response.status_code, exc.response.body
+
+
+@pytest.mark.timeout(300)
+def test_the_openpi_websocket_is_relayed(pair: dict[str, Any]) -> None:
+    answers = {}
+    for name in ("plain", "front"):
+        server, keys = pair[name]
+        answers[name] = [
+            _openpi_handshake(server, {}),
+            _openpi_handshake(server, {"Authorization": "Api-Key jnx_bad.key"}),
+            _openpi_handshake(server, {"Authorization": f"Api-Key {keys['alice']}"}),
+        ]
+    assert answers["front"] == answers["plain"]
+    assert answers["plain"][0][0] == 401
