@@ -182,6 +182,13 @@ def bench_lora(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the results as JSON here.")
     ] = None,
+    vision: Annotated[
+        bool,
+        typer.Option(
+            "--vision/--no-vision",
+            help="Adapters also on the vision tower and its projection (no peft reference).",
+        ),
+    ] = False,
     retain_heap: Annotated[
         bool,
         typer.Option(
@@ -210,6 +217,7 @@ def bench_lora(
         threads=threads,
         peft=peft,
         budget_bytes=int(budget_mb * 1024 * 1024),
+        vision=vision,
     )
     result["retain_heap"] = retain_heap
     print_report(result, console)
