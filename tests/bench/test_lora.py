@@ -25,11 +25,14 @@ def test_cli_prints_the_table_and_writes_json(tmp_path: Path) -> None:
         "speedup",
         "train_speedup",
         "peft_speedup",
+        "cpu_speedup",
+        "train_cpu_speedup",
         "bytes_per_tenant",
     }
     diff = doc["grouped_vs_serial_max_rel_diff"]
     assert diff["forward"] <= 1e-5 and diff["gradients"] <= 1e-5
     assert doc["speedup"] > 0 and doc["train_speedup"] > 0
+    assert doc["cpu_speedup"] > 0 and doc["train_cpu_speedup"] > 0
     assert set(doc["bytes_per_tenant"]) == {"2", "4"}
     b2, b4 = doc["bytes_per_tenant"]["2"], doc["bytes_per_tenant"]["4"]
     assert b4["adapter"] == 2 * b2["adapter"]

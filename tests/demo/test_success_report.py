@@ -19,7 +19,7 @@ from joynexus.algorithms.intervals import wilson_interval
 from joynexus.api import UsageReport
 from joynexus.cli.main import app
 from joynexus.demo.baseline import isolated_specs
-from joynexus.demo.mixture import SUCCESS_EPISODES, build_mixture
+from joynexus.demo.mixture import SFT_SUCCESS_EPISODES, SUCCESS_EPISODES, build_mixture
 from joynexus.demo.phase import Interval, JobRecord, PhaseTrace
 from joynexus.demo.plots import plot_report, success_bars
 from joynexus.demo.report import (
@@ -233,9 +233,12 @@ def test_the_mixture_measures_trainable_tenants_on_seeds_apart_from_the_demos(
     assert default.specs[0].success_eval.episodes == SUCCESS_EPISODES["fast"]
     assert default.success_episodes == SUCCESS_EPISODES["fast"] > 0
     paper = build_mixture(tmp_path, minutes=10, profile="paper")
-    assert {s.success_eval.episodes for s in paper.training_specs if s.success_eval} == {
-        SUCCESS_EPISODES["paper"]
+    episodes = {s.tenant: s.success_eval.episodes for s in paper.training_specs if s.success_eval}
+    assert episodes == {t: SUCCESS_EPISODES["paper"] for t in paper.rl_tenants} | {
+        paper.sft_tenant: SFT_SUCCESS_EPISODES["paper"]
     }
+    # The SFT tenant, whose rise this budget can tell apart, gets enough episodes to.
+    assert SFT_SUCCESS_EPISODES["paper"] >= 30 and paper.sft_success_episodes == 40
     off = build_mixture(tmp_path, minutes=3, profile="fast", success_episodes=0)
     assert all(s.success_eval is None for s in off.specs)
     with pytest.raises(SpecError, match="success_episodes"):
@@ -291,3 +294,15 @@ def test_each_row_says_plainly_what_it_shows(tmp_path: Path) -> None:
     }
     assert success_reading(fell) == "fell: the intervals do not overlap"
     assert success_reading({"success_rate_ci95_initial": None}) == "not measured"
+
+
+def test_a_tenant_that_never_succeeds_is_read_as_no_learning() -> None:
+    never = {
+        "success_rate_initial": 0.0,
+        "success_rate_final": 0.0,
+        "success_rate_ci95_initial": [0.0, 0.39],
+        "success_rate_ci95_final": [0.0, 0.39],
+    }
+    assert success_reading(never) == (
+        "never succeeded, before or after: no learning shown at this budget"
+    )

@@ -15,7 +15,7 @@ def test_kinds_refuse_choices_they_do_not_offer() -> None:
     with pytest.raises(SpecError, match=r"offers observation\.state"):
         env_schema(EnvSpec(kind="pusht", observation={"state": "privileged"}))
     with pytest.raises(SpecError, match=r"offers observation\.state"):
-        make_env(EnvSpec(kind="reach2d", observation={"state": "proprio"}))
+        make_env(EnvSpec(kind="reach2d", observation={"state": "privileged"}))
     with pytest.raises(ValueError, match="state"):
         EnvSpec(kind="metaworld", observation={"state": "everything"})
 
@@ -81,3 +81,30 @@ def test_maniskill_privileged_state_holds_the_cube_pose() -> None:
         np.testing.assert_allclose(obs.state[0, 28:31], cube, atol=1e-5)
     finally:
         env.close()
+
+
+def test_reach2d_proprio_hides_the_goal_from_the_state_and_its_expert_still_reaches_it() -> None:
+    from joynexus.data.record import make_scripted_policy
+
+    full = EnvSpec(kind="reach2d", image_size=32, num_envs=3)
+    proprio = EnvSpec(kind="reach2d", image_size=32, num_envs=3, observation={"state": "proprio"})
+    assert env_schema(proprio).state_dim == 2
+    envs = [make_env(s) for s in (full, proprio)]
+    try:
+        obs = [e.reset(seed=7) for e in envs]
+        # Only the agent's position: the goal is in the image alone.
+        np.testing.assert_array_equal(obs[1].state, obs[0].state[:, :2])
+        np.testing.assert_array_equal(obs[1].cameras["top"], obs[0].cameras["top"])
+        expert = make_scripted_policy(proprio)
+        np.testing.assert_allclose(
+            expert.act(envs[1], obs[1]), make_scripted_policy(full).act(envs[0], obs[0])
+        )
+        done = np.zeros(3, bool)
+        o = obs[1]
+        for _ in range(30):
+            step = envs[1].step(expert.act(envs[1], o))
+            o, done = step.observation, done | step.success
+        assert done.all()
+    finally:
+        for e in envs:
+            e.close()

@@ -48,8 +48,11 @@ def observation(seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
-def lerobot_actions(policy: Path, obs: dict[str, torch.Tensor], work: Path) -> torch.Tensor:
-    """``from_pretrained`` + saved processors + ``predict_action_chunk`` in the side venv."""
+def lerobot_actions(
+    policy: Path, obs: dict[str, torch.Tensor], work: Path, *, select: bool = False
+) -> torch.Tensor:
+    """``from_pretrained`` + saved processors + ``predict_action_chunk`` (``select``:
+    ``select_action`` once per chunk step) in the side venv."""
     work.mkdir(parents=True, exist_ok=True)
     save_file(obs, str(work / "obs.safetensors"))
     (work / "task.json").write_text(json.dumps(TASKS))
@@ -65,6 +68,7 @@ def lerobot_actions(policy: Path, obs: dict[str, torch.Tensor], work: Path) -> t
             str(work / "task.json"),
             "--out",
             str(out),
+            *(["--select"] if select else []),
         ]
     )
     return load_file(str(out))["actions"]

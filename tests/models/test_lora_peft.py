@@ -24,15 +24,28 @@ from tests.models.test_lora import randomize_b
 
 
 @pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.*:FutureWarning")
-@pytest.mark.parametrize("arch", ["qwen2_5_vl", "smolvlm"])
+@pytest.mark.parametrize(
+    ("arch", "vision"),
+    [("qwen2_5_vl", False), ("smolvlm", False), ("smolvlm", True), ("paligemma", True)],
+)
 def test_peft_loads_the_checkpointed_adapter(
-    arch: str, tiny_backbone: TinyBackbone, tiny_model_dir: TinyModelDir, tmp_path: Path
+    arch: str,
+    vision: bool,
+    tiny_backbone: TinyBackbone,
+    tiny_model_dir: TinyModelDir,
+    tmp_path: Path,
 ) -> None:
     peft = pytest.importorskip("peft", reason="peft (dev extra) is not installed")
     import transformers
 
     base = tiny_backbone(arch)
-    lora = LoRAConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "o_proj", "down_proj"))
+    lora = LoRAConfig(
+        rank=4,
+        alpha=8.0,
+        targets=("q_proj", "v_proj", "o_proj", "down_proj"),
+        vision=vision,
+        vision_projection=vision,
+    )
     slot = TenantSlot("t", LIBERO, base, OFTHeadConfig(hidden_dim=32, lora=lora), seed=0)
     plain = TenantSlot("p", PUSHT, base, OFTHeadConfig(hidden_dim=32), seed=1)
     randomize_b(slot, 3)
@@ -40,6 +53,9 @@ def test_peft_loads_the_checkpointed_adapter(
     assert (ckpt / PEFT_WEIGHTS_FILE).is_file() and (ckpt / PEFT_CONFIG_FILE).is_file()
     config = json.loads((ckpt / PEFT_CONFIG_FILE).read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 4
+    # A vision adapter exports the tower's and the projection's layers too.
+    towers = ("vision_model", "vision_tower", "connector", "multi_modal_projector")
+    assert any(t in m for m in config["target_modules"] for t in towers) == vision
     # The checkpoint restores (every file, PEFT ones included, hash-checked) ...
     again = TenantSlot("t", LIBERO, base, OFTHeadConfig(hidden_dim=32, lora=lora), seed=5)
     load_slot(again, ckpt)

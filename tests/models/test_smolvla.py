@@ -71,6 +71,7 @@ def test_lerobot_loads_a_joynexus_export_and_agrees(smolvla: Path, tmp_path: Pat
         "policy_postprocessor_step_0_unnormalizer_processor.safetensors",
         "policy_preprocessor.json",
         "policy_preprocessor_step_5_normalizer_processor.safetensors",
+        "vlm",  # the tiny checkpoint's own VLM (config + tokenizer) travels with it
     ]
     assert read_lerobot_checkpoint(out).stats["observation.state"]["std"] == [2.0] * 6
     exported = SmolVLA.from_lerobot(out)  # our own reader sees the tenant's stats too

@@ -118,6 +118,9 @@ def test_lora_spec_defaults_and_round_trip() -> None:
     again = parse_spec(rl_spec(action_module=spec.action_module.model_dump(mode="json")))
     assert again.action_module == spec.action_module
     assert parse_spec(rl_spec()).action_module.lora is None
+    vision = {"type": "oft", "lora": {"vision": True, "vision_projection": True}}
+    lora = parse_spec(rl_spec(action_module=vision)).action_module.lora
+    assert lora is not None and lora.vision and lora.vision_projection
 
 
 @pytest.mark.parametrize(
@@ -128,7 +131,7 @@ def test_lora_spec_defaults_and_round_trip() -> None:
         ({"targets": ["q_proj", "q_proj"]}, "repeat"),
         ({"rank": 0}, "rank"),
         ({"dropout": 1.0}, "dropout"),
-        ({"vision": True}, "vision tower is not supported"),
+        ({"vision_tower": True}, "vision_tower"),
         ({"ranks": 8}, "ranks"),
     ],
 )

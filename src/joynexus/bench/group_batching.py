@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,9 @@ from rich.table import Table
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import VLAFeature, max_abs_diff_left_padded
-from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig
+from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig, PolicyConfig
+from joynexus.models.policies.smolvla_expert import SmolVLAExpertConfig
+from joynexus.models.policies.smolvla_expert.resident import SMOLVLA_ARCH
 from joynexus.models.schema import CALVIN, LIBERO, DataSchema
 from joynexus.models.slots import TenantSlot
 from joynexus.models.tiny import make_tiny
@@ -57,10 +59,56 @@ def _median_time(
     return statistics.median(samples)
 
 
-def _groups(num_tenants: int, batch: int, seed: int = 0) -> list[Group]:
+def _fit(base: ResidentBaseModel, schema: DataSchema) -> DataSchema:
+    """``schema`` cut to what a pretrained checkpoint's expert serves (SmolVLA: its
+    state/action widths and chunk); unchanged on a bare VLM."""
+    if base.smolvla is None:
+        return schema
+    ckpt = base.smolvla.ckpt
+    return schema.model_copy(
+        update={
+            "state_dim": min(schema.state_dim, ckpt.max_state_dim),
+            "action_dim": min(schema.action_dim, ckpt.max_action_dim),
+            "action_chunk": min(schema.action_chunk, ckpt.chunk_size),
+        }
+    )
+
+
+def paired_median_times(
+    fns: Mapping[str, Callable[[], object]], device: torch.device, repeats: int, warmup: int
+) -> dict[str, tuple[float, float]]:
+    """Median wall and process-CPU seconds of each of ``fns``, timed in turns.
+
+    Each repeat runs every function once, in rotating order, so that on a shared machine
+    a burst of someone else's load hits all of them alike and the ratios between them
+    stay meaningful (timing one function's repeats after the other's does not).
+    Process CPU time counts this process's work only (on CPU; on a GPU it is the host
+    side), a second view that other processes' load barely moves.
+
+    Returns:
+        name → ``(wall_s, cpu_s)``.
+    """
+    names = list(fns)
+    for _ in range(warmup):
+        for name in names:
+            fns[name]()
+    wall: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    for i in range(repeats):
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            _sync(device)
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fns[name]()
+            _sync(device)
+            wall[name].append(time.perf_counter() - start)
+            cpu[name].append(time.process_time() - start_cpu)
+    return {n: (statistics.median(wall[n]), statistics.median(cpu[n])) for n in names}
+
+
+def _groups(base: ResidentBaseModel, num_tenants: int, batch: int, seed: int = 0) -> list[Group]:
     out: list[Group] = []
     for i in range(num_tenants):
-        schema = LIBERO if i % 2 == 0 else CALVIN
+        schema = _fit(base, LIBERO if i % 2 == 0 else CALVIN)
         obs = ObservationBatch.synthetic(schema, batch, seed=seed + 1000 * i + batch)
         out.append((f"{schema.name}-{i}", schema, obs))
     return out
@@ -71,7 +119,11 @@ def _encode_all(base: ResidentBaseModel, features: Sequence[VLAFeature]) -> list
 
 
 def _max_diff(
-    grouped_feature: VLAFeature, grouped: BackboneOutput, serial: Sequence[BackboneOutput]
+    grouped_feature: VLAFeature,
+    grouped: BackboneOutput,
+    serial: Sequence[BackboneOutput],
+    *,
+    right_padded: bool = False,
 ) -> float:
     worst = 0.0
     for entry, out in zip(grouped_feature.slices, serial, strict=True):
@@ -79,7 +131,11 @@ def _max_diff(
         worst = max(
             worst,
             max_abs_diff_left_padded(
-                rows.hidden_states, rows.attention_mask, out.hidden_states, out.attention_mask
+                rows.hidden_states,
+                rows.attention_mask,
+                out.hidden_states,
+                out.attention_mask,
+                right_padded=right_padded,
             ),
         )
     return worst
@@ -89,7 +145,7 @@ def measure_cell(
     base: ResidentBaseModel, num_tenants: int, batch: int, *, repeats: int, warmup: int
 ) -> dict[str, Any]:
     """Time serial vs grouped shared forward for one grid cell."""
-    groups = _groups(num_tenants, batch)
+    groups = _groups(base, num_tenants, batch)
     device = base.device
     start = time.perf_counter()
     serial_features = [base.canonicalize([g]) for g in groups]
@@ -104,7 +160,10 @@ def measure_cell(
         lambda: base.encode(grouped_feature), device, repeats=repeats, warmup=warmup
     )
     diff = _max_diff(
-        grouped_feature, base.encode(grouped_feature), _encode_all(base, serial_features)
+        grouped_feature,
+        base.encode(grouped_feature),
+        _encode_all(base, serial_features),
+        right_padded=base.smolvla is not None,
     )
     return {
         "tenants": num_tenants,
@@ -126,7 +185,7 @@ def measure_breakdown(
     The action-module time is the training forward (loss, no backward) of every
     tenant's head on its slice of the grouped output, summed over tenants.
     """
-    groups = _groups(num_tenants, batch, seed=7)
+    groups = _groups(base, num_tenants, batch, seed=7)
     device = base.device
     serial_features = [base.canonicalize([g]) for g in groups]
     grouped_feature = base.canonicalize(groups)
@@ -143,10 +202,12 @@ def measure_breakdown(
         "action_module_forward_s": {},
         "action_module_params": {},
     }
-    heads: dict[str, OFTHeadConfig | FlowMatchingHeadConfig] = {
+    heads: dict[str, PolicyConfig] = {
         "oft": OFTHeadConfig(),
         "flow_matching": FlowMatchingHeadConfig(),
     }
+    if base.smolvla is not None:
+        heads["smolvla_expert"] = SmolVLAExpertConfig()
     for name, head in heads.items():
         slots = [
             TenantSlot(tid, schema, base, head, seed=i) for i, (tid, schema, _) in enumerate(groups)
@@ -173,6 +234,18 @@ def measure_breakdown(
         )
         result["action_module_params"][name] = sum(p.numel() for p in slots[0].parameters())
     return result
+
+
+def _build(arch: str, tmp: Path, size: str) -> Path:
+    """The bench's model: a tiny/small VLM, or (``smolvla``) a tiny LeRobot SmolVLA with
+    two cameras, built by the real lerobot in its venv."""
+    if arch == SMOLVLA_ARCH:
+        from joynexus.interop.lerobot import make_tiny_lerobot
+
+        out = tmp / "smolvla"
+        make_tiny_lerobot(arch, out, cameras=["top", "wrist"])
+        return out
+    return make_tiny(arch, tmp, size=size)
 
 
 def run_group_batching(
@@ -215,7 +288,7 @@ def run_group_batching(
         torch.set_num_threads(threads)
     try:
         with tempfile.TemporaryDirectory(prefix="joynexus-bench-") as tmp:
-            path = Path(model_dir) if model_dir is not None else make_tiny(arch, tmp, size=size)
+            path = Path(model_dir) if model_dir is not None else _build(arch, Path(tmp), size)
             base = ResidentBaseModel.from_pretrained(str(path), device=device)
             grid = []
             for t in tenants:

@@ -9,6 +9,11 @@ as in the group-batching benchmark. When ``peft`` is installed, its own mixed-ad
 batch (``adapter_names=`` per row, inference only) over the same adapters and inputs is
 timed as the reference implementation.
 
+Grouped, serial (and peft) are timed in turns, one sample of each per repeat, so a
+ratio compares runs made under the same load of a shared machine; each is reported as
+the median wall time and the median CPU time of this process (``*_cpu_s``,
+``cpu_speedup``...), which other processes' load barely moves.
+
 ``grouped_vs_serial_max_rel_diff``: forward = largest ``|grouped - serial|`` over real
 tokens divided by the largest ``|serial|``, over tenants; gradients = per tenant
 ``||g_grouped - g_serial|| / ||g_serial||`` over all its adapter tensors, max over
@@ -32,7 +37,7 @@ from rich.console import Console
 from rich.table import Table
 
 from joynexus.bench.figure12 import CALVIN_SMALL, LIBERO_SMALL
-from joynexus.bench.group_batching import _median_time
+from joynexus.bench.group_batching import paired_median_times
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import VLAFeature, max_abs_diff_left_padded
@@ -208,8 +213,7 @@ def measure_rank(
         "rank": rank,
         "forward_max_rel_diff": fwd_diff,
         "gradient_max_rel_diff": grad_diff,
-        "grouped_s": _median_time(grouped_fwd, device, repeats, warmup),
-        "serial_s": _median_time(serial_fwd, device, repeats, warmup),
+        "peft_max_rel_diff": None,
     }
 
     def timed_train(fn: Callable[[], None]) -> Callable[[], None]:
@@ -219,23 +223,37 @@ def measure_rank(
 
         return run
 
-    result["grouped_train_s"] = _median_time(timed_train(grouped_train), device, repeats, warmup)
-    result["serial_train_s"] = _median_time(timed_train(serial_train), device, repeats, warmup)
+    forwards: dict[str, Callable[[], object]] = {"grouped": grouped_fwd, "serial": serial_fwd}
+    with tempfile.TemporaryDirectory() as tmp:
+        ref = _peft_reference(base, model_dir, slots, grouped_feature, Path(tmp)) if peft else None
+        if ref is not None:
+            run, hidden = ref
+            mask = grouped_feature.model_inputs["attention_mask"]
+            result["peft_max_rel_diff"] = max_abs_diff_left_padded(
+                g_out.hidden_states, mask, hidden, mask
+            ) / float(hidden.abs().max())
+            forwards["peft"] = run
+        # Each pair (and peft) is timed in turns: a ratio is then taken under one load.
+        times = paired_median_times(forwards, device, repeats, warmup)
+    trains = {
+        "grouped_train": timed_train(grouped_train),
+        "serial_train": timed_train(serial_train),
+    }
+    times.update(paired_median_times(trains, device, repeats, warmup))
+    for name, (wall, cpu) in times.items():
+        result[f"{name}_s"] = wall
+        result[f"{name}_cpu_s"] = cpu
     result["speedup"] = result["serial_s"] / result["grouped_s"]
     result["train_speedup"] = result["serial_train_s"] / result["grouped_train_s"]
+    result["cpu_speedup"] = result["serial_cpu_s"] / result["grouped_cpu_s"]
+    result["train_cpu_speedup"] = result["serial_train_cpu_s"] / result["grouped_train_cpu_s"]
     result.update(adapter_bytes(slots[0]))
-    result["peft_s"] = result["peft_speedup"] = result["peft_max_rel_diff"] = None
-    if peft:
-        with tempfile.TemporaryDirectory() as tmp:
-            ref = _peft_reference(base, model_dir, slots, grouped_feature, Path(tmp))
-            if ref is not None:
-                run, hidden = ref
-                mask = grouped_feature.model_inputs["attention_mask"]
-                result["peft_max_rel_diff"] = max_abs_diff_left_padded(
-                    g_out.hidden_states, mask, hidden, mask
-                ) / float(hidden.abs().max())
-                result["peft_s"] = _median_time(run, device, repeats, warmup)
-                result["peft_speedup"] = result["peft_s"] / result["grouped_s"]
+    result["peft_speedup"] = result["peft_cpu_speedup"] = None
+    if "peft" in times:
+        result["peft_speedup"] = result["peft_s"] / result["grouped_s"]
+        result["peft_cpu_speedup"] = result["peft_cpu_s"] / result["grouped_cpu_s"]
+    else:
+        result["peft_s"] = result["peft_cpu_s"] = None
     return result
 
 
@@ -294,6 +312,9 @@ def run_lora_bench(
         "speedup": first["speedup"],
         "train_speedup": first["train_speedup"],
         "peft_speedup": first["peft_speedup"],
+        "cpu_speedup": first["cpu_speedup"],
+        "train_cpu_speedup": first["train_cpu_speedup"],
+        "peft_cpu_speedup": first["peft_cpu_speedup"],
         "bytes_per_tenant": {
             r: {k: v[k] for k in ("adapter", "adapter_with_optimizer", "slot_with_optimizer")}
             for r, v in by_rank.items()
@@ -327,6 +348,7 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         "train speedup",
         "peft ms",
         "peft speedup",
+        "CPU-time speedup fwd / train / peft",
         "fwd rel diff",
         "grad rel diff",
         "bytes/tenant (+AdamW)",
@@ -343,6 +365,8 @@ def print_report(result: dict[str, Any], console: Console) -> None:
             f"{v['train_speedup']:.2f}x",
             _fmt(None if v["peft_s"] is None else v["peft_s"] * 1e3, ".1f"),
             _fmt(v["peft_speedup"], ".2f"),
+            f"{v['cpu_speedup']:.2f} / {v['train_cpu_speedup']:.2f} / "
+            + _fmt(v["peft_cpu_speedup"], ".2f"),
             f"{v['forward_max_rel_diff']:.1e}",
             f"{v['gradient_max_rel_diff']:.1e}",
             f"{v['adapter_with_optimizer']:,}",

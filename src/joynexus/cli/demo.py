@@ -67,8 +67,9 @@ def demo(
             min=0,
             help="Episodes of each RL and SFT tenant's success-rate measurement, before "
             "and after its training in its isolated replay (0: not measured). Default: "
-            "2 with the paper's simulators, 6 with the fast ones (each episode adds about "
-            "50 s and 10 s to the demo).",
+            "2 per RL tenant with the paper's simulators, 6 with the fast ones (each "
+            "episode adds about 50 s and 10 s to the demo), and 40 for the SFT tenant "
+            "(MetaWorld, about 4 s per episode measured twice).",
         ),
     ] = None,
     device_cores: Annotated[

@@ -1,4 +1,4 @@
-"""Commands of the model layer: ``models make-tiny``, ``models export-pi0``."""
+"""Commands of the model layer: ``models make-tiny``, ``models export``, ``models export-pi0``."""
 
 from __future__ import annotations
 
@@ -127,3 +127,72 @@ def export_pi0_command(
     except JoyNexusError as error:
         raise typer.BadParameter(str(error), param_hint="--checkpoint") from None
     console.print(f"wrote a PI0ForConditionalGeneration policy to {path}")
+
+
+@models_app.command("export")
+def export_command(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the policy into.")],
+    export_format: Annotated[
+        str, typer.Option("--format", help="lerobot (a smolvla_expert tenant) | pi0")
+    ] = "lerobot",
+    checkpoint: Annotated[
+        Path | None,
+        typer.Option("--checkpoint", help="A tenant checkpoint (outputs/<tenant>/step_<n>)."),
+    ] = None,
+    tenant: Annotated[
+        str | None, typer.Option("--tenant", help="The tenant (workload), with --version.")
+    ] = None,
+    version: Annotated[
+        int | None,
+        typer.Option("--version", help="Its checkpoint step (default: the latest)."),
+    ] = None,
+    outputs: Annotated[
+        Path, typer.Option("--outputs", help="The run's output directory (with --tenant).")
+    ] = Path("outputs"),
+    base_model: Annotated[
+        str | None,
+        typer.Option(
+            "--base-model", help="The base model it trained on (default: its manifest's)."
+        ),
+    ] = None,
+) -> None:
+    """Export a tenant's trained policy with the resident prefix as a standalone policy:
+    ``--format lerobot`` writes a LeRobot SmolVLA directory (lerobot's from_pretrained
+    loads it), ``--format pi0`` a PI0ForConditionalGeneration directory."""
+    import tempfile
+
+    from joynexus.errors import JoyNexusError
+    from joynexus.models.payload import checkpoint_dir, find_latest_checkpoint, read_manifest
+    from joynexus.models.policies.pi0_expert.export import export_pi0_checkpoint
+    from joynexus.models.policies.smolvla_expert.export import export_lerobot_checkpoint
+    from joynexus.runtime.plane import load_base_model
+    from joynexus.spec.workload import BaseModelSpec
+
+    exporters = {"lerobot": export_lerobot_checkpoint, "pi0": export_pi0_checkpoint}
+    if export_format not in exporters:
+        raise typer.BadParameter(f"must be one of {', '.join(exporters)}", param_hint="--format")
+    if (checkpoint is None) == (tenant is None):
+        raise typer.BadParameter("give --checkpoint, or --tenant", param_hint="--checkpoint")
+    if tenant is not None:
+        found = (
+            checkpoint_dir(outputs, tenant, version)
+            if version is not None
+            else find_latest_checkpoint(outputs, tenant)
+        )
+        if found is None or not found.is_dir():
+            raise typer.BadParameter(
+                f"no checkpoint of tenant {tenant!r} in {outputs}", param_hint="--tenant"
+            )
+        checkpoint = found
+    assert checkpoint is not None
+    try:
+        model_id = base_model or read_manifest(checkpoint).base_model_id
+        # Exported while a rebuilt tiny checkpoint still exists: a LeRobot export copies
+        # the checkpoint's config and processor files.
+        with tempfile.TemporaryDirectory() as cache:
+            base = load_base_model(BaseModelSpec(id=model_id), Path(cache))
+            path = exporters[export_format](checkpoint, out, base=base)
+    except JoyNexusError as error:
+        raise typer.BadParameter(str(error), param_hint="--checkpoint") from None
+    files = ", ".join(sorted(p.name for p in path.iterdir()))
+    console.print(f"wrote a {export_format} policy to {path}: {files}")

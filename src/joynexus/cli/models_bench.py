@@ -51,7 +51,12 @@ def _int_list(value: str, option: str) -> list[int]:
 @bench_app.command("group-batching")
 def bench_group_batching(
     arch: Annotated[
-        str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm | pi0")
+        str,
+        typer.Option(
+            "--arch",
+            help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm | pi0 | smolvla (a tiny LeRobot "
+            "SmolVLA checkpoint, built by the real lerobot)",
+        ),
     ] = "qwen2_5_vl",
     size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
     tenants: Annotated[str, typer.Option("--tenants", help="Tenant counts.")] = "2,4,6,8",
@@ -76,7 +81,13 @@ def bench_group_batching(
     """Shared-forward throughput, serial vs grouped: speedup grid and forward breakdown."""
     from joynexus.bench.group_batching import print_report, run_group_batching
 
-    _check_model_options(arch, size, device)
+    if arch == "smolvla":
+        # A tiny LeRobot SmolVLA checkpoint, built by the real lerobot in its venv.
+        _check_model_options("smolvlm", size, device)
+        if size != "tiny":
+            raise typer.BadParameter("smolvla is built at --size tiny", param_hint="--size")
+    else:
+        _check_model_options(arch, size, device)
     bd = _int_list(breakdown, "--breakdown")
     if len(bd) != 2:
         raise typer.BadParameter("expected TENANTS,BATCH, e.g. 8,4", param_hint="--breakdown")

@@ -48,6 +48,7 @@ from joynexus.spec.workload import WorkloadSpec
 
 __all__ = [
     "PROFILES",
+    "SFT_SUCCESS_EPISODES",
     "SUCCESS_EPISODES",
     "DemoMixture",
     "EnvCheck",
@@ -92,6 +93,14 @@ PAPER_MIN_MINUTES = 8.0
 #: a half; few episodes give wide Wilson intervals, so raise it when there is time.
 SUCCESS_EPISODES: dict[Profile, int] = {"paper": 2, "fast": 6, "test": 2}
 
+#: Episodes of the SFT tenant's success measurement unless ``--success-episodes`` says
+#: otherwise: the one tenant whose rise this budget can tell apart (SFT on successful
+#: expert demonstrations lifts MetaWorld reach-v3 well above the untrained head's rate,
+#: while a few PPO updates of a tiny head from scratch do not make the RL tenants
+#: succeed), so it gets enough episodes for Wilson intervals that can separate. A
+#: MetaWorld episode costs ≈ 2 s on this CPU (the untrained head runs to the step limit).
+SFT_SUCCESS_EPISODES: dict[Profile, int] = {"paper": 40, "fast": 40, "test": 2}
+
 
 @dataclass(frozen=True)
 class _RLEnv:
@@ -107,6 +116,9 @@ class _ProfileDef:
     sft_env: dict[str, Any]
     sft_dataset: str
     record_episodes: int
+    # Record the expert's failed episodes too (the test scale's 12-step PushT episodes
+    # never finish); the other profiles train on successful demonstrations only.
+    record_failures: bool
     sft_samples_per_job: int
     # RL updates per tenant per budget minute (measured to fit the budget).
     rl_updates_per_minute: float
@@ -155,8 +167,9 @@ _PROFILES: dict[Profile, _ProfileDef] = {
             "image_size": _IMAGE,
             "max_episode_steps": 80,
         },
-        sft_dataset="metaworld-reach-64",
-        record_episodes=10,
+        sft_dataset="metaworld-reach-64-ok30",
+        record_episodes=30,
+        record_failures=False,
         sft_samples_per_job=64,
         rl_updates_per_minute=1.0,
         eval_interval_s=20.0,
@@ -191,8 +204,9 @@ _PROFILES: dict[Profile, _ProfileDef] = {
             "image_size": _IMAGE,
             "max_episode_steps": 80,
         },
-        sft_dataset="metaworld-reach-64",
-        record_episodes=10,
+        sft_dataset="metaworld-reach-64-ok30",
+        record_episodes=30,
+        record_failures=False,
         sft_samples_per_job=64,
         rl_updates_per_minute=3.0,
         eval_interval_s=20.0,
@@ -210,6 +224,7 @@ _PROFILES: dict[Profile, _ProfileDef] = {
         sft_env={"kind": "pusht", "image_size": 32, "max_episode_steps": 12},
         sft_dataset="pusht-32-test",
         record_episodes=2,
+        record_failures=True,
         sft_samples_per_job=16,
         rl_updates_per_minute=2.0,
         eval_interval_s=1.0,
@@ -228,8 +243,9 @@ class DemoMixture:
         specs: 3 RL specs, 1 SFT spec and 1 evaluation spec, in that order; the RL
             and SFT specs with their ``success_eval`` (when ``success_episodes`` > 0).
         rl_tenants / sft_tenant / eval_tenant: Their tenant ids.
-        success_episodes: Episodes of each trainable tenant's success measurement
+        success_episodes: Episodes of each RL tenant's success measurement
             (0: not measured).
+        sft_success_episodes: Episodes of the SFT tenant's (0: not measured).
     """
 
     profile: Profile
@@ -239,6 +255,7 @@ class DemoMixture:
     sft_tenant: str
     eval_tenant: str
     success_episodes: int = 0
+    sft_success_episodes: int = 0
 
     @property
     def training_specs(self) -> list[WorkloadSpec]:
@@ -387,7 +404,8 @@ def build_mixture(
         reason: Why these simulators (default: what the budget or ``profile`` says).
         success_episodes: Episodes of each RL and SFT tenant's ``success_eval`` (before
             and after training, seeds from ``EVAL_SEED_BASE``; default: the profile's
-            :data:`SUCCESS_EPISODES`); 0 declares none.
+            :data:`SUCCESS_EPISODES` for the RL tenants and
+            :data:`SFT_SUCCESS_EPISODES` for the SFT tenant); 0 declares none.
 
     Raises:
         SpecError: an unknown profile, a non-positive budget or a negative
@@ -416,15 +434,12 @@ def build_mixture(
     base = {"id": BASE_MODEL}
     head = {"type": "oft", "hidden_dim": 64, "num_blocks": 1}
     data = (data_dir or out_dir / "data") / p.sft_dataset
+    sft_success_episodes = (
+        SFT_SUCCESS_EPISODES[profile] if success_episodes is None else success_episodes
+    )
     if success_episodes is None:
         success_episodes = SUCCESS_EPISODES[profile]
-    # Evaluation seeds far above the demonstration seeds (spec seed + k); the spec
-    # refuses any overlap.
-    success: dict[str, Any] = (
-        {"success_eval": {"episodes": success_episodes, "seed": EVAL_SEED_BASE}}
-        if success_episodes > 0
-        else {}
-    )
+    success = _success_eval(success_episodes)
     specs: list[WorkloadSpec] = []
     for i, rl in enumerate(p.rl):
         env = dict(rl.env) | {"num_envs": rl.num_envs}
@@ -467,9 +482,7 @@ def build_mixture(
                 "dataset": {
                     "path": str(data),
                     "record_episodes": p.record_episodes,
-                    # What the demo measured with: every recorded episode (the test
-                    # scale's 12-step PushT episodes never finish).
-                    "record_failures": True,
+                    "record_failures": p.record_failures,
                     "heldout_fraction": 0.2,
                 },
                 "action_module": head,
@@ -487,7 +500,7 @@ def build_mixture(
                 },
                 "output_dir": str(out_dir),
             }
-            | success
+            | _success_eval(sft_success_episodes)
         )
     )
     eval_tenant = "eval-sft"
@@ -516,4 +529,14 @@ def build_mixture(
         sft_tenant=sft_tenant,
         eval_tenant=eval_tenant,
         success_episodes=success_episodes,
+        sft_success_episodes=sft_success_episodes,
     )
+
+
+def _success_eval(episodes: int) -> dict[str, Any]:
+    """A spec's ``success_eval`` of ``episodes`` episodes (none for 0), on evaluation
+    seeds far above the demonstration seeds (spec seed + k; the spec refuses any
+    overlap)."""
+    if episodes <= 0:
+        return {}
+    return {"success_eval": {"episodes": episodes, "seed": EVAL_SEED_BASE}}

@@ -397,7 +397,8 @@ def format_success(row: dict[str, Any]) -> str:
 
 def success_reading(row: dict[str, Any]) -> str:
     """What a tenant's before → after says, in words: ``rose`` or ``fell`` only when the
-    Wilson intervals do not overlap; otherwise that this many episodes cannot tell."""
+    Wilson intervals do not overlap; that it never succeeded when both rates are 0;
+    otherwise that this many episodes cannot tell."""
     lo_hi = (row.get("success_rate_ci95_initial"), row.get("success_rate_ci95_final"))
     if any(not isinstance(ci, list | tuple) or len(ci) != 2 for ci in lo_hi):
         return "not measured"
@@ -407,6 +408,9 @@ def success_reading(row: dict[str, Any]) -> str:
     if a_hi < b_lo:
         return "fell: the intervals do not overlap"
     before, after = row.get("success_rate_initial"), row.get("success_rate_final")
+    if before == after == 0:
+        # The RL tenants' usual row at demo scale: say what it means, not just "overlap".
+        return "never succeeded, before or after: no learning shown at this budget"
     trend = (
         "no change" if before == after else ("higher" if (after or 0) > (before or 0) else "lower")
     )

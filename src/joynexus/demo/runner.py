@@ -268,8 +268,10 @@ async def run_demo(
             applied is in the report's ``core_pinning``.
         success_episodes: Episodes of each trainable tenant's success measurement,
             before and after its training in its isolated replay (default: the
-            profile's :data:`~joynexus.demo.mixture.SUCCESS_EPISODES`; 0: not measured);
-            the report's ``success_episodes``, the rates in ``success_rates``.
+            profile's :data:`~joynexus.demo.mixture.SUCCESS_EPISODES` for the RL
+            tenants and :data:`~joynexus.demo.mixture.SFT_SUCCESS_EPISODES` for the SFT
+            tenant; 0: not measured); the report's ``success_episodes`` and
+            ``sft_success_episodes``, the rates in ``success_rates``.
 
     Raises:
         JoyNexusError: a bad spec, or simulators that cannot run here (raised before
@@ -399,6 +401,7 @@ async def _run_demo(
     report["env_unavailable"] = dict(choice.unavailable)
     report["core_pinning"] = pinning
     report["success_episodes"] = mixture.success_episodes
+    report["sft_success_episodes"] = mixture.sft_success_episodes
     plots = plot_report(report, multi, isolated, out_dir)
     report["plots"] = [p.name for p in plots]
     total = time.monotonic() - t0
@@ -426,8 +429,9 @@ def _describe(mixture: DemoMixture, console: Console) -> None:
         console.print(f"  {spec.tenant}: {spec.task.value} on {what}{extra}")
     knobs = ", ".join(f"{k}={v}" for k, v in mixture.knobs().items())
     console.print(f"  knobs: {knobs}")
-    if mixture.success_episodes:
+    if mixture.success_episodes or mixture.sft_success_episodes:
         console.print(
-            f"  success rate: each RL and SFT tenant measured on {mixture.success_episodes} "
-            "episodes before its first update and after its last, in its isolated replay"
+            f"  success rate: each RL tenant measured on {mixture.success_episodes} "
+            f"episodes and the SFT tenant on {mixture.sft_success_episodes}, before its "
+            "first update and after its last, in its isolated replay"
         )

@@ -9,7 +9,10 @@ Episodes truncate after ``max_episode_steps`` (30 by default).
 
 Observations: one top-down camera ``"top"`` rendered with numpy at ``image_size``
 (default 64; goal a green disc, agent a red disc on a grey floor), and the state
-``[agent_x, agent_y, goal_x, goal_y]``.
+``[agent_x, agent_y, goal_x, goal_y]`` — or, with ``observation.state: proprio``, the
+agent's own position ``[agent_x, agent_y]`` only, so that the goal is seen only in the
+image (the easiest task for learning from pixels; the scripted expert then reads the
+goal from the simulator, :func:`goals`).
 
 This is the "easy task" of the project's learning proofs: because the goal is part of
 the state, a small action head reading the state learns the optimal policy ("move along
@@ -35,6 +38,7 @@ __all__ = [
     "DEFAULT_MAX_EPISODE_STEPS",
     "Reach2DScriptedPolicy",
     "Reach2DSim",
+    "goals",
     "make_reach2d",
     "reach2d_schema",
 ]
@@ -43,6 +47,8 @@ DEFAULT_IMAGE_SIZE = 64
 DEFAULT_MAX_EPISODE_STEPS = 30
 INSTRUCTION = "Move the red point to the green goal."
 _OPTIONS: dict[str, float] = {"max_speed": 0.15, "goal_radius": 0.1, "success_bonus": 5.0}
+#: The agent's own part of the state: its position.
+_PROPRIO_DIM = 2
 _FLOOR = np.array([200, 200, 200], dtype=np.uint8)
 _GOAL = np.array([40, 170, 60], dtype=np.uint8)
 _AGENT = np.array([210, 40, 40], dtype=np.uint8)
@@ -67,7 +73,8 @@ def _options(spec: EnvSpec) -> dict[str, float]:
 
 
 def reach2d_schema(spec: EnvSpec) -> DataSchema:
-    """The reach2d schema: camera ``top`` at ``spec.image_size``, state 4, action 2."""
+    """The reach2d schema: camera ``top`` at ``spec.image_size``, state 4 (2 with
+    ``observation.state: proprio``), action 2."""
     if spec.task not in (None, "reach2d"):
         raise SpecError(f"reach2d has a single task; got task={spec.task!r} (use null)")
     _options(spec)
@@ -75,7 +82,7 @@ def reach2d_schema(spec: EnvSpec) -> DataSchema:
     return DataSchema(
         name="reach2d",
         cameras={"top": CameraSpec(height=size, width=size)},
-        state_dim=4,
+        state_dim=_PROPRIO_DIM if spec.observation.state == "proprio" else 4,
         action_dim=2,
         action_chunk=1,
         fps=10.0,
@@ -86,9 +93,12 @@ def reach2d_schema(spec: EnvSpec) -> DataSchema:
 class Reach2DSim:
     """One reach2d simulator instance (implements :class:`SingleEnv`)."""
 
-    def __init__(self, size: int, options: dict[str, float] | None = None) -> None:
+    def __init__(
+        self, size: int, options: dict[str, float] | None = None, *, proprio: bool = False
+    ) -> None:
         opts = {**_OPTIONS, **(options or {})}
         self.size = size
+        self.proprio = proprio
         self.max_speed = opts["max_speed"]
         self.goal_radius = opts["goal_radius"]
         self.success_bonus = opts["success_bonus"]
@@ -117,7 +127,8 @@ class Reach2DSim:
         return image
 
     def _obs(self) -> SingleObservation:
-        state = np.concatenate([self.agent, self.goal]).astype(np.float32)
+        parts = [self.agent] if self.proprio else [self.agent, self.goal]
+        state = np.concatenate(parts).astype(np.float32)
         return SingleObservation(cameras={"top": self.render()}, state=state)
 
     def reset(self, seed: int | None) -> SingleObservation:
@@ -151,7 +162,9 @@ class Reach2DSim:
 class Reach2DScriptedPolicy:
     """The expert: full speed along ``goal − agent``, slowing down near the goal.
 
-    It reads only the observation's state, so demonstrations are learnable from it.
+    It reads the observation's state, so demonstrations are learnable from it; when
+    the tenant observes only the agent (``observation.state: proprio``) it reads the goal
+    from the simulator (:func:`goals`), as a demonstrator who sees the scene would.
     """
 
     def __init__(self, max_speed: float = _OPTIONS["max_speed"]) -> None:
@@ -161,7 +174,13 @@ class Reach2DScriptedPolicy:
         return None
 
     def act(self, env: Any, obs: EnvObservation) -> np.ndarray:
-        delta = obs.state[:, 2:4] - obs.state[:, 0:2]
+        goal = obs.state[:, 2:4] if obs.state.shape[1] >= 4 else goals(env)
+        if goal is None:
+            raise SpecError(
+                "reach2d's scripted expert needs the goal: record with observation.state "
+                "'default', or from a local reach2d env"
+            )
+        delta = goal - obs.state[:, 0:2]
         # Velocity that would land on the goal this step, capped at unit speed.
         velocity = delta / self.max_speed
         norm = np.linalg.norm(velocity, axis=1, keepdims=True)
@@ -170,12 +189,22 @@ class Reach2DScriptedPolicy:
         return out
 
 
+def goals(env: Any) -> np.ndarray | None:
+    """The sub-envs' goals ``[N, 2]``, or None when ``env`` is not a reach2d adapter of
+    this process."""
+    subs = getattr(env, "envs", None)
+    if not subs or not all(isinstance(e, Reach2DSim) for e in subs):
+        return None
+    return np.stack([e.goal for e in subs]).astype(np.float32)
+
+
 def make_reach2d(spec: EnvSpec) -> EnvAdapter:
     """Build a (possibly vectorized) reach2d adapter from ``spec``."""
     schema = reach2d_schema(spec)
     size = schema.cameras["top"].height
     opts = _options(spec)
-    envs: list[SingleEnv] = [Reach2DSim(size, opts) for _ in range(spec.num_envs)]
+    proprio = spec.observation.state == "proprio"
+    envs: list[SingleEnv] = [Reach2DSim(size, opts, proprio=proprio) for _ in range(spec.num_envs)]
     return VectorEnvAdapter(
         envs, schema, max_episode_steps=spec.max_episode_steps or DEFAULT_MAX_EPISODE_STEPS
     )
@@ -187,4 +216,5 @@ register_env(
     schema="joynexus.envs.reach2d:reach2d_schema",
     description="reach2d: move a point to a goal in 2-D (numpy; goal in the state; easy task)",
     requires=[],
+    states=("default", "proprio"),
 )

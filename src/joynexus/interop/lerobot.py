@@ -36,6 +36,16 @@ SIDE_SCRIPT = Path(__file__).with_name("side") / "lerobot_run.py"
 FAMILIES = ("smolvla", "pi0", "pi05")
 #: The families ``make-tiny`` builds through the real classes (see side.lerobot_run).
 TINY_FAMILIES = ("smolvla",)
+#: The families hosted as the resident prefix (models.policies.smolvla_expert).
+HOSTED_FAMILIES = ("smolvla",)
+#: ``base_model: {id: tiny:smolvla}``: the tiny SmolVLA make-tiny writes by default.
+TINY_LEROBOT = "smolvla"
+TINY_ID = "tiny:" + TINY_LEROBOT
+#: Its sizes (the defaults of :func:`make_tiny_lerobot`), known before it is built.
+TINY_STATE_DIM = TINY_ACTION_DIM = 6
+TINY_MAX_DIM = 8
+TINY_CHUNK = 4
+TINY_STEPS = 3
 #: Other policy types lerobot 0.4.x saves; named so a checkpoint of one is refused by
 #: name rather than as an unknown directory.
 OTHER_LEROBOT_TYPES = (
@@ -204,8 +214,23 @@ def check_lerobot_base(model_id: str, schema: SchemaDims | None) -> LeRobotCheck
     Raises:
         SpecError: a bad checkpoint (see :func:`read_lerobot_checkpoint`), a schema wider
             or longer than its expert, an unsupported family named by hub id, or a
-            family JoyNexus reads but cannot yet host as its resident prefix.
+            family JoyNexus reads but does not host as its resident prefix (π0, π0.5).
     """
+    if model_id == TINY_ID:
+        tiny = LeRobotCheckpoint(
+            path=model_id,
+            type=TINY_LEROBOT,
+            state_dim=TINY_STATE_DIM,
+            action_dim=TINY_ACTION_DIM,
+            cameras=["top"],
+            chunk_size=TINY_CHUNK,
+            max_state_dim=TINY_MAX_DIM,
+            max_action_dim=TINY_MAX_DIM,
+            num_steps=TINY_STEPS,
+            stats={},
+        )
+        _check_fits(tiny, schema)
+        return tiny
     path = Path(os.path.expanduser(model_id))
     if not path.is_dir():
         family = hub_family(model_id)
@@ -214,31 +239,39 @@ def check_lerobot_base(model_id: str, schema: SchemaDims | None) -> LeRobotCheck
         if family not in FAMILIES:
             raise SpecError(
                 f"base model {model_id!r} is a LeRobot {family!r} policy; JoyNexus hosts the "
-                f"LeRobot families {list(FAMILIES)} only",
+                f"LeRobot families {list(HOSTED_FAMILIES)} only",
                 field="base_model.id",
             )
-        raise SpecError(
-            f"base model {model_id!r} is a LeRobot {family!r} policy: JoyNexus reads its "
-            "checkpoint (spec check, `joynexus models make-tiny --family`) but does not yet "
-            "host a LeRobot policy's prefix as its resident backbone (docs/BACKBONES.md)",
-            field="base_model.id",
-        )
+        if family not in HOSTED_FAMILIES:
+            raise _not_hosted(model_id, family)
+        # A hosted family by hub id (nothing is downloaded at spec time): its dims are
+        # checked when the server has fetched it and builds the tenant's expert.
+        return None
     if not is_lerobot_dir(path):
         return None
     ckpt = read_lerobot_checkpoint(path)
+    _check_fits(ckpt, schema)
+    if ckpt.type not in HOSTED_FAMILIES:
+        raise _not_hosted(model_id, ckpt.type)
+    return ckpt
+
+
+def _check_fits(ckpt: LeRobotCheckpoint, schema: SchemaDims | None) -> None:
     problems = schema_problems(ckpt, schema) if schema is not None else []
     if problems:
         raise SpecError(
-            f"the schema does not fit the {ckpt.type} checkpoint {str(path)!r}:\n"
+            f"the schema does not fit the {ckpt.type} checkpoint {ckpt.path!r}:\n"
             + "\n".join(f"  {f}: {m}" for f, m in problems),
             fields=[f for f, _ in problems],
             problems=dict(problems),
         )
-    raise SpecError(
-        f"base model {model_id!r} is a LeRobot {ckpt.type!r} policy (chunk {ckpt.chunk_size}, "
-        f"state {ckpt.state_dim}/{ckpt.max_state_dim}, action "
-        f"{ckpt.action_dim}/{ckpt.max_action_dim}): JoyNexus reads and checks it but does not "
-        "yet host a LeRobot policy's prefix as its resident backbone (docs/BACKBONES.md)",
+
+
+def _not_hosted(model_id: str, family: str) -> SpecError:
+    return SpecError(
+        f"base model {model_id!r} is a LeRobot {family!r} policy: JoyNexus reads its "
+        f"checkpoint but hosts only {list(HOSTED_FAMILIES)} as a resident prefix "
+        "(docs/BACKBONES.md)",
         field="base_model.id",
     )
 
@@ -295,8 +328,8 @@ def make_tiny_lerobot(
     out: str | Path,
     *,
     seed: int = 0,
-    state_dim: int = 6,
-    action_dim: int = 6,
+    state_dim: int = TINY_STATE_DIM,
+    action_dim: int = TINY_ACTION_DIM,
     cameras: list[str] | None = None,
 ) -> LeRobotCheckpoint:
     """Build a tiny random LeRobot checkpoint of ``family`` with the real ``lerobot``
@@ -315,6 +348,8 @@ def make_tiny_lerobot(
         )
     args = ["make-tiny", "--family", family, "--out", str(out), "--seed", str(seed)]
     args += ["--state-dim", str(state_dim), "--action-dim", str(action_dim)]
+    args += ["--max-state-dim", str(TINY_MAX_DIM), "--max-action-dim", str(TINY_MAX_DIM)]
+    args += ["--chunk-size", str(TINY_CHUNK), "--num-steps", str(TINY_STEPS)]
     for camera in cameras or []:
         args += ["--camera", camera]
     run_lerobot_side(args)

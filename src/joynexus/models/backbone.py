@@ -22,10 +22,16 @@ import torch
 from joynexus.errors import InvalidRequestError, ModelNotFoundError
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.canon_tensor import TensorCanonicalizer
-from joynexus.models.canonicalize import CanonicalSpec, canonicalize
+from joynexus.models.canonicalize import BatchEncoder, CanonicalSpec, canonicalize
 from joynexus.models.feature import VLAFeature
 from joynexus.models.lora import LoRAHost
 from joynexus.models.policies.pi0_expert.checkpoint import PI0_MODEL_TYPE, Pi0Checkpoint
+from joynexus.models.policies.smolvla_expert.resident import (
+    SMOLVLA_ARCH,
+    SmolVLAEncoder,
+    SmolVLAResident,
+    smolvla_source,
+)
 from joynexus.models.schema import DataSchema, prefix_key, schema_signature
 from joynexus.models.tiny import SIDECAR, quiet_transformers
 from joynexus.models.types import BackboneOutput
@@ -74,12 +80,17 @@ class ResidentBaseModel:
     Build it with :meth:`from_pretrained`. The wrapped module never requires grad;
     :meth:`encode` builds an autograd graph only when asked (``grad=True``), and then
     only tenant LoRA adapters can receive gradients. ``lora`` is the
-    :class:`~joynexus.models.lora.LoRAHost` of the language model's linear layers.
+    :class:`~joynexus.models.lora.LoRAHost` of the linear layers LoRA may adapt.
 
     A π0 checkpoint (``arch == "pi0"``) is resident as its PaliGemma prefix (``model``);
     ``pi0`` keeps its config and pretrained action expert, and :meth:`encode` also
     returns the prefix KV cache that ``pi0_expert`` tenants attend to
     (:mod:`joynexus.models.policies.pi0_expert`).
+
+    A LeRobot SmolVLA checkpoint (``arch == "smolvla"``) is resident as its SmolVLM
+    prefix; ``smolvla`` keeps the whole checkpoint (the template of ``smolvla_expert``
+    tenants), and :meth:`encode` returns the shared prefix's KV cache
+    (:mod:`joynexus.models.policies.smolvla_expert`).
     """
 
     def __init__(
@@ -95,6 +106,7 @@ class ResidentBaseModel:
         num_camera_slots: int,
         output_layers: Sequence[int] | None = None,
         pi0: Pi0Checkpoint | None = None,
+        smolvla: SmolVLAResident | None = None,
         source: str | None = None,
         canonicalizer: Canonicalizer = "tensor",
     ) -> None:
@@ -103,6 +115,7 @@ class ResidentBaseModel:
         #: The directory or hub id it was loaded from (a tiny model's materialized copy).
         self.source = source or model_id
         self.pi0 = pi0
+        self.smolvla = smolvla
         self.arch = arch
         self.model = model
         self.processor = processor
@@ -123,15 +136,15 @@ class ResidentBaseModel:
                     f"{self.num_layers}; 0 is the embedding output)",
                     field="output_layers",
                 )
-        if pi0 is not None and self.output_layers:
+        if (pi0 is not None or smolvla is not None) and self.output_layers:
             raise InvalidRequestError(
-                "output_layers: a π0 base model hands its experts the prefix KV cache, "
+                f"output_layers: a {arch} base model hands its experts the prefix KV cache, "
                 "not intermediate layers; leave output_layers empty",
                 field="output_layers",
             )
         self._spec = CanonicalSpec(arch, num_camera_slots, canonical_image_size)
         self._check_canonical_size()
-        self._tensor: TensorCanonicalizer | None = None
+        self._tensor: BatchEncoder | None = None
         #: Why the tensor path was asked for but is not used (its load-time check).
         self.canonicalizer_fallback: str | None = None
         self.use_canonicalizer(canonicalizer)
@@ -189,6 +202,32 @@ class ResidentBaseModel:
                 model=model_id_or_path,
             )
         local_only = is_path or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        lerobot_dir = smolvla_source(path, local_only=local_only)
+        if lerobot_dir is not None:
+            torch_device = torch.device(device)
+            if dtype is None:
+                dtype = torch.bfloat16 if torch_device.type == "cuda" else torch.float32
+            resident = SmolVLAResident.load(lerobot_dir, device=torch_device, dtype=dtype)
+            if canonical_image_size not in (None, resident.image_size):
+                raise InvalidRequestError(
+                    f"canonical_image_size {canonical_image_size}: a SmolVLA checkpoint sees "
+                    f"{resident.image_size}-pixel cameras; leave it unset",
+                    field="canonical_image_size",
+                )
+            return cls(
+                model_id=identity or model_id_or_path,
+                source=model_id_or_path,
+                arch=SMOLVLA_ARCH,
+                model=resident.model.core.vlm,
+                processor=resident.model.tokenizer,
+                device=torch_device,
+                dtype=dtype,
+                canonical_image_size=resident.image_size,
+                num_camera_slots=num_camera_slots or resident.num_cameras,
+                output_layers=output_layers,
+                smolvla=resident,
+                canonicalizer=canonicalizer,
+            )
         try:
             config = hf.AutoConfig.from_pretrained(path, local_files_only=local_only)
         except (OSError, ValueError) as exc:
@@ -281,6 +320,10 @@ class ResidentBaseModel:
             )
         self.canonicalizer_fallback = None
         self._tensor = None
+        if self.smolvla is not None:
+            # SmolVLA's inputs are its own (pixels, right-padded tokens): one path.
+            self._tensor = SmolVLAEncoder(self.smolvla.model)
+            return "tensor"
         if kind == "tensor":
             self._tensor, why = TensorCanonicalizer.build(self.processor, self._spec)
             if why is not None:
@@ -368,6 +411,16 @@ class ResidentBaseModel:
         feature.camera_mask = feature.camera_mask.to(self.device)
         return feature
 
+    def images_per_row(self, feature: VLAFeature) -> list[int]:
+        """How many images each row of ``feature`` feeds the vision tower, in row order
+        (LoRA on the vision tower maps images back to rows with this): every camera
+        slot, absent cameras as blank images; a π0 prefix encodes as many per row as
+        the batch's widest row has cameras, and masks the rest afterwards."""
+        per_row = self.num_camera_slots
+        if self.pi0 is not None:
+            per_row = int(feature.model_inputs["pixel_values"].shape[1])
+        return [per_row] * feature.batch_size
+
     def encode(self, feature: VLAFeature, *, grad: bool = False) -> BackboneOutput:
         """The shared frozen forward: last hidden state (+ chosen layers) and mask
         (and, on a π0 base, the prefix KV cache).
@@ -379,6 +432,9 @@ class ResidentBaseModel:
         if self.pi0 is not None:
             with torch.set_grad_enabled(grad):
                 return self.pi0.encode(feature.model_inputs)
+        if self.smolvla is not None:
+            with torch.set_grad_enabled(grad):
+                return self.smolvla.encode(feature.model_inputs)
         want_layers = bool(self.output_layers)
         with torch.set_grad_enabled(grad):
             out = self.model(

@@ -93,13 +93,19 @@ class VLAFeature:
 
 
 def max_abs_diff_left_padded(
-    a: torch.Tensor, a_mask: torch.Tensor, b: torch.Tensor, b_mask: torch.Tensor
+    a: torch.Tensor,
+    a_mask: torch.Tensor,
+    b: torch.Tensor,
+    b_mask: torch.Tensor,
+    *,
+    right_padded: bool = False,
 ) -> float:
     """Largest ``|a - b|`` over positions that are real tokens in both.
 
     ``a`` and ``b`` are ``[N, L, D]`` hidden states of the same N samples, left-padded to
     possibly different lengths (e.g. a grouped and a serial batch). Left padding aligns
-    real tokens at the right end, so rows are compared right-aligned.
+    real tokens at the right end, so rows are compared right-aligned; ``right_padded``
+    inputs (a SmolVLA prefix) are compared left-aligned.
 
     Raises:
         ValueError: When the row counts differ or the real-token masks disagree.
@@ -107,8 +113,9 @@ def max_abs_diff_left_padded(
     if a.shape[0] != b.shape[0]:
         raise ValueError(f"row counts differ: {a.shape[0]} vs {b.shape[0]}")
     n = min(int(a.shape[1]), int(b.shape[1]))
-    a_t, b_t = a[:, -n:].float(), b[:, -n:].float()
-    am, bm = a_mask[:, -n:].bool(), b_mask[:, -n:].bool()
+    cut = slice(None, n) if right_padded else slice(-n, None)
+    a_t, b_t = a[:, cut].float(), b[:, cut].float()
+    am, bm = a_mask[:, cut].bool(), b_mask[:, cut].bool()
     total = int(am.sum())
     if (
         not torch.equal(am, bm)

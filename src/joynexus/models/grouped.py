@@ -48,6 +48,10 @@ class GroupableBackbone(BaseModelRef, Protocol):
 
     def parameter_bytes(self) -> int: ...
 
+    def images_per_row(self, feature: VLAFeature) -> list[int]:
+        """Images each row feeds the vision tower (vision LoRA maps them back to rows)."""
+        ...
+
 
 SlotResolver = Callable[[str, "int | None"], TenantSlot]
 """``(tenant_id, policy_version) -> TenantSlot``: which slot decodes a request."""
@@ -277,11 +281,10 @@ class GroupedExecutor:
             if adapter is not None:
                 segments.append(LoRASegment(entry.start, entry.stop, adapter))
         if segments:
-            rows = LoRARows(
-                feature.batch_size,
-                tuple(segments),
-                training=grad,
-            )
+            rows = LoRARows(feature.batch_size, tuple(segments), training=grad)
+            if any(seg.adapter.sees_images for seg in segments):
+                # Vision adapters act on images: give the hooks each row's image count.
+                rows = rows.with_images(self.base.images_per_row(feature))
             encode: Callable[..., BackboneOutput] = self.base.encode
             with lora_rows(rows):
                 if grad:

@@ -1,12 +1,22 @@
 """Tenant LoRA adapters on the shared frozen backbone, applied per row of a mixed batch.
 
 A tenant's action module may carry a low-rank adapter (``action_module.lora``) on the
-language model's linear layers. The base weights are never copied: the resident
-backbone's targetable ``nn.Linear`` modules get one forward hook each (installed once,
-by :class:`LoRAHost`), and during one backbone forward the executor publishes which
-rows belong to which adapter (:func:`lora_rows`). Each hook then adds, segment by
-segment, the low-rank delta ``scale * (x[rows] @ A.T) @ B.T`` of that segment's adapter
-to the base output; rows without an adapter keep the base output.
+language model's linear layers, and optionally on the vision tower's (``vision``) and on
+the vision-to-language projection (``vision_projection``). The base weights are never
+copied: the resident backbone's targetable ``nn.Linear`` modules get one forward hook
+each (installed once, by :class:`LoRAHost`), and during one backbone forward the
+executor publishes which rows belong to which adapter (:func:`lora_rows`). Each hook
+then adds, segment by segment, the low-rank delta ``scale * (x[rows] @ A.T) @ B.T`` of
+that segment's adapter to the base output; rows without an adapter keep the base output.
+
+The vision tower does not see samples but images: every sample brings its camera
+images (all camera slots, or only its present cameras on a π0 prefix), and each
+architecture lays them out with a fixed number of leading rows per image (SigLIP /
+SmolVLM: one row per image; Qwen-VL: its patches, packed). Canonicalization makes every
+image the same size, so a vision layer's leading dimension is ``images × k`` for one
+``k``: the assignment carries each adapter's image range (:attr:`LoRARows.image_segments`)
+and the hook scales it by ``k``. A tenant's images therefore only ever meet its own
+adapter.
 
 The segment loop is a plain-torch segmented gather-matmul (as Punica's SGMV does), so
 it runs on CPU and CUDA; it sits behind :data:`SegmentedLoRAKernel` and
@@ -53,6 +63,21 @@ _LM_LINEAR = re.compile(
     r"^(?:.*\.)?(?:language_model|text_model)\.layers\.\d+\.(?:self_attn|mlp)\.([A-Za-z0-9_]+)$"
 )
 
+# The vision encoder's attention / MLP projections: SigLIP (PaliGemma, π0), SmolVLM's
+# Idefics3 tower (``...encoder.layers.N``) and Qwen-VL's packed tower (``visual.blocks.N``).
+_VISION_LINEAR = re.compile(
+    r"^(?:.*\.)?(?:vision_model|vision_tower|visual)\.(?:.*\.)?(?:encoder\.layers|blocks)"
+    r"\.\d+\.(?:self_attn|attn|mlp)\.[A-Za-z0-9_]+$"
+)
+# The vision-to-language projection (connector): SmolVLM's modality projection,
+# PaliGemma's projector, Qwen2.5-VL's patch merger, Qwen3-VL's merger and deepstack mergers.
+_PROJECTION_LINEAR = re.compile(
+    r"^(?:.*\.)?(?:connector\.modality_projection\.proj|multi_modal_projector\.linear"
+    r"|visual\.(?:merger|deepstack_merger_list\.\d+)\.(?:mlp\.\d+|linear_fc\d+))$"
+)
+VISION_FAMILIES: tuple[str, ...] = ("smolvlm", "paligemma", "qwen2_5_vl", "qwen3_vl", "pi0")
+"""Backbone families whose vision tower and projection a LoRA adapter may target."""
+
 PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_CONFIG_FILE = "adapter_config.json"
 
@@ -76,7 +101,15 @@ class LoRAConfig(BaseModel):
         description=f"Language-model linear layers to adapt; any of {list(LANGUAGE_TARGETS)}.",
     )
     vision: bool = Field(
-        default=False, description="Also adapt the vision tower (not supported yet)."
+        default=False,
+        description="Also adapt every attention and MLP linear layer of the vision tower "
+        f"(families {list(VISION_FAMILIES)}); each tenant's images go through its own adapter.",
+    )
+    vision_projection: bool = Field(
+        default=False,
+        description="Also adapt the vision-to-language projection (connector / patch "
+        "merger): a trainable, tenant-private correction of how image features enter the "
+        "language model, at the adapter's rank.",
     )
 
     @field_validator("targets")
@@ -89,16 +122,6 @@ class LoRAConfig(BaseModel):
             )
         if len(set(value)) != len(value):
             raise ValueError(f"LoRA targets repeat a name: {list(value)}")
-        return value
-
-    @field_validator("vision")
-    @classmethod
-    def _no_vision(cls, value: bool) -> bool:
-        if value:
-            raise ValueError(
-                "LoRA on the vision tower is not supported yet (its rows are packed per "
-                "image, not per sample); set vision: false"
-            )
         return value
 
     @property
@@ -122,6 +145,17 @@ def lora_target_modules(model: nn.Module, targets: Sequence[str]) -> dict[str, n
     return out
 
 
+def vision_target_modules(model: nn.Module, *, projection: bool) -> dict[str, nn.Linear]:
+    """The vision tower's linear layers of ``model`` (``projection=False``) or those of
+    its vision-to-language projection (``projection=True``)."""
+    pattern = _PROJECTION_LINEAR if projection else _VISION_LINEAR
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and pattern.match(name)
+    }
+
+
 class LoRAAdapter(nn.Module):
     """One tenant's low-rank matrices: ``A [rank, in]`` and ``B [out, rank]`` per layer.
 
@@ -138,7 +172,10 @@ class LoRAAdapter(nn.Module):
             raise ValueError("a LoRA adapter needs at least one target module")
         self.config = config
         self.scaling = config.scaling
+        #: The adapter reaches into the vision tower or its projection (rows = images).
+        self.sees_images = config.vision or config.vision_projection
         self.module_names: tuple[str, ...] = tuple(shapes)
+        self._keys = {name: _key(name) for name in shapes}
         self.A = nn.ParameterDict()
         self.B = nn.ParameterDict()
         for name, (fan_in, fan_out) in shapes.items():
@@ -146,13 +183,22 @@ class LoRAAdapter(nn.Module):
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
             self.A[_key(name)] = nn.Parameter(a)
             self.B[_key(name)] = nn.Parameter(torch.zeros(fan_out, config.rank))
+        # The ParameterDicts' own storage (the same dicts for the module's lifetime).
+        self._a = self.A._parameters
+        self._b = self.B._parameters
 
     def pair(self, module_name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
         """``(A, B)`` of ``module_name``, or None when this adapter does not target it."""
-        key = _key(module_name)
-        if key not in self.A:
+        # Called by every hooked layer for every segment of every forward: a dict lookup
+        # of the key and the ParameterDicts' own storage, not ParameterDict's attribute
+        # protocol (which showed up in profiles of a grouped training step). Read each
+        # time, so parameters replaced by ``.to()`` or a state load are always current.
+        key = self._keys.get(module_name)
+        if key is None:
             return None
-        return self.A[key], self.B[key]
+        a, b = self._a[key], self._b[key]
+        assert a is not None and b is not None
+        return a, b
 
     def peft_state_dict(self) -> dict[str, torch.Tensor]:
         """The adapter under PEFT's saved names (``base_model.model.<m>.lora_A.weight``)."""
@@ -214,7 +260,10 @@ def sgmv_torch(
 
     When the segments tile every row in equal sizes with one rank, dtype and dropout
     (the common case of a grouped step), the deltas are two batched matmuls over the
-    stacked adapters; otherwise one pair of matmuls per segment.
+    stacked adapters; otherwise one pair of matmuls per segment. Either way the scale
+    rides on the rank-sized intermediate (or the matmul's ``alpha``) and the second
+    matmul adds into the base output in the same op (``baddbmm`` / ``addmm``): no
+    output-sized temporaries, which in a training step are also saved for backward.
     """
     if _uniform(x, segments):
         return _batched_delta(x, base_out, segments, training)
@@ -226,12 +275,21 @@ def sgmv_torch(
         xs = x[seg.start : seg.stop].to(seg.a.dtype)
         if training and seg.dropout > 0:
             xs = F.dropout(xs, seg.dropout, training=True)
-        delta = (xs @ seg.a.t()) @ seg.b.t()
-        parts.append(base_out[seg.start : seg.stop] + (delta * seg.scaling).to(base_out.dtype))
+        parts.append(_add_low_rank(base_out[seg.start : seg.stop], xs, seg))
         row = seg.stop
     if row < int(base_out.shape[0]):
         parts.append(base_out[row:])
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _add_low_rank(base: torch.Tensor, xs: torch.Tensor, seg: KernelSegment) -> torch.Tensor:
+    """``base + scaling * (xs @ A.T) @ B.T`` for one segment's rows."""
+    xa = xs.reshape(-1, xs.shape[-1]) @ seg.a.t()
+    if base.dtype != xa.dtype:
+        delta = (xa @ seg.b.t()) * seg.scaling
+        return base + delta.reshape(base.shape).to(base.dtype)
+    flat = torch.addmm(base.reshape(-1, base.shape[-1]), xa, seg.b.t(), alpha=seg.scaling)
+    return flat.reshape(base.shape)
 
 
 def _uniform(x: torch.Tensor, segments: Sequence[KernelSegment]) -> bool:
@@ -267,10 +325,17 @@ def _batched_delta(
     xs = x.to(first.a.dtype).reshape(n, -1, x.shape[-1])  # [S, rows/S * ..., in]
     if training and first.dropout > 0:
         xs = F.dropout(xs, first.dropout, training=True)
-    delta = torch.bmm(torch.bmm(xs, a.transpose(1, 2)), b.transpose(1, 2))
-    scales = torch.tensor([seg.scaling for seg in segments], dtype=delta.dtype)
-    delta = delta * scales.to(delta.device).view(n, 1, 1)
-    return base_out + delta.reshape(base_out.shape).to(base_out.dtype)
+    xa = torch.bmm(xs, a.transpose(1, 2))  # [S, m, r]: rank-sized, cheap to scale
+    alpha = first.scaling
+    if any(seg.scaling != alpha for seg in segments):
+        scales = torch.tensor([seg.scaling for seg in segments], dtype=xa.dtype)
+        xa = xa * scales.to(xa.device).view(n, 1, 1)
+        alpha = 1.0
+    if base_out.dtype != xa.dtype:
+        delta = torch.bmm(xa, b.transpose(1, 2)) * alpha
+        return base_out + delta.reshape(base_out.shape).to(base_out.dtype)
+    base3 = base_out.reshape(n, -1, base_out.shape[-1])
+    return torch.baddbmm(base3, xa, b.transpose(1, 2), alpha=alpha).reshape(base_out.shape)
 
 
 _kernel: SegmentedLoRAKernel = sgmv_torch
@@ -289,11 +354,38 @@ def set_segmented_kernel(kernel: SegmentedLoRAKernel | None) -> SegmentedLoRAKer
 
 @dataclass(frozen=True)
 class LoRARows:
-    """Which rows of the current backbone forward go through which adapter."""
+    """Which rows of the current backbone forward go through which adapter.
+
+    ``segments`` are in samples (the language model's rows). ``images`` and
+    ``image_segments`` are the same assignment in images, for the vision tower: build
+    them with :meth:`with_images` from the images each sample brings.
+    """
 
     rows: int
     segments: tuple[LoRASegment, ...]
     training: bool = False
+    images: int = 0
+    image_segments: tuple[LoRASegment, ...] = ()
+
+    def with_images(self, images_per_row: Sequence[int]) -> LoRARows:
+        """This assignment plus its image ranges (adapters that adapt vision only).
+
+        Raises:
+            ValueError: ``images_per_row`` does not have one entry per row.
+        """
+        if len(images_per_row) != self.rows:
+            raise ValueError(
+                f"LoRA: {len(images_per_row)} image counts for a batch of {self.rows} rows"
+            )
+        starts = [0]
+        for count in images_per_row:
+            starts.append(starts[-1] + int(count))
+        image_segments = tuple(
+            LoRASegment(starts[seg.start], starts[seg.stop], seg.adapter)
+            for seg in self.segments
+            if seg.adapter.sees_images and starts[seg.stop] > starts[seg.start]
+        )
+        return LoRARows(self.rows, self.segments, self.training, starts[-1], image_segments)
 
 
 _ACTIVE: ContextVar[LoRARows | None] = ContextVar("joynexus_lora_rows", default=None)
@@ -321,41 +413,62 @@ class LoRAHost:
 
     def __init__(self, model: nn.Module):
         self.modules = lora_target_modules(model, LANGUAGE_TARGETS)
+        self.vision_modules = vision_target_modules(model, projection=False)
+        self.projection_modules = vision_target_modules(model, projection=True)
         for name, module in self.modules.items():
-            module.register_forward_hook(functools.partial(self._hook, name))
+            module.register_forward_hook(functools.partial(self._hook, name, False))
+        for name, module in {**self.vision_modules, **self.projection_modules}.items():
+            module.register_forward_hook(functools.partial(self._hook, name, True))
 
-    def shapes(self, targets: Sequence[str]) -> dict[str, tuple[int, int]]:
-        """Module name → ``(in_features, out_features)`` of the layers ``targets`` name."""
+    def shapes(
+        self, targets: Sequence[str], *, vision: bool = False, projection: bool = False
+    ) -> dict[str, tuple[int, int]]:
+        """Module name → ``(in_features, out_features)`` of the language layers
+        ``targets`` name, plus the vision tower's (``vision``) and the projection's
+        (``projection``) layers."""
         wanted = set(targets)
-        return {
-            name: (m.in_features, m.out_features)
-            for name, m in self.modules.items()
-            if name.rsplit(".", 1)[-1] in wanted
-        }
+        chosen = {n: m for n, m in self.modules.items() if n.rsplit(".", 1)[-1] in wanted}
+        if vision:
+            chosen.update(self.vision_modules)
+        if projection:
+            chosen.update(self.projection_modules)
+        return {name: (m.in_features, m.out_features) for name, m in chosen.items()}
 
     @staticmethod
-    def _hook(name: str, module: nn.Module, args: Any, output: torch.Tensor) -> Any:
+    def _hook(name: str, images: bool, module: nn.Module, args: Any, output: torch.Tensor) -> Any:
         assignment = _ACTIVE.get()
-        if assignment is None or not assignment.segments:
+        if assignment is None:
             return None
         x = args[0]
-        if int(x.shape[0]) != assignment.rows:
-            raise RuntimeError(
-                f"LoRA: layer {name} got {int(x.shape[0])} rows, the batch has "
-                f"{assignment.rows}; this architecture does not keep rows separate"
-            )
+        rows = int(x.shape[0])
+        if images:
+            if not assignment.image_segments:
+                return None
+            # Every image has the same size, so it owns ``per`` consecutive leading rows
+            # here (1 per image, or its patches in a packed tower).
+            if assignment.images <= 0 or rows % assignment.images:
+                raise RuntimeError(
+                    f"LoRA: vision layer {name} got {rows} rows for {assignment.images} "
+                    "images; this architecture does not keep images separate"
+                )
+            per = rows // assignment.images
+            owned = [(s.start * per, s.stop * per, s.adapter) for s in assignment.image_segments]
+        else:
+            if not assignment.segments:
+                return None
+            if rows != assignment.rows:
+                raise RuntimeError(
+                    f"LoRA: layer {name} got {rows} rows, the batch has "
+                    f"{assignment.rows}; this architecture does not keep rows separate"
+                )
+            owned = [(s.start, s.stop, s.adapter) for s in assignment.segments]
         segments: list[KernelSegment] = []
-        for seg in assignment.segments:
-            pair = seg.adapter.pair(name)
+        for start, stop, adapter in owned:
+            pair = adapter.pair(name)
             if pair is not None:
                 segments.append(
                     KernelSegment(
-                        seg.start,
-                        seg.stop,
-                        pair[0],
-                        pair[1],
-                        seg.adapter.scaling,
-                        seg.adapter.config.dropout,
+                        start, stop, pair[0], pair[1], adapter.scaling, adapter.config.dropout
                     )
                 )
         if not segments:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from joynexus.errors import InvalidRequestError
-from joynexus.models.lora import LoRAAdapter, LoRAConfig
+from joynexus.models.lora import VISION_FAMILIES, LoRAAdapter, LoRAConfig
 from joynexus.models.normalization import NormalizationStats
 from joynexus.models.policies.base import PolicyConfig, PolicyHead, PolicySample
 from joynexus.models.policies.registry import build_action_module
@@ -372,7 +372,20 @@ def _build_adapter(
             tenant_id=tenant_id,
             field="action_module.lora",
         )
-    shapes = host.shapes(config.targets)
+    if (config.vision and not host.vision_modules) or (
+        config.vision_projection and not host.projection_modules
+    ):
+        what = (
+            "lora.vision" if config.vision and not host.vision_modules else "lora.vision_projection"
+        )
+        raise InvalidRequestError(
+            f"tenant {tenant_id!r}: {what} is not available on base model "
+            f"{base.model_id!r}: no vision layers of a supported family found (vision LoRA "
+            f"supports {list(VISION_FAMILIES)})",
+            tenant_id=tenant_id,
+            field=f"action_module.{what}",
+        )
+    shapes = host.shapes(config.targets, vision=config.vision, projection=config.vision_projection)
     if not shapes:
         raise InvalidRequestError(
             f"tenant {tenant_id!r}: base model {base.model_id!r} has no layer named by "

@@ -32,6 +32,8 @@ import copy
 import importlib
 import json
 import math
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +42,10 @@ from safetensors.torch import load_file
 from torch import nn
 from torch.nn import functional as F
 
+from joynexus.errors import InvalidRequestError
 from joynexus.interop.lerobot import (
+    POSTPROCESSOR,
+    PREPROCESSOR,
     WEIGHTS,
     LeRobotCheckpoint,
     read_lerobot_checkpoint,
@@ -116,13 +121,15 @@ class _VLMWithExpert(nn.Module):
     def is_self_layer(self, i: int) -> bool:
         return not self.cross or (self.every > 0 and i % self.every == 0)
 
-    def expert_layer(self, i: int) -> Any:
-        """The expert layer paired with VLM layer ``i`` (``None``: the expert skips it)."""
-        n_vlm, n_expert = len(self.vlm.model.text_model.layers), len(self.lm_expert.layers)
+    def expert_layer(self, i: int, expert: Any = None) -> Any:
+        """The layer of ``expert`` (default: the checkpoint's) paired with VLM layer ``i``
+        (``None``: the expert skips it)."""
+        expert = self.lm_expert if expert is None else expert
+        n_vlm, n_expert = len(self.vlm.model.text_model.layers), len(expert.layers)
         step = n_vlm // n_expert
         if step > 0 and i > 0 and i % step:
             return None
-        return self.lm_expert.layers[i // step if step > 0 else i]
+        return expert.layers[i // step if step > 0 else i]
 
     def attend(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
@@ -246,16 +253,24 @@ class SmolVLA(nn.Module):
     # -- the prefix ------------------------------------------------------------------
 
     def embed_shared(
-        self, images: list[torch.Tensor], ids: torch.Tensor, lang_mask: torch.Tensor
+        self,
+        images: list[torch.Tensor],
+        ids: torch.Tensor,
+        lang_mask: torch.Tensor,
+        camera_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The tenant-independent prefix: embeddings ``[B, P, W]`` of the cameras, then the
-        language, and their validity ``[B, P]`` (language right-padded)."""
+        language, and their validity ``[B, P]`` (language right-padded; the tokens of a
+        camera a row lacks, ``camera_mask[:, i]`` False, are invalid)."""
         vlm = self.core.vlm.model
         embs, pads = [], []
-        for image in images:
+        for i, image in enumerate(images):
             emb = vlm.connector(self.see(image))
             embs.append(emb * math.sqrt(emb.shape[-1]))
-            pads.append(torch.ones(emb.shape[:2], dtype=torch.bool, device=emb.device))
+            seen = torch.ones(emb.shape[:2], dtype=torch.bool, device=emb.device)
+            if camera_mask is not None:
+                seen = seen & camera_mask[:, i : i + 1].to(seen.device)
+            pads.append(seen)
         lang = vlm.text_model.get_input_embeddings()(ids)
         embs.append(lang * math.sqrt(lang.shape[-1]))
         pads.append(lang_mask)
@@ -292,6 +307,12 @@ class SmolVLA(nn.Module):
     def shared_cache(self, embs: torch.Tensor, pad: torch.Tensor) -> PrefixCache:
         """The truncated VLM over the shared prefix (every valid token sees every other);
         its per-layer rotated keys and values. Computed once for all tenants' rows."""
+        return self.shared_forward(embs, pad)[0]
+
+    def shared_forward(
+        self, embs: torch.Tensor, pad: torch.Tensor
+    ) -> tuple[PrefixCache, torch.Tensor]:
+        """:meth:`shared_cache` and the last layer's hidden states ``[B, P, W]``."""
         mask = pad[:, None, :] & pad[:, :, None]
         positions = torch.cumsum(pad.long(), dim=1) - 1
         hidden, cache = embs, []
@@ -300,12 +321,17 @@ class SmolVLA(nn.Module):
             q, k = rotate(q, positions), rotate(k, positions)
             cache.append((k, v))
             hidden = self.core.finish(layer, hidden, self.core.attend(q, k, v, mask))
-        return cache
+        return cache, hidden
 
     def with_state(
-        self, shared: PrefixCache, pad: torch.Tensor, state: torch.Tensor
+        self,
+        shared: PrefixCache,
+        pad: torch.Tensor,
+        state: torch.Tensor,
+        state_proj: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> tuple[PrefixCache, torch.Tensor]:
-        """Extend the shared cache by the state token of normalized, padded ``state``.
+        """Extend the shared cache by the state token of normalized, padded ``state``
+        projected by ``state_proj`` (a tenant's; default: the checkpoint's).
 
         SmolVLA's state token opens its own attention block at the end of the prefix:
         it sees every shared token, none sees it. So it runs alone through the frozen
@@ -315,7 +341,8 @@ class SmolVLA(nn.Module):
         Returns:
             The whole prefix's cache and its validity ``[B, P + 1]``.
         """
-        hidden = self.model.state_proj(state)[:, None, :]
+        project = self.model.state_proj if state_proj is None else state_proj
+        hidden = project(state)[:, None, :]
         full_pad = torch.cat([pad, torch.ones_like(pad[:, :1])], dim=1)
         positions = pad.long().sum(dim=1, keepdim=True)
         cache: PrefixCache = []
@@ -333,10 +360,21 @@ class SmolVLA(nn.Module):
     # -- the expert ------------------------------------------------------------------
 
     def velocity(
-        self, cache: PrefixCache, pad: torch.Tensor, x: torch.Tensor, t: torch.Tensor
+        self,
+        cache: PrefixCache,
+        pad: torch.Tensor,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        head: Any = None,
     ) -> torch.Tensor:
-        """The expert's velocity ``[B, chunk, max_action_dim]`` at noisy chunk ``x``."""
-        m, core = self.model, self.core
+        """The expert's velocity ``[B, chunk, max_action_dim]`` at noisy chunk ``x``.
+
+        ``head``: a tenant's expert — a module with the checkpoint's ``action_*``
+        projections and an ``lm_expert`` (default: the checkpoint's own).
+        """
+        core = self.core
+        m: Any = self.model if head is None else head
+        expert = core.lm_expert if head is None else head.lm_expert
         action = m.action_in_proj(x)
         times = time_embedding(
             t, core.expert_width, float(self.config["min_period"]), float(self.config["max_period"])
@@ -349,7 +387,7 @@ class SmolVLA(nn.Module):
         prefix_seen = pad[:, None, :].expand(b, chunk, pad.shape[1])
         self_mask = torch.cat([prefix_seen, causal.expand(b, -1, -1)], dim=2)
         for i, (keys, values) in enumerate(cache):
-            layer = core.expert_layer(i)
+            layer = core.expert_layer(i, expert)
             if layer is None:
                 continue
             x_in = layer.input_layernorm(hidden)
@@ -366,7 +404,7 @@ class SmolVLA(nn.Module):
                 v = v.view(*values.shape[:2], -1, core.head_dim)
                 attended = core.attend(q, k, v, prefix_seen)
             hidden = core.finish(layer, hidden, attended)
-        out: torch.Tensor = m.action_out_proj(core.lm_expert.norm(hidden).float())
+        out: torch.Tensor = m.action_out_proj(expert.norm(hidden).float())
         return out
 
     @torch.no_grad()
@@ -392,20 +430,56 @@ def export_smolvla(
     out: str | Path,
     *,
     stats: dict[str, dict[str, list[float]]] | None = None,
+    tensors: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write ``model`` as a LeRobot ``smolvla`` policy directory: the checkpoint's
     ``config.json``, ``model.safetensors`` from the model's state dict (the same names
-    LeRobot saved), and the processor pipelines with ``stats`` (a tenant's own
+    LeRobot saved) with ``tensors`` (a tenant's expert, by those names) in place of the
+    checkpoint's, and the processor pipelines with ``stats`` (a tenant's own
     normalization statistics) or the checkpoint's.
+
+    Raises:
+        InvalidRequestError: ``tensors`` names a tensor the checkpoint lacks, or one of
+            another shape.
     """
     from safetensors.torch import save_file
 
     dst = Path(out)
     dst.mkdir(parents=True, exist_ok=True)
     src = Path(model.ckpt.path)
-    (dst / "config.json").write_text((src / "config.json").read_text())
+    config = json.loads((src / "config.json").read_text())
+    vlm_name = str(config["vlm_model_name"])
+    vlm, moved = Path(vlm_name), None
+    if vlm.is_dir() and vlm.resolve().is_relative_to(src.resolve()):
+        # A VLM kept inside the checkpoint (a tiny one) travels with the export, so the
+        # directory stands alone once the checkpoint is gone.
+        shutil.copytree(vlm, dst / vlm.name, dirs_exist_ok=True)
+        moved = str((dst / vlm.name).resolve())
+        config["vlm_model_name"] = moved
+    (dst / "config.json").write_text(json.dumps(config, indent=4))
     # Tied tensors (a shared storage) are written as separate copies, as LeRobot does.
     state = {k: v.detach().to("cpu").clone().contiguous() for k, v in model.state_dict().items()}
+    for key, value in (tensors or {}).items():
+        if key not in state or state[key].shape != value.shape:
+            raise InvalidRequestError(
+                f"export: {key!r} {list(value.shape)} is not a tensor of this SmolVLA checkpoint",
+                field="tensors",
+            )
+        state[key] = value.detach().to("cpu", state[key].dtype).clone().contiguous()
     save_file(state, str(dst / WEIGHTS), metadata={"format": "pt"})
     write_processors(src, dst, stats)
+    if moved is not None:
+        # The tokenizer step names the VLM too.
+        for name in (PREPROCESSOR, POSTPROCESSOR):
+            pipeline = json.loads((dst / name).read_text())
+            (dst / name).write_text(json.dumps(_renamed(pipeline, vlm_name, moved), indent=2))
     return dst
+
+
+def _renamed(value: Any, old: str, new: str) -> Any:
+    """``value`` (JSON data) with every string equal to ``old`` replaced by ``new``."""
+    if isinstance(value, dict):
+        return {k: _renamed(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_renamed(v, old, new) for v in value]
+    return new if value == old else value

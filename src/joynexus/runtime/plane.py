@@ -28,6 +28,7 @@ from pathlib import Path
 from joynexus.control.integrity import check_run_dir_database
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.errors import ServiceUnavailableError, SpecError
+from joynexus.interop.lerobot import TINY_LEROBOT, make_tiny_lerobot
 from joynexus.metrics.events import MetricsService
 from joynexus.metrics.prometheus import UsageCollector
 from joynexus.metrics.usage import USAGE_FILE, UsageMeter
@@ -90,7 +91,8 @@ def load_base_model(spec: BaseModelSpec, cache_dir: Path) -> ResidentBaseModel:
     ``tiny:<arch>`` (``tiny:qwen2_5_vl``, ``tiny:pi0``, ...) builds a randomly initialised
     tiny model of that architecture once into ``cache_dir`` and loads it through
     :meth:`ResidentBaseModel.from_pretrained` — the same path a hub id takes;
-    ``small:<arch>`` does the same at the ``small`` size.
+    ``small:<arch>`` does the same at the ``small`` size. ``tiny:smolvla`` is a tiny
+    LeRobot SmolVLA checkpoint (:func:`~joynexus.interop.lerobot.make_tiny_lerobot`).
 
     Raises:
         SpecError: an unknown tiny architecture.
@@ -103,6 +105,14 @@ def load_base_model(spec: BaseModelSpec, cache_dir: Path) -> ResidentBaseModel:
         if not model_id.startswith(prefix):
             continue
         arch = model_id.removeprefix(prefix)
+        if arch == TINY_LEROBOT and size == "tiny":
+            # A tiny LeRobot SmolVLA, built by the real lerobot (its venv) from a fixed
+            # seed: the same checkpoint wherever it is materialized.
+            path = cache_dir / f"{size}-{arch}"
+            if not (path / "config.json").is_file():
+                make_tiny_lerobot(arch, path)
+            model_id, identity = str(path), spec.id
+            break
         if arch not in ARCHES:
             raise SpecError(
                 f"base_model.id {model_id!r}: unknown {size} architecture; allowed: "

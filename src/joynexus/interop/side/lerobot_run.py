@@ -137,7 +137,8 @@ def make_tiny(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def predict(args: argparse.Namespace) -> dict[str, Any]:
-    """``from_pretrained`` + saved processors + ``predict_action_chunk`` with given noise."""
+    """``from_pretrained`` + saved processors + ``predict_action_chunk`` (or, with
+    ``--select``, ``select_action`` over a whole chunk) with given noise."""
     safetensors = importlib.import_module("safetensors.torch")
     configs = importlib.import_module("lerobot.configs.policies")
     factory = importlib.import_module("lerobot.policies.factory")
@@ -152,8 +153,15 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     batch["task"] = json.loads(Path(args.task).read_text())
     batch = pre(batch)
     with torch.no_grad():
-        chunk = policy.predict_action_chunk(batch, noise=noise)
-    actions = post(chunk)
+        if args.select:
+            # What a robot loop calls: one action per call, the chunk from its queue.
+            policy.reset()
+            steps = int(config.n_action_steps)
+            actions = torch.stack(
+                [post(policy.select_action(batch, noise=noise)) for _ in range(steps)], dim=1
+            )
+        else:
+            actions = post(policy.predict_action_chunk(batch, noise=noise))
     safetensors.save_file({"actions": actions.contiguous()}, args.out)
     return {"shape": list(actions.shape), "type": config.type}
 
@@ -188,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     pred.add_argument("--obs", required=True, help="safetensors: observation tensors + noise")
     pred.add_argument("--task", required=True, help="JSON file: the list of task strings")
     pred.add_argument("--out", required=True)
+    pred.add_argument("--select", action="store_true", help="select_action, step by step")
     args = parser.parse_args(argv)
     _allow_cpu_torchvision()
     commands = {"probe": probe, "make-tiny": make_tiny, "predict": predict}

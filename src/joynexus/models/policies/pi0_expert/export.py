@@ -18,18 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from joynexus.errors import InvalidRequestError
-from joynexus.models.normalization import NormalizationStats
-from joynexus.models.payload import ACTION_MODULE_FILE, NORMALIZATION_FILE, read_manifest
 from joynexus.models.policies.pi0_expert.checkpoint import (
     EXPERT_EMBED_KEY,
     VLM_PREFIX,
     Pi0Checkpoint,
     pi0_checkpoint_of,
 )
-from joynexus.models.slots import ACTION_MODULE_PREFIX
+from joynexus.models.policies.tenant_export import read_tenant_expert
 from joynexus.models.tiny import quiet_transformers
 
 
@@ -46,33 +43,17 @@ def export_pi0_checkpoint(checkpoint: str | Path, out: str | Path, *, base: Any)
         InvalidRequestError: the checkpoint is not of a ``pi0_expert`` action module.
         SpecError: ``base`` is not a π0 base model.
     """
-    root = Path(checkpoint)
-    manifest = read_manifest(root)
-    head_type = manifest.head.get("type")
-    if head_type != "pi0_expert":
-        raise InvalidRequestError(
-            f"{root}: the checkpoint holds a {head_type!r} action module; only a "
-            "'pi0_expert' exports as a π0 policy",
-            field="checkpoint",
-        )
+    expert, stats = read_tenant_expert(checkpoint, "pi0_expert", "a π0 policy")
     pi0 = pi0_checkpoint_of(base, what="export-pi0")
-    tensors = load_file(str(root / ACTION_MODULE_FILE))
-    expert = {
-        k.removeprefix(ACTION_MODULE_PREFIX): v
-        for k, v in tensors.items()
-        if k.startswith(ACTION_MODULE_PREFIX)
-    }
     processor = copy.deepcopy(base.processor)
-    if NORMALIZATION_FILE in manifest.files:
-        stats = NormalizationStats.model_validate_json((root / NORMALIZATION_FILE).read_text())
-        if stats.mode == "mean_std":
-            # The scales the tenant trained with (floored: a constant dimension's std of
-            # 0 would divide by zero in the exported processor).
-            center, scale = stats.center_scale("action")
-            processor.actions_mean, processor.actions_std = center.tolist(), scale.tolist()
-            if stats.state is not None:
-                center, scale = stats.center_scale("state")
-                processor.state_mean, processor.state_std = center.tolist(), scale.tolist()
+    if stats is not None and stats.mode == "mean_std":
+        # The scales the tenant trained with (floored: a constant dimension's std of
+        # 0 would divide by zero in the exported processor).
+        center, scale = stats.center_scale("action")
+        processor.actions_mean, processor.actions_std = center.tolist(), scale.tolist()
+        if stats.state is not None:
+            center, scale = stats.center_scale("state")
+            processor.state_mean, processor.state_std = center.tolist(), scale.tolist()
     return export_pi0(pi0, processor, expert, out)
 
 

@@ -1,0 +1,338 @@
+"""A LeRobot SmolVLA checkpoint as the resident prefix, tenant-private experts on it.
+
+The checkpoint is a tiny random one written by the REAL lerobot (its side venv, required).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from joynexus.algorithms.losses import ppo_loss
+from joynexus.errors import SpecError
+from joynexus.models.backbone import ResidentBaseModel
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.grouped import GroupedExecutor
+from joynexus.models.normalization import FeatureNormStats, NormalizationStats
+from joynexus.models.payload import save_slot
+from joynexus.models.policies import OFTHeadConfig
+from joynexus.models.policies.smolvla_expert import SmolVLAExpert, SmolVLAExpertConfig
+from joynexus.models.policies.smolvla_expert.export import export_lerobot_checkpoint
+from joynexus.models.schema import CameraSpec, DataSchema
+from joynexus.models.slots import OptimizerConfig, TenantSlot
+from tests.interop.lerobot_helpers import TASKS, lerobot_actions, tiny_smolvla
+
+REL = 1e-5
+
+
+def schema(name: str, state: int, action: int, chunk: int, size: tuple[int, int]) -> DataSchema:
+    return DataSchema(
+        name=name,
+        cameras={"top": CameraSpec(height=size[0], width=size[1], channels=3)},
+        state_dim=state,
+        action_dim=action,
+        action_chunk=chunk,
+        fps=10.0,
+        instruction="pick up the block",
+    )
+
+
+#: Three tenants of different shapes within the tiny checkpoint's limits (state 8,
+#: action 8, chunk 4); the second has one camera fewer than the checkpoint.
+SCHEMAS = {
+    "a": schema("a", 6, 6, 4, (64, 64)),
+    "b": schema("b", 2, 2, 3, (48, 64)),
+    "c": schema("c", 8, 7, 4, (96, 96)),
+}
+SCHEMAS["a"] = SCHEMAS["a"].model_copy(
+    update={"cameras": {**SCHEMAS["a"].cameras, "wrist": CameraSpec(height=32, width=32)}}
+)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_smolvla(tmp_path_factory.mktemp("lerobot") / "smolvla")
+
+
+@pytest.fixture(scope="module")
+def base(checkpoint: Path) -> ResidentBaseModel:
+    return ResidentBaseModel.from_pretrained(str(checkpoint))
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+def _batches(n: int = 2) -> dict[str, ObservationBatch]:
+    out = {t: ObservationBatch.synthetic(s, n, seed=i) for i, (t, s) in enumerate(SCHEMAS.items())}
+    # Instructions of different lengths: rows need different amounts of language padding.
+    out["a"] = dataclasses.replace(out["a"], instructions=["open", "put the bowl on the plate"])
+    return out
+
+
+def _executor(base: ResidentBaseModel) -> GroupedExecutor:
+    slots = [
+        TenantSlot(t, s, base, SmolVLAExpertConfig(), seed=i)
+        for i, (t, s) in enumerate(SCHEMAS.items())
+    ]
+    return GroupedExecutor(base, slots)
+
+
+def test_the_checkpoint_is_resident_once_and_each_tenant_copies_its_expert(
+    base: ResidentBaseModel, checkpoint: Path
+) -> None:
+    assert base.arch == "smolvla" and base.smolvla is not None
+    assert base.canonical_image_size == 64 and base.num_camera_slots == 2
+    saved = load_file(str(checkpoint / "model.safetensors"))
+    slot = TenantSlot("a", SCHEMAS["a"], base, SmolVLAExpertConfig())
+    expert = slot.action_module
+    assert isinstance(expert, SmolVLAExpert)
+    state = expert.expert_state()
+    # The expert, the action/time projections and state_proj, under LeRobot's names,
+    # equal to the checkpoint's; nothing of the VLM prefix.
+    assert any(k.startswith("model.vlm_with_expert.lm_expert.") for k in state)
+    assert {"model.state_proj.weight", "model.action_time_mlp_out.bias"} <= set(state)
+    assert not any(".vlm." in k for k in state)
+    assert all(torch.equal(state[k], saved[k]) for k in state)
+    assert all(p.requires_grad for p in expert.parameters())
+    assert not any(p.requires_grad for p in base.model.parameters())
+    # The tenant's module holds no copy of the prefix.
+    prefix_params = sum(p.numel() for p in base.model.parameters())
+    assert sum(p.numel() for p in expert.parameters()) < prefix_params
+    fresh = TenantSlot("r", SCHEMAS["a"], base, SmolVLAExpertConfig(init="random"), seed=3)
+    other = fresh.action_module.state_dict()
+    assert any(not torch.equal(other[k], v) for k, v in expert.state_dict().items())
+
+
+def test_grouped_equals_serial_actions_and_losses(base: ResidentBaseModel) -> None:
+    ex = _executor(base)
+    batches = _batches()
+    serial = ex.serial_forward(batches)
+    assert len({int(o.attention_mask.shape[1]) for o in serial.values()}) > 1
+
+    def gens() -> dict[str, torch.Generator]:
+        return {t: torch.Generator().manual_seed(7) for t in batches}
+
+    pg, ps = ex.predict(batches, generators=gens()), ex.serial_predict(batches, generators=gens())
+    for t, s in SCHEMAS.items():
+        assert pg[t].shape == (2, s.action_chunk, s.action_dim)
+        assert _rel(pg[t], ps[t]) <= REL
+    grouped_steps = _executor(base).train_step(batches)
+    serial_steps = _executor(base).serial_train_step(batches)
+    for t in batches:
+        g, s = grouped_steps[t].loss, serial_steps[t].loss
+        assert abs(g - s) <= REL * abs(s)
+
+
+def test_sft_lowers_the_loss_and_steps_only_the_tenants_expert(base: ResidentBaseModel) -> None:
+    assert base.smolvla is not None
+    resident = {k: v.clone() for k, v in base.smolvla.model.state_dict().items()}
+    opt = OptimizerConfig(lr=1e-3)
+    slot = TenantSlot("a", SCHEMAS["a"], base, SmolVLAExpertConfig(), optimizer=opt)
+    other = TenantSlot("b", SCHEMAS["b"], base, SmolVLAExpertConfig())
+    other_before = {k: v.clone() for k, v in other.action_module.state_dict().items()}
+    ex = GroupedExecutor(base, [slot, other])
+    batch = ObservationBatch.synthetic(SCHEMAS["a"], 4, seed=3)
+    assert batch.actions is not None
+    features = ex.shared_forward({"a": batch})["a"]
+    state, actions = torch.from_numpy(batch.state), torch.from_numpy(batch.actions)
+
+    def fixed_loss() -> torch.Tensor:
+        return slot.action_module.loss(
+            features, state, actions, generator=torch.Generator().manual_seed(0)
+        )
+
+    start = float(fixed_loss().detach())
+    for _ in range(5):
+        slot.apply_loss(fixed_loss())
+    assert float(fixed_loss().detach()) < 0.9 * start
+    ex.train_step({"a": batch})
+    after = base.smolvla.model.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in resident.items())
+    assert all(torch.equal(v, other_before[k]) for k, v in other.action_module.state_dict().items())
+    moved = {
+        k.split(".")[0]
+        for k, v in slot.action_module.state_dict().items()
+        if not torch.equal(v, resident[_resident_key(k)])
+    }
+    # state_proj learns through the frozen layers its token passes.
+    assert {"lm_expert", "state_proj", "action_out_proj"} <= moved
+
+
+def _resident_key(key: str) -> str:
+    return ("model.vlm_with_expert." if key.startswith("lm_expert.") else "model.") + key
+
+
+def test_an_rl_step_moves_the_flow_sde_log_probability(base: ResidentBaseModel) -> None:
+    opt = OptimizerConfig(lr=1e-3)
+    slot = TenantSlot("a", SCHEMAS["b"], base, SmolVLAExpertConfig(), optimizer=opt)
+    expert = slot.action_module
+    batch = ObservationBatch.synthetic(SCHEMAS["b"], 4, seed=1)
+    features = GroupedExecutor(base, [slot]).shared_forward({"a": batch})["a"]
+    state = torch.from_numpy(batch.state)
+    sample = expert.sample(features, state, generator=torch.Generator().manual_seed(0))
+    assert sample.actions.shape == (4, 3, 2)
+    assert isinstance(expert, SmolVLAExpert)
+    assert sample.chain is not None and sample.log_probs is not None
+    old = sample.log_probs
+    new = expert.log_prob(features, state, sample.chain)
+    # At the behaviour weights the ratio is exactly 1.
+    assert torch.allclose(new, old, atol=1e-4)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    loss, _ = ppo_loss(new, old, advantages)
+    slot.apply_loss(loss)
+    moved = expert.log_prob(features, state, sample.chain).detach() - old
+    # The step raises the log-probability of the chains with positive advantage.
+    assert float(moved[advantages > 0].mean()) > float(moved[advantages < 0].mean())
+
+
+def test_refusals_are_spec_errors(
+    base: ResidentBaseModel, checkpoint: Path, tmp_path: Path
+) -> None:
+    too_wide = schema("wide", 6, 9, 5, (64, 64))
+    with pytest.raises(SpecError, match="max_action_dim of 8") as info:
+        TenantSlot("w", too_wide, base, SmolVLAExpertConfig())
+    assert info.value.details["fields"] == ["schema.action_dim", "schema.action_chunk"]
+    # A fresh head on the same prefix has no such limit.
+    TenantSlot("w", too_wide, base, OFTHeadConfig(hidden_dim=16, num_blocks=1))
+    pi0 = tmp_path / "pi0"
+    shutil.copytree(checkpoint, pi0, ignore=shutil.ignore_patterns("vlm"))
+    config = json.loads((pi0 / "config.json").read_text())
+    (pi0 / "config.json").write_text(json.dumps({**config, "type": "pi0"}))
+    with pytest.raises(SpecError, match="LeRobot 'pi0' policy"):
+        ResidentBaseModel.from_pretrained(str(pi0))
+
+
+def _stats(dim: int, center: float, scale: float) -> FeatureNormStats:
+    mean = [center + 0.1 * i for i in range(dim)]
+    std = [scale + 0.2 * i for i in range(dim)]
+    return FeatureNormStats(
+        mean=mean, std=std, q01=[m - 2 for m in mean], q99=[m + 2 for m in mean]
+    )
+
+
+def _chw(pixels: torch.Tensor) -> torch.Tensor:
+    """``uint8 [B, H, W, C]`` → what lerobot takes: ``float [B, C, H, W]`` in [0, 1]."""
+    return (pixels.permute(0, 3, 1, 2).float() / 255).contiguous()
+
+
+def test_a_trained_tenant_exports_as_a_lerobot_policy_that_lerobot_runs_identically(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    """Out: the tenant checkpoint → `export --format lerobot` → lerobot's from_pretrained
+    and select_action give JoyNexus's actions for the same observation and noise."""
+    both = {"top": CameraSpec(height=64, width=64), "wrist": CameraSpec(height=64, width=64)}
+    own = schema("own", 6, 6, 4, (64, 64)).model_copy(update={"cameras": both})
+    opt = OptimizerConfig(lr=1e-3)
+    slot = TenantSlot("t", own, base, SmolVLAExpertConfig(), optimizer=opt)
+    # The tenant's own statistics: they win over the checkpoint's in the export.
+    slot.normalization = NormalizationStats(state=_stats(6, 0.5, 2.0), action=_stats(6, 0.1, 1.0))
+    ex = GroupedExecutor(base, [slot])
+    for _ in range(2):
+        ex.train_step({"t": ObservationBatch.synthetic(own, 2, seed=4)})
+    saved = save_slot(slot, tmp_path / "outputs", 2, include_optim=False)
+    out = export_lerobot_checkpoint(saved, tmp_path / "exported", base=base)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "config.json",
+        "model.safetensors",
+        "policy_postprocessor.json",
+        "policy_postprocessor_step_0_unnormalizer_processor.safetensors",
+        "policy_preprocessor.json",
+        "policy_preprocessor_step_5_normalizer_processor.safetensors",
+        "vlm",  # the tiny checkpoint's own VLM (config + tokenizer) travels with it
+    ]
+    assert json.loads((out / "config.json").read_text())["type"] == "smolvla"
+
+    g = torch.Generator().manual_seed(11)
+    pixels = {
+        c: torch.randint(0, 256, (2, 64, 64, 3), generator=g, dtype=torch.uint8) for c in both
+    }
+    state = torch.randn(2, 6, generator=g)
+    noise = torch.randn(2, 4, 8, generator=g)
+    obs = {f"observation.images.{c}": _chw(p) for c, p in pixels.items()}
+    theirs = lerobot_actions(
+        out, {**obs, "observation.state": state, "noise": noise}, tmp_path / "r", select=True
+    )
+
+    batch = ObservationBatch(
+        cameras={c: p.numpy() for c, p in pixels.items()}, state=state.numpy(), instructions=TASKS
+    )
+    features = base.encode(base.canonicalize([("t", own, batch)]))
+    expert = slot.action_module
+    assert isinstance(expert, SmolVLAExpert)
+    norm = slot.normalization
+
+    def ours(module: SmolVLAExpert) -> torch.Tensor:
+        model_state = torch.from_numpy(norm.normalize(state.numpy(), "state"))
+        chunk = module.denoise(features, model_state, noise)[:, :4, :6]
+        return torch.from_numpy(norm.unnormalize(chunk.numpy(), "action"))
+
+    mine = ours(expert)
+    assert theirs.shape == mine.shape == (2, 4, 6)
+    assert (mine - theirs).abs().max().item() <= 1e-4
+    # Not vacuous: the checkpoint's own (untrained) expert acts otherwise.
+    template = TenantSlot("u", own, base, SmolVLAExpertConfig()).action_module
+    assert isinstance(template, SmolVLAExpert)
+    assert (ours(template) - theirs).abs().max().item() > 1e-3
+
+
+def test_a_tenant_without_statistics_takes_the_checkpoints(base: ResidentBaseModel) -> None:
+    from joynexus.services.tenancy import TenantConfig, build_slot
+
+    assert base.smolvla is not None
+    fits = schema("fits", 6, 6, 4, (64, 64))
+    slot = build_slot(TenantConfig(tenant_id="n", schema=fits, head=SmolVLAExpertConfig()), base)
+    assert slot.normalization is not None
+    stats = base.smolvla.ckpt.stats
+    assert slot.normalization.action.mean == pytest.approx(stats["action"]["mean"])
+    assert slot.normalization.state is not None
+    assert slot.normalization.state.std == pytest.approx(stats["observation.state"]["std"])
+    # The tenant's own statistics win; and a narrower tenant keeps raw units.
+    own = NormalizationStats(state=_stats(6, 0.5, 2.0), action=_stats(6, 0.1, 1.0))
+    config = TenantConfig(tenant_id="o", schema=fits, head=SmolVLAExpertConfig(), normalization=own)
+    assert build_slot(config, base).normalization == own
+    narrow = TenantConfig(tenant_id="m", schema=SCHEMAS["b"], head=SmolVLAExpertConfig())
+    assert build_slot(narrow, base).normalization is None
+
+
+def _text(output: str) -> str:
+    """A CLI error's text without the box it is drawn in (its lines joined)."""
+    return " ".join(output.replace("│", " ").split())
+
+
+def test_models_export_cli_writes_the_tenants_lerobot_directory(
+    base: ResidentBaseModel, checkpoint: Path, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from joynexus.cli.main import app
+
+    slot = TenantSlot("t", SCHEMAS["c"], base, SmolVLAExpertConfig(), optimizer=OptimizerConfig())
+    GroupedExecutor(base, [slot]).train_step(
+        {"t": ObservationBatch.synthetic(SCHEMAS["c"], 2, seed=0)}
+    )
+    save_slot(slot, tmp_path / "outputs", 1, include_optim=False)
+    out = tmp_path / "policy"
+    common = ["--outputs", str(tmp_path / "outputs"), "--base-model", str(checkpoint)]
+    args = ["models", "export", "--format", "lerobot", "--tenant", "t", "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, *common])
+    assert result.exit_code == 0, result.output
+    weights = load_file(str(out / "model.safetensors"))
+    expert = slot.action_module
+    assert isinstance(expert, SmolVLAExpert)
+    assert all(torch.equal(weights[k], v) for k, v in expert.expert_state().items())
+    assert len(weights) == len(load_file(str(checkpoint / "model.safetensors")))
+    # Another head's checkpoint is refused with the reason; an unknown format too.
+    oft = TenantSlot("o", SCHEMAS["c"], base, OFTHeadConfig(hidden_dim=16, num_blocks=1))
+    save_slot(oft, tmp_path / "outputs", 1, include_optim=False)
+    args = ["models", "export", "--tenant", "o", "--out", str(tmp_path / "x"), *common]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code != 0 and "only a 'smolvla_expert' exports" in _text(result.output)
+    result = CliRunner().invoke(app, [*args, "--format", "onnx"])
+    assert result.exit_code != 0 and "lerobot" in result.output
