@@ -75,7 +75,14 @@ _PROJECTION_LINEAR = re.compile(
     r"^(?:.*\.)?(?:connector\.modality_projection\.proj|multi_modal_projector\.linear"
     r"|visual\.(?:merger|deepstack_merger_list\.\d+)\.(?:mlp\.\d+|linear_fc\d+))$"
 )
-VISION_FAMILIES: tuple[str, ...] = ("smolvlm", "paligemma", "qwen2_5_vl", "qwen3_vl", "pi0")
+VISION_FAMILIES: tuple[str, ...] = (
+    "smolvlm",
+    "smolvla",
+    "paligemma",
+    "pi0",
+    "qwen2_5_vl",
+    "qwen3_vl",
+)
 """Backbone families whose vision tower and projection a LoRA adapter may target."""
 
 PEFT_WEIGHTS_FILE = "adapter_model.safetensors"

@@ -336,3 +336,38 @@ def test_models_export_cli_writes_the_tenants_lerobot_directory(
     assert result.exit_code != 0 and "only a 'smolvla_expert' exports" in _text(result.output)
     result = CliRunner().invoke(app, [*args, "--format", "onnx"])
     assert result.exit_code != 0 and "lerobot" in result.output
+
+
+def test_vision_lora_on_the_smolvla_prefix_grouped_equals_serial(base: ResidentBaseModel) -> None:
+    from joynexus.models.lora import LoRAConfig
+    from tests.models.test_lora import _adapter_grads, _feature_loss
+    from tests.models.test_lora_vision import randomize
+
+    lora = LoRAConfig(rank=4, alpha=8.0, targets=("q_proj",), vision=True, vision_projection=True)
+    slots = [
+        TenantSlot(t, s, base, SmolVLAExpertConfig(lora=None if t == "b" else lora), seed=i)
+        for i, (t, s) in enumerate(SCHEMAS.items())
+    ]
+    for i, slot in enumerate(slots):
+        if slot.lora is not None:
+            randomize(slot, 10 + i, only="vision_model")  # changes come through the images
+    ex = GroupedExecutor(base, slots)
+    batches = _batches()
+    grouped = ex.shared_forward(batches, grad=True)
+    torch.autograd.backward(torch.stack([_feature_loss(f) for f in grouped.values()]).sum())
+    grouped_grads = _adapter_grads(ex)
+    bare = ex.shared_forward(batches, adapters=dict.fromkeys(batches))
+    for t, batch in batches.items():
+        serial = ex.shared_forward({t: batch}, grad=True)[t]
+        if ex.slot(t).lora is not None:
+            torch.autograd.backward(_feature_loss(serial))
+        g, s = grouped[t].hidden_states.detach(), serial.hidden_states.detach()
+        gm, sm = grouped[t].attention_mask.bool(), serial.attention_mask.bool()
+        for row in range(int(gm.shape[0])):
+            assert _rel(g[row][gm[row]], s[row][sm[row]]) <= REL, t
+        changed = float((g - bare[t].hidden_states).abs().max())
+        assert (changed > 1e-3) == (t != "b"), f"{t}: vision adapter effect {changed}"
+    for t, grads in _adapter_grads(ex).items():
+        for name, grad in grads.items():
+            assert _rel(grouped_grads[t][name], grad) <= REL, f"{t}/{name}"
+        assert any("vision_model" in n and float(g.norm()) > 0 for n, g in grads.items())
