@@ -48,3 +48,15 @@ def test_cli_prints_the_table_and_writes_json(tmp_path: Path) -> None:
 def test_cli_rejects_bad_ranks() -> None:
     result = CliRunner().invoke(app, ["bench", "lora", "--ranks", "0"])
     assert result.exit_code != 0
+
+
+def test_vision_adapters_bench_grouped_equals_serial(tmp_path: Path) -> None:
+    out = tmp_path / "lora-vision.json"
+    args = ["bench", "lora", "--tenants", "2", "--batch", "1", "--ranks", "2", "--vision"]
+    args += ["--repeats", "1", "--warmup", "0", "--threads", "1", "--json", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["vision"] is True and doc["peft_speedup"] is None
+    diff = doc["grouped_vs_serial_max_rel_diff"]
+    assert diff["forward"] <= 1e-5 and diff["gradients"] <= 1e-5

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -9,7 +12,17 @@ from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import max_abs_diff_left_padded
 from joynexus.models.grouped import GroupedExecutor
-from joynexus.models.lora import LoRAConfig, LoRARows, LoRASegment, lora_rows, sgmv_torch
+from joynexus.models.lora import (
+    PEFT_CONFIG_FILE,
+    LoRAAdapter,
+    LoRAConfig,
+    LoRARows,
+    LoRASegment,
+    lora_rows,
+    peft_deltas,
+    save_peft_adapter,
+    sgmv_torch,
+)
 from joynexus.models.payload import export_params, load_weights
 from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.schema import CALVIN, LIBERO, PUSHT
@@ -224,3 +237,23 @@ def test_tenant_memory_budget_refuses_the_tenant_that_does_not_fit(
         executor.add_slot(r8)
     assert info.value.details["budget_bytes"] == budget
     assert sorted(executor.slots) == ["a", "c"]
+
+
+def test_peft_deltas_are_scale_b_a_and_refuse_other_adapters(tmp_path: Path) -> None:
+    shapes = {"m.layers.0.self_attn.q_proj": (5, 3), "m.layers.0.mlp.up_proj": (3, 7)}
+    adapter = LoRAAdapter(LoRAConfig(rank=2, alpha=6.0), shapes)
+    with torch.no_grad():
+        for b in adapter.B.values():
+            b.copy_(torch.randn(b.shape))
+    assert peft_deltas(tmp_path) == {}  # no adapter there
+    save_peft_adapter(adapter, tmp_path)
+    deltas = peft_deltas(tmp_path)
+    assert set(deltas) == set(shapes)
+    for name, (fan_in, fan_out) in shapes.items():
+        pair = adapter.pair(name)
+        assert pair is not None and deltas[name].shape == (fan_out, fan_in)
+        torch.testing.assert_close(deltas[name], 3.0 * pair[1].detach() @ pair[0].detach())
+    config = json.loads((tmp_path / PEFT_CONFIG_FILE).read_text())
+    (tmp_path / PEFT_CONFIG_FILE).write_text(json.dumps({**config, "use_dora": True}))
+    with pytest.raises(ValueError, match="not a plain LoRA"):
+        peft_deltas(tmp_path)

@@ -57,11 +57,9 @@ def _probe_loss(out: BackboneOutput, proj: torch.Tensor) -> torch.Tensor:
 def _forward(
     base: ResidentBaseModel, feature: VLAFeature, segments: Sequence[LoRASegment], grad: bool
 ) -> BackboneOutput:
-    rows = LoRARows(
-        feature.batch_size,
-        tuple(segments),
-        training=grad,
-    )
+    rows = LoRARows(feature.batch_size, tuple(segments), training=grad)
+    if any(seg.adapter.sees_images for seg in segments):
+        rows = rows.with_images(base.images_per_row(feature))
     with lora_rows(rows):
         if grad:
             return base.encode(feature, grad=True)
@@ -82,13 +80,14 @@ def adapter_bytes(slot: TenantSlot) -> dict[str, int]:
 
 
 def _tenants(
-    base: ResidentBaseModel, num: int, batch: int, rank: int
+    base: ResidentBaseModel, num: int, batch: int, rank: int, vision: bool = False
 ) -> tuple[list[TenantSlot], dict[str, ObservationBatch]]:
     slots: list[TenantSlot] = []
     batches: dict[str, ObservationBatch] = {}
     for i in range(num):
         schema = LIBERO_SMALL if i % 2 == 0 else CALVIN_SMALL
-        head = OFTHeadConfig(hidden_dim=64, lora=LoRAConfig(rank=rank, alpha=2.0 * rank))
+        lora = LoRAConfig(rank=rank, alpha=2.0 * rank, vision=vision, vision_projection=vision)
+        head = OFTHeadConfig(hidden_dim=64, lora=lora)
         slot = TenantSlot(f"t{i}", schema, base, head, seed=i)
         assert slot.lora is not None
         gen = torch.Generator().manual_seed(100 + i)
@@ -146,9 +145,11 @@ def measure_rank(
     repeats: int,
     warmup: int,
     peft: bool = True,
+    vision: bool = False,
 ) -> dict[str, Any]:
-    """Grouped vs serial (and peft) timings and differences at one adapter rank."""
-    slots, batches = _tenants(base, tenants, batch, rank)
+    """Grouped vs serial (and peft) timings and differences at one adapter rank
+    (``vision``: the adapters also cover the vision tower and its projection)."""
+    slots, batches = _tenants(base, tenants, batch, rank, vision)
     by_id = {s.tenant_id: s for s in slots}
     groups = [(s.tenant_id, s.schema, batches[s.tenant_id]) for s in slots]
     grouped_feature = base.canonicalize(groups)
@@ -271,6 +272,7 @@ def run_lora_bench(
     model_dir: Path | None = None,
     peft: bool = True,
     budget_bytes: int = 1 << 30,
+    vision: bool = False,
 ) -> dict[str, Any]:
     """Measure every rank; top-level figures are those of the first rank.
 
@@ -292,7 +294,10 @@ def run_lora_bench(
                 rank=r,
                 repeats=repeats,
                 warmup=warmup,
-                peft=peft,
+                # peft's mixed batch names adapters per sample; a vision layer's rows
+                # are images, which it cannot assign.
+                peft=peft and not vision,
+                vision=vision,
             )
             for r in ranks
         }
@@ -304,6 +309,7 @@ def run_lora_bench(
         "dtype": str(base.dtype).removeprefix("torch."),
         "tenants": tenants,
         "batch": batch,
+        "vision": vision,
         "threads": torch.get_num_threads(),
         "grouped_vs_serial_max_rel_diff": {
             "forward": max(r["forward_max_rel_diff"] for r in by_rank.values()),
@@ -334,7 +340,8 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def print_report(result: dict[str, Any], console: Console) -> None:
     table = Table(
-        title=f"LoRA mixed-adapter forward, {result['tenants']} tenants x batch "
+        title=f"LoRA mixed-adapter forward{' (+ vision tower)' if result['vision'] else ''}, "
+        f"{result['tenants']} tenants x batch "
         f"{result['batch']} ({result['arch']} {result['size']}, {result['device']} "
         f"{result['dtype']})"
     )

@@ -108,24 +108,9 @@ def export_pi0_command(
     ] = None,
 ) -> None:
     """Export a tenant's π0 expert with the resident prefix as a complete
-    PI0ForConditionalGeneration directory (plain transformers loads it)."""
-    import tempfile
-
-    from joynexus.errors import JoyNexusError
-    from joynexus.models.payload import read_manifest
-    from joynexus.models.policies.pi0_expert.export import export_pi0_checkpoint
-    from joynexus.runtime.plane import load_base_model
-    from joynexus.spec.workload import BaseModelSpec
-
-    try:
-        model_id = base_model or read_manifest(checkpoint).base_model_id
-        # A checkpoint names a tiny model by its spec id (tiny:pi0): it is rebuilt from
-        # its fixed seed, here in a scratch directory; a hub id or path loads as usual.
-        with tempfile.TemporaryDirectory() as cache:
-            base = load_base_model(BaseModelSpec(id=model_id), Path(cache))
-        path = export_pi0_checkpoint(checkpoint, out, base=base)
-    except JoyNexusError as error:
-        raise typer.BadParameter(str(error), param_hint="--checkpoint") from None
+    PI0ForConditionalGeneration directory (plain transformers loads it); the same as
+    ``models export --format pi0``."""
+    path = _export("pi0", checkpoint, out, base_model)
     console.print(f"wrote a PI0ForConditionalGeneration policy to {path}")
 
 
@@ -159,18 +144,12 @@ def export_command(
     """Export a tenant's trained policy with the resident prefix as a standalone policy:
     ``--format lerobot`` writes a LeRobot SmolVLA directory (lerobot's from_pretrained
     loads it), ``--format pi0`` a PI0ForConditionalGeneration directory."""
-    import tempfile
+    from joynexus.models.payload import checkpoint_dir, find_latest_checkpoint
 
-    from joynexus.errors import JoyNexusError
-    from joynexus.models.payload import checkpoint_dir, find_latest_checkpoint, read_manifest
-    from joynexus.models.policies.pi0_expert.export import export_pi0_checkpoint
-    from joynexus.models.policies.smolvla_expert.export import export_lerobot_checkpoint
-    from joynexus.runtime.plane import load_base_model
-    from joynexus.spec.workload import BaseModelSpec
-
-    exporters = {"lerobot": export_lerobot_checkpoint, "pi0": export_pi0_checkpoint}
-    if export_format not in exporters:
-        raise typer.BadParameter(f"must be one of {', '.join(exporters)}", param_hint="--format")
+    if export_format not in EXPORT_FORMATS:
+        raise typer.BadParameter(
+            f"must be one of {', '.join(EXPORT_FORMATS)}", param_hint="--format"
+        )
     if (checkpoint is None) == (tenant is None):
         raise typer.BadParameter("give --checkpoint, or --tenant", param_hint="--checkpoint")
     if tenant is not None:
@@ -185,14 +164,33 @@ def export_command(
             )
         checkpoint = found
     assert checkpoint is not None
-    try:
-        model_id = base_model or read_manifest(checkpoint).base_model_id
-        # Exported while a rebuilt tiny checkpoint still exists: a LeRobot export copies
-        # the checkpoint's config and processor files.
-        with tempfile.TemporaryDirectory() as cache:
-            base = load_base_model(BaseModelSpec(id=model_id), Path(cache))
-            path = exporters[export_format](checkpoint, out, base=base)
-    except JoyNexusError as error:
-        raise typer.BadParameter(str(error), param_hint="--checkpoint") from None
+    path = _export(export_format, checkpoint, out, base_model)
     files = ", ".join(sorted(p.name for p in path.iterdir()))
     console.print(f"wrote a {export_format} policy to {path}: {files}")
+
+
+EXPORT_FORMATS = ("lerobot", "pi0")
+
+
+def _export(export_format: str, checkpoint: Path, out: Path, base_model: str | None) -> Path:
+    """Load the base model a tenant checkpoint trained on and export the tenant."""
+    import tempfile
+
+    from joynexus.errors import JoyNexusError
+    from joynexus.models.payload import read_manifest
+    from joynexus.models.policies.pi0_expert.export import export_pi0_checkpoint
+    from joynexus.models.policies.smolvla_expert.export import export_lerobot_checkpoint
+    from joynexus.runtime.plane import load_base_model
+    from joynexus.spec.workload import BaseModelSpec
+
+    exporters = {"lerobot": export_lerobot_checkpoint, "pi0": export_pi0_checkpoint}
+    try:
+        model_id = base_model or read_manifest(checkpoint).base_model_id
+        # A checkpoint names a tiny model by its spec id (tiny:pi0, tiny:smolvla): it is
+        # rebuilt from its fixed seed in a scratch directory, and exported while that
+        # still exists (a LeRobot export copies the checkpoint's config and processors).
+        with tempfile.TemporaryDirectory() as cache:
+            base = load_base_model(BaseModelSpec(id=model_id), Path(cache))
+            return exporters[export_format](checkpoint, out, base=base)
+    except JoyNexusError as error:
+        raise typer.BadParameter(str(error), param_hint="--checkpoint") from None

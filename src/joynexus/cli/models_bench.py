@@ -182,11 +182,29 @@ def bench_lora(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the results as JSON here.")
     ] = None,
+    vision: Annotated[
+        bool,
+        typer.Option(
+            "--vision/--no-vision",
+            help="Adapters also on the vision tower and its projection (no peft reference).",
+        ),
+    ] = False,
+    retain_heap: Annotated[
+        bool,
+        typer.Option(
+            "--retain-heap/--no-retain-heap",
+            help="Keep freed host memory in the heap (glibc mallopt): no page faults "
+            "for the grouped step's large blocks.",
+        ),
+    ] = False,
 ) -> None:
     """LoRA tenants: mixed-adapter grouped vs serial forward and forward+backward."""
     from joynexus.bench.lora import print_report, run_lora_bench
+    from joynexus.utils.heap import retain_freed_memory
 
     _check_model_options(arch, size, device)
+    if retain_heap and not retain_freed_memory():
+        console.print("--retain-heap: this C library has no mallopt; timing as is")
     result = run_lora_bench(
         arch=arch,
         size=size,
@@ -199,7 +217,9 @@ def bench_lora(
         threads=threads,
         peft=peft,
         budget_bytes=int(budget_mb * 1024 * 1024),
+        vision=vision,
     )
+    result["retain_heap"] = retain_heap
     print_report(result, console)
     _write_json(result, json_path)
 

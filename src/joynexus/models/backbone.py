@@ -415,10 +415,14 @@ class ResidentBaseModel:
         """How many images each row of ``feature`` feeds the vision tower, in row order
         (LoRA on the vision tower maps images back to rows with this): every camera
         slot, absent cameras as blank images; a π0 prefix encodes as many per row as
-        the batch's widest row has cameras, and masks the rest afterwards."""
+        the batch's widest row has cameras, and masks the rest afterwards; a SmolVLA
+        prefix runs the tower once per camera slot over every row, so each of those
+        calls sees one image per row."""
         per_row = self.num_camera_slots
         if self.pi0 is not None:
             per_row = int(feature.model_inputs["pixel_values"].shape[1])
+        elif self.smolvla is not None:
+            per_row = 1
         return [per_row] * feature.batch_size
 
     def encode(self, feature: VLAFeature, *, grad: bool = False) -> BackboneOutput:

@@ -24,7 +24,8 @@ it runs on CPU and CUDA; it sits behind :data:`SegmentedLoRAKernel` and
 
 Adapters are exported in PEFT format (:func:`save_peft_adapter`):
 ``adapter_model.safetensors`` + ``adapter_config.json``, loadable with
-``peft.PeftModel.from_pretrained(base, path)``.
+``peft.PeftModel.from_pretrained(base, path)``; :func:`peft_deltas` reads one back as
+the weight deltas a merge adds (``W + scale * B @ A``), e.g. into an exported policy.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 LANGUAGE_TARGETS: tuple[str, ...] = (
@@ -75,7 +76,14 @@ _PROJECTION_LINEAR = re.compile(
     r"^(?:.*\.)?(?:connector\.modality_projection\.proj|multi_modal_projector\.linear"
     r"|visual\.(?:merger|deepstack_merger_list\.\d+)\.(?:mlp\.\d+|linear_fc\d+))$"
 )
-VISION_FAMILIES: tuple[str, ...] = ("smolvlm", "paligemma", "qwen2_5_vl", "qwen3_vl", "pi0")
+VISION_FAMILIES: tuple[str, ...] = (
+    "smolvlm",
+    "smolvla",
+    "paligemma",
+    "pi0",
+    "qwen2_5_vl",
+    "qwen3_vl",
+)
 """Backbone families whose vision tower and projection a LoRA adapter may target."""
 
 PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
@@ -512,4 +520,33 @@ def write_peft_adapter(
     out.mkdir(parents=True, exist_ok=True)
     save_file(dict(tensors), str(out / PEFT_WEIGHTS_FILE))
     (out / PEFT_CONFIG_FILE).write_text(json.dumps(dict(config), indent=2) + "\n")
+    return out
+
+
+def peft_deltas(directory: str | Path) -> dict[str, torch.Tensor]:
+    """The adapter saved in ``directory`` (:func:`write_peft_adapter`) as weight deltas:
+    backbone module name → ``scale * B @ A`` ``[out, in]`` in fp32, ready to merge into
+    a copy of that layer's weight. Empty when ``directory`` holds no adapter.
+
+    Raises:
+        ValueError: the adapter is not a plain LoRA this module wrote (DoRA, rsLoRA,
+            fan-in-fan-out, a layer without both matrices).
+    """
+    root = Path(directory)
+    if not (root / PEFT_CONFIG_FILE).is_file():
+        return {}
+    config = json.loads((root / PEFT_CONFIG_FILE).read_text())
+    odd = [k for k in ("use_dora", "use_rslora", "fan_in_fan_out") if config.get(k)]
+    if config.get("peft_type") != "LORA" or odd:
+        raise ValueError(f"{root}: not a plain LoRA adapter ({odd or config.get('peft_type')})")
+    scale = float(config["lora_alpha"]) / int(config["r"])
+    tensors = load_file(str(root / PEFT_WEIGHTS_FILE))
+    out: dict[str, torch.Tensor] = {}
+    for key in tensors:
+        if key.endswith(".lora_A.weight"):
+            name = key.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+            b = tensors.get(f"base_model.model.{name}.lora_B.weight")
+            if b is None:
+                raise ValueError(f"{root}: LoRA layer {name!r} has A but no B")
+            out[name] = scale * (b.float() @ tensors[key].float())
     return out

@@ -167,6 +167,7 @@ class TenantSlot:
             adapter.to(device=device, dtype=dtype) if adapter is not None else None
         )
         self.action_module: PolicyHead = module.to(device=device, dtype=dtype)
+        self.action_module.use_lora(self.lora)
         # The frozen policy RL is anchored to (algorithm.kl_coef): set by
         # freeze_reference when the slot starts from another policy (init_from). Not a
         # module of the slot: never trained, checkpointed or sent.

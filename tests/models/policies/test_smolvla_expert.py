@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from joynexus.algorithms.losses import ppo_loss
-from joynexus.errors import SpecError
+from joynexus.errors import InvalidRequestError, SpecError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.grouped import GroupedExecutor
@@ -249,37 +250,102 @@ def test_a_trained_tenant_exports_as_a_lerobot_policy_that_lerobot_runs_identica
     ]
     assert json.loads((out / "config.json").read_text())["type"] == "smolvla"
 
-    g = torch.Generator().manual_seed(11)
-    pixels = {
-        c: torch.randint(0, 256, (2, 64, 64, 3), generator=g, dtype=torch.uint8) for c in both
-    }
-    state = torch.randn(2, 6, generator=g)
-    noise = torch.randn(2, 4, 8, generator=g)
-    obs = {f"observation.images.{c}": _chw(p) for c, p in pixels.items()}
-    theirs = lerobot_actions(
-        out, {**obs, "observation.state": state, "noise": noise}, tmp_path / "r", select=True
-    )
-
-    batch = ObservationBatch(
-        cameras={c: p.numpy() for c, p in pixels.items()}, state=state.numpy(), instructions=TASKS
-    )
-    features = base.encode(base.canonicalize([("t", own, batch)]))
-    expert = slot.action_module
-    assert isinstance(expert, SmolVLAExpert)
-    norm = slot.normalization
-
-    def ours(module: SmolVLAExpert) -> torch.Tensor:
-        model_state = torch.from_numpy(norm.normalize(state.numpy(), "state"))
-        chunk = module.denoise(features, model_state, noise)[:, :4, :6]
-        return torch.from_numpy(norm.unnormalize(chunk.numpy(), "action"))
-
-    mine = ours(expert)
+    mine, theirs = _ours_and_lerobots(base, slot, out, tmp_path)
     assert theirs.shape == mine.shape == (2, 4, 6)
     assert (mine - theirs).abs().max().item() <= 1e-4
     # Not vacuous: the checkpoint's own (untrained) expert acts otherwise.
-    template = TenantSlot("u", own, base, SmolVLAExpertConfig()).action_module
-    assert isinstance(template, SmolVLAExpert)
-    assert (ours(template) - theirs).abs().max().item() > 1e-3
+    template = TenantSlot("u", own, base, SmolVLAExpertConfig())
+    template.normalization = slot.normalization
+    assert (_ours_and_lerobots(base, template, None, tmp_path)[0] - theirs).abs().max() > 1e-3
+
+
+def _ours_and_lerobots(
+    base: ResidentBaseModel, slot: TenantSlot, exported: Path | None, tmp_path: Path
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """JoyNexus's actions for ``slot`` (its adapter on the prefix, if any) and, unless
+    ``exported`` is None, lerobot's for the exported directory: the same observation
+    (two cameras, 6-d state) and noise."""
+    g = torch.Generator().manual_seed(11)
+    pixels = {
+        c: torch.randint(0, 256, (2, 64, 64, 3), generator=g, dtype=torch.uint8)
+        for c in ("top", "wrist")
+    }
+    state = torch.randn(2, 6, generator=g)
+    noise = torch.randn(2, 4, 8, generator=g)
+    theirs = torch.empty(0)
+    if exported is not None:
+        obs = {f"observation.images.{c}": _chw(p) for c, p in pixels.items()}
+        obs = {**obs, "observation.state": state, "noise": noise}
+        theirs = lerobot_actions(exported, obs, tmp_path / "r", select=True)
+    batch = ObservationBatch(
+        cameras={c: p.numpy() for c, p in pixels.items()}, state=state.numpy(), instructions=TASKS
+    )
+    features = GroupedExecutor(base, [slot]).shared_forward({slot.tenant_id: batch})
+    expert, norm = slot.action_module, slot.normalization
+    assert isinstance(expert, SmolVLAExpert) and norm is not None
+    model_state = torch.from_numpy(norm.normalize(state.numpy(), "state"))
+    with torch.no_grad():
+        chunk = expert.denoise(features[slot.tenant_id], model_state, noise)[:, :4, :6]
+    return torch.from_numpy(norm.unnormalize(chunk.numpy(), "action")), theirs
+
+
+def test_a_lora_tenant_exports_merged_and_lerobot_runs_it_identically(
+    base: ResidentBaseModel, checkpoint: Path, tmp_path: Path
+) -> None:
+    """The tenant's LoRA (language, vision tower, connector) merged into the exported
+    prefix weights: lerobot acts as JoyNexus does with the adapter; the resident and a
+    tenant without LoRA are untouched."""
+    from joynexus.models.lora import LoRAConfig
+    from tests.models.test_lora_vision import randomize
+
+    assert base.smolvla is not None
+    resident = {k: v.clone() for k, v in base.smolvla.model.state_dict().items()}
+    both = {"top": CameraSpec(height=64, width=64), "wrist": CameraSpec(height=64, width=64)}
+    own = schema("own", 6, 6, 4, (64, 64)).model_copy(update={"cameras": both})
+    targets = ("q_proj", "v_proj", "o_proj", "down_proj")
+    lora = LoRAConfig(rank=4, alpha=8.0, targets=targets, vision=True, vision_projection=True)
+    slot = TenantSlot("t", own, base, SmolVLAExpertConfig(lora=lora))
+    randomize(slot, 5)  # B nonzero on every adapted layer: the adapter acts
+    slot.normalization = NormalizationStats(state=_stats(6, 0.5, 2.0), action=_stats(6, 0.1, 1.0))
+    saved = save_slot(slot, tmp_path / "outputs", 1, include_optim=False)
+    out = export_lerobot_checkpoint(saved, tmp_path / "exported", base=base)
+
+    original = load_file(str(checkpoint / "model.safetensors"))
+    weights = load_file(str(out / "model.safetensors"))
+    assert slot.lora is not None and set(weights) == set(original)
+    adapted = {f"model.vlm_with_expert.vlm.{n}.weight" for n in slot.lora.module_names}
+    assert any(".vision_model." in k for k in adapted) and any(".connector." in k for k in adapted)
+    # Exactly the adapted layers differ (the expert is the checkpoint's, untrained here).
+    assert {k for k, v in weights.items() if not torch.equal(v, original[k])} == adapted
+    after = base.smolvla.model.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in resident.items())
+
+    mine, theirs = _ours_and_lerobots(base, slot, out, tmp_path)
+    assert (mine - theirs).abs().max().item() <= 1e-4
+    # Not vacuous: without its adapter the same tenant acts otherwise.
+    plain = TenantSlot("p", own, base, SmolVLAExpertConfig())
+    plain.normalization = slot.normalization
+    assert (_ours_and_lerobots(base, plain, None, tmp_path)[0] - theirs).abs().max() > 1e-3
+    # Without LoRA the export is the checkpoint's prefix, bit for bit.
+    bare = save_slot(plain, tmp_path / "outputs", 1, include_optim=False)
+    plain_out = load_file(
+        str(export_lerobot_checkpoint(bare, tmp_path / "plain", base=base) / "model.safetensors")
+    )
+    assert all(torch.equal(v, original[k]) for k, v in plain_out.items())
+
+
+def test_a_lora_layer_that_cannot_be_merged_refuses_the_export(base: ResidentBaseModel) -> None:
+    from joynexus.models.policies.smolvla_expert.export import merged_lora
+
+    assert base.smolvla is not None
+    name = "model.text_model.layers.0.self_attn.q_proj"
+    weight = base.smolvla.model.state_dict()[f"model.vlm_with_expert.vlm.{name}.weight"]
+    merged = merged_lora(base.smolvla, {name: torch.ones_like(weight)})
+    assert torch.equal(next(iter(merged.values())), weight + 1)
+    for bad in ("model.text_model.layers.99.self_attn.q_proj", name):
+        wrong = torch.zeros(3, 5)
+        with pytest.raises(InvalidRequestError, match=re.escape(repr(bad))):
+            merged_lora(base.smolvla, {bad: wrong})
 
 
 def test_a_tenant_without_statistics_takes_the_checkpoints(base: ResidentBaseModel) -> None:
@@ -327,7 +393,11 @@ def test_models_export_cli_writes_the_tenants_lerobot_directory(
     expert = slot.action_module
     assert isinstance(expert, SmolVLAExpert)
     assert all(torch.equal(weights[k], v) for k, v in expert.expert_state().items())
-    assert len(weights) == len(load_file(str(checkpoint / "model.safetensors")))
+    original = load_file(str(checkpoint / "model.safetensors"))
+    assert len(weights) == len(original)
+    # Without LoRA the prefix is the checkpoint's, bit for bit.
+    prefix = set(original) - set(expert.expert_state())
+    assert all(torch.equal(weights[k], original[k]) for k in prefix)
     # Another head's checkpoint is refused with the reason; an unknown format too.
     oft = TenantSlot("o", SCHEMAS["c"], base, OFTHeadConfig(hidden_dim=16, num_blocks=1))
     save_slot(oft, tmp_path / "outputs", 1, include_optim=False)
@@ -336,3 +406,38 @@ def test_models_export_cli_writes_the_tenants_lerobot_directory(
     assert result.exit_code != 0 and "only a 'smolvla_expert' exports" in _text(result.output)
     result = CliRunner().invoke(app, [*args, "--format", "onnx"])
     assert result.exit_code != 0 and "lerobot" in result.output
+
+
+def test_vision_lora_on_the_smolvla_prefix_grouped_equals_serial(base: ResidentBaseModel) -> None:
+    from joynexus.models.lora import LoRAConfig
+    from tests.models.test_lora import _adapter_grads, _feature_loss
+    from tests.models.test_lora_vision import randomize
+
+    lora = LoRAConfig(rank=4, alpha=8.0, targets=("q_proj",), vision=True, vision_projection=True)
+    slots = [
+        TenantSlot(t, s, base, SmolVLAExpertConfig(lora=None if t == "b" else lora), seed=i)
+        for i, (t, s) in enumerate(SCHEMAS.items())
+    ]
+    for i, slot in enumerate(slots):
+        if slot.lora is not None:
+            randomize(slot, 10 + i, only="vision_model")  # changes come through the images
+    ex = GroupedExecutor(base, slots)
+    batches = _batches()
+    grouped = ex.shared_forward(batches, grad=True)
+    torch.autograd.backward(torch.stack([_feature_loss(f) for f in grouped.values()]).sum())
+    grouped_grads = _adapter_grads(ex)
+    bare = ex.shared_forward(batches, adapters=dict.fromkeys(batches))
+    for t, batch in batches.items():
+        serial = ex.shared_forward({t: batch}, grad=True)[t]
+        if ex.slot(t).lora is not None:
+            torch.autograd.backward(_feature_loss(serial))
+        g, s = grouped[t].hidden_states.detach(), serial.hidden_states.detach()
+        gm, sm = grouped[t].attention_mask.bool(), serial.attention_mask.bool()
+        for row in range(int(gm.shape[0])):
+            assert _rel(g[row][gm[row]], s[row][sm[row]]) <= REL, t
+        changed = float((g - bare[t].hidden_states).abs().max())
+        assert (changed > 1e-3) == (t != "b"), f"{t}: vision adapter effect {changed}"
+    for t, grads in _adapter_grads(ex).items():
+        for name, grad in grads.items():
+            assert _rel(grouped_grads[t][name], grad) <= REL, f"{t}/{name}"
+        assert any("vision_model" in n and float(g.norm()) > 0 for n, g in grads.items())

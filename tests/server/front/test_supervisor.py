@@ -92,4 +92,7 @@ def test_a_killed_front_is_restarted_and_nothing_hangs(tmp_path: Path) -> None:
         for _ in range(6):
             r = httpx.post(url, content=_body(2), headers=headers, timeout=CLIENT_TIMEOUT_S)
             assert r.status_code == 200, r.text
-        assert "starting a new one" in server.log_tail(20_000)
+        log = server.log_tail(200_000)
+        assert "starting a new one" in log
+        # The hub dropped the dead front's answers quietly: no error in either process.
+        assert "Traceback" not in log, log[-4000:]

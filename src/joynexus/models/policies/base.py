@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from joynexus.errors import SchemaMismatchError
-from joynexus.models.lora import LoRAConfig
+from joynexus.models.lora import LoRAAdapter, LoRAConfig
 from joynexus.models.schema import DataSchema
 from joynexus.models.types import BackboneOutput
 
@@ -98,6 +98,10 @@ class PolicyHead(nn.Module, abc.ABC):
     rl_fields: ClassVar[tuple[str, ...]] = ()
     """Partition fields :meth:`rl_log_prob` needs besides observations and actions (a
     rollout records them from :meth:`sample`)."""
+
+    def use_lora(self, adapter: LoRAAdapter | None) -> None:
+        """The tenant's backbone adapter, for a head that runs backbone layers itself
+        (its tokens must see the tenant's adapted backbone too); most heads do not."""
 
     @abc.abstractmethod
     def loss(

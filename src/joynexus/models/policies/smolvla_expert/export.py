@@ -13,6 +13,12 @@ are the units its expert learned in; a tenant without its own statistics exports
 checkpoint's processor statistics unchanged. The state/action feature sizes in
 ``config.json`` follow the tenant's statistics (a narrower schema than the checkpoint's
 is zero-padded by LeRobot as by JoyNexus).
+
+LoRA: a tenant that trained a LoRA adapter (``lora:`` — language layers, vision tower,
+connector) exports it merged, ``W + scale * B @ A``, into the exported copies of the
+prefix weights it adapts; the resident model is never touched. LeRobot has no adapters,
+so a layer that cannot be merged refuses the export (naming it) rather than exporting a
+policy that acts otherwise.
 """
 
 from __future__ import annotations
@@ -23,7 +29,9 @@ from typing import Any, Literal
 
 import torch
 
+from joynexus.errors import InvalidRequestError
 from joynexus.interop.lerobot import ACTION_KEY, STATE_KEY
+from joynexus.models.lora import peft_deltas
 from joynexus.models.normalization import NormalizationStats
 from joynexus.models.policies.smolvla_expert.module import lerobot_names
 from joynexus.models.policies.smolvla_expert.resident import SmolVLAResident, smolvla_of
@@ -55,16 +63,21 @@ def export_smolvla_expert(
     expert: dict[str, torch.Tensor],
     normalization: NormalizationStats | None,
     out: str | Path,
+    *,
+    lora: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write the resident prefix plus one tenant's ``expert`` (tensors by the tenant
-    module's names) and normalization as a LeRobot SmolVLA directory.
+    module's names) and normalization as a LeRobot SmolVLA directory; ``lora`` (the
+    tenant's adapter as :func:`~joynexus.models.lora.peft_deltas`) merged into the
+    prefix weights it adapts.
 
     Raises:
         InvalidRequestError: ``expert`` holds a tensor the checkpoint has not (or of
-            another shape).
+            another shape), or ``lora`` adapts a layer that cannot be merged.
     """
     stats = None if normalization is None else lerobot_stats(normalization)
-    path = export_smolvla(resident.model, out, stats=stats, tensors=lerobot_names(expert))
+    tensors = {**merged_lora(resident, lora or {}), **lerobot_names(expert)}
+    path = export_smolvla(resident.model, out, stats=stats, tensors=tensors)
     if stats is not None:
         config_file = path / "config.json"
         config = json.loads(config_file.read_text())
@@ -75,14 +88,48 @@ def export_smolvla_expert(
     return path
 
 
+def merged_lora(
+    resident: SmolVLAResident, deltas: dict[str, torch.Tensor]
+) -> dict[str, torch.Tensor]:
+    """New copies of the prefix weights a tenant's LoRA adapts, ``W + delta``, under
+    the checkpoint's names. ``deltas`` are keyed by the backbone's module names (the
+    resident VLM's, as the LoRA hooks name them).
+
+    Raises:
+        InvalidRequestError: a delta names a layer without a weight of its shape here.
+    """
+    vlm = resident.model.core.vlm
+    prefix = next(n for n, m in resident.model.named_modules() if m is vlm)
+    state = resident.model.state_dict()
+    out: dict[str, torch.Tensor] = {}
+    for name, delta in deltas.items():
+        key = f"{prefix}.{name}.weight"
+        weight = state.get(key)
+        if weight is None or weight.shape != delta.shape:
+            raise InvalidRequestError(
+                f"export: the tenant's LoRA adapts {name!r}, which has no weight {key!r} of "
+                f"shape {list(delta.shape)} in this SmolVLA checkpoint to merge into; "
+                "refusing to export a policy that would act otherwise",
+                field="lora",
+            )
+        # In fp32, then the checkpoint's dtype: a copy, the resident stays as it is.
+        out[key] = (weight.detach().to("cpu", torch.float32) + delta).to(weight.dtype)
+    return out
+
+
 def export_lerobot_checkpoint(checkpoint: str | Path, out: str | Path, *, base: Any) -> Path:
     """Export the ``smolvla_expert`` tenant checkpoint ``checkpoint`` into ``out``.
 
     Raises:
         NotFoundError: no checkpoint there.
-        InvalidRequestError: the checkpoint is not of a ``smolvla_expert``.
+        InvalidRequestError: the checkpoint is not of a ``smolvla_expert``, or holds
+            a LoRA adapter with a layer that cannot be merged.
         SpecError: ``base`` is not a SmolVLA base model.
     """
     expert, stats = read_tenant_expert(checkpoint, "smolvla_expert", "a LeRobot SmolVLA policy")
     resident = smolvla_of(base, what="export --format lerobot")
-    return export_smolvla_expert(resident, expert, stats, out)
+    try:
+        lora = peft_deltas(checkpoint)
+    except ValueError as error:
+        raise InvalidRequestError(f"export: {error}", field="lora") from error
+    return export_smolvla_expert(resident, expert, stats, out, lora=lora)

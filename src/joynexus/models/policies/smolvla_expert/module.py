@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from joynexus.models.lora import LoRAAdapter, LoRARows, LoRASegment, lora_rows
 from joynexus.models.policies.base import PolicyHead
 from joynexus.models.policies.prefix_expert import PrefixFlowExpert
 from joynexus.models.policies.smolvla_expert.config import (
@@ -71,6 +72,17 @@ class _Resident:
         return self
 
 
+class _Adapter:
+    """The tenant's LoRA adapter, held by reference: the slot owns, trains and saves it
+    (not a submodule of the expert); a frozen reference copy of the expert shares it."""
+
+    def __init__(self, adapter: LoRAAdapter | None):
+        self.adapter = adapter
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Adapter:
+        return self
+
+
 class SmolVLAExpert(PrefixFlowExpert):
     """A SmolVLA checkpoint's action expert and projections as one tenant's module.
 
@@ -105,6 +117,7 @@ class SmolVLAExpert(PrefixFlowExpert):
         )
         self.expert_config = config
         self._host = _Resident(resident)
+        self._lora = _Adapter(None)
         ckpt = resident.ckpt
         self.chunk_size = ckpt.chunk_size
         self.max_action_dim = ckpt.max_action_dim
@@ -126,6 +139,9 @@ class SmolVLAExpert(PrefixFlowExpert):
                     reset()
         # Copies of frozen modules: the tenant trains them, in fp32.
         self.float().requires_grad_(True)
+
+    def use_lora(self, adapter: LoRAAdapter | None) -> None:
+        self._lora = _Adapter(adapter)
 
     @property
     def resident(self) -> SmolVLAResident:
@@ -156,9 +172,19 @@ class SmolVLAExpert(PrefixFlowExpert):
         # The state token goes through the resident's frozen layers in their dtype.
         token = self.state_proj(padded_state).to(dtype)
         shared = [(k.to(dtype), v.to(dtype)) for k, v in features.prefix_kv]
-        cache, pad = model.with_state(
-            shared, features.attention_mask.bool(), padded_state, state_proj=lambda _: token
+        # The state token is the last token of SmolVLA's prefix: it goes through the
+        # tenant's adapted text layers, as in the checkpoint its LoRA is merged into.
+        adapter = self._lora.adapter
+        rows = int(token.shape[0])
+        assignment = (
+            None
+            if adapter is None
+            else LoRARows(rows, (LoRASegment(0, rows, adapter),), training=self.training)
         )
+        with lora_rows(assignment):
+            cache, pad = model.with_state(
+                shared, features.attention_mask.bool(), padded_state, state_proj=lambda _: token
+            )
         cache = [(k.to(x.dtype), v.to(x.dtype)) for k, v in cache]
         return model.velocity(cache, pad, x, t, head=self)
 

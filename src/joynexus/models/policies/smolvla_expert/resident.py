@@ -146,10 +146,14 @@ class SmolVLAResident:
             hidden_states=hidden, attention_mask=pad.long(), prefix_kv=tuple(cache)
         )
 
-    def normalization(self) -> NormalizationStats:
+    def normalization(self) -> NormalizationStats | None:
         """The checkpoint's own statistics (its preprocessor's normalizer), as a
-        tenant's mean/std normalization; quantiles stand in from min/max when the
-        checkpoint has no q01/q99."""
+        tenant's mean/std normalization (quantiles stand in from min/max when the
+        checkpoint has no q01/q99); ``None`` when it has no mean/std of both the state
+        and the action."""
+        for key in (STATE_KEY, ACTION_KEY):
+            if not {"mean", "std"} <= set(self.ckpt.stats.get(key, {})):
+                return None
 
         def pick(key: str) -> FeatureNormStats:
             stats: dict[str, Any] = self.ckpt.stats[key]
@@ -203,3 +207,18 @@ def smolvla_of(base: object, *, what: str) -> SmolVLAResident:
             field="action_module.type",
         )
     return resident
+
+
+def checkpoint_normalization(base: object, schema: DataSchema) -> NormalizationStats | None:
+    """The normalization a tenant of ``schema`` without statistics of its own takes on
+    ``base``: a SmolVLA checkpoint's processor statistics when their widths are the
+    schema's state and action dims, else ``None`` (raw units)."""
+    resident = getattr(base, "smolvla", None)
+    if not isinstance(resident, SmolVLAResident):
+        return None
+    stats = resident.normalization()
+    if stats is None or stats.state is None:
+        return None
+    if (stats.state.dim, stats.action.dim) != (schema.state_dim, schema.action_dim):
+        return None
+    return stats
