@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -131,3 +132,78 @@ def test_rl_tenant_is_anchored_to_the_sft_policy_it_started_from(
         assert svc._executor.slot("fresh").reference_module is None
 
     asyncio.run(main())
+
+
+def test_first_rollout_from_sft_plays_the_sft_policys_evaluation_episodes(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    """The first GRPO rollout from an SFT checkpoint runs the SFT policy itself.
+
+    With its exploration noise at the floor (``init_log_std`` −10), the RL tenant's
+    first grouped rollout — served from its init_from slot, so with the SFT weights and
+    the SFT normalization — plays each group's episode exactly as the SFT tenant's own
+    deterministic evaluation plays the same seed (same env, horizon and success
+    criterion): episode ``g`` of an evaluation from seed ``s`` and group ``g`` of a
+    rollout from ``s`` start from one initial state. A handoff that lost the weights,
+    the normalization or the observation config would play other episodes.
+    """
+    from joynexus.envs import env_schema
+    from joynexus.envs.base import EnvSpec
+    from joynexus.envs.seeds import grouped_rollout_seed
+    from joynexus.models.policies import OFTHeadConfig
+    from joynexus.services.environment import EnvironmentService
+    from joynexus.services.inference import InferenceModelService, RolloutConfig
+    from tests.services.test_normalization import STATS
+
+    spec = EnvSpec(kind="reach2d", num_envs=4, image_size=32, max_episode_steps=8)
+    schema = env_schema(spec)
+    group_size, horizon = 2, 8  # reach2d: one env step per decision, so every episode ends
+    seed = grouped_rollout_seed(0, 1, spec.num_envs // group_size)
+
+    def tenant(tid: str, init_log_std: float) -> TenantConfig:
+        head = OFTHeadConfig(hidden_dim=32, num_blocks=1, init_log_std=init_log_std)
+        return TenantConfig(tenant_id=tid, schema_=schema, head=head, seed=3, output_dir=tmp_path)
+
+    async def main() -> tuple[list[float], np.ndarray, np.ndarray, np.ndarray]:
+        env, queue = EnvironmentService(), TrainingQueue()
+        training = TrainingModelService(base, queue, output_dir=tmp_path)
+        inference = InferenceModelService(base, env, queue)
+        try:
+            await inference.start()
+            sft = tenant("sft", -1.0).model_copy(update={"normalization": STATS})
+            await training.add_tenant(sft)
+            obs = ObservationBatch.synthetic(schema, 8, seed=1)
+            for _ in range(3):  # weights of its own, away from any initialisation
+                await training.train_batch("sft", TrainBatch(observations=obs, loss="sft"))
+            (ckpt,) = await training.save(3, ["sft"], ledger={"task": "sft"})
+            rl = tenant("rl", -10.0).model_copy(update={"init_checkpoint": ckpt})
+            await training.add_tenant(rl)
+            for cfg in (sft, rl):  # served as the workflow serves them (launch.start_tenant)
+                await inference.add_tenant(cfg, await training.export_params(cfg.tenant_id))
+            evaluated = await env.create_session("sft", spec)
+            ev = await inference.evaluate(
+                "sft", evaluated.session_id, episodes=spec.num_envs // group_size, seed=seed
+            )
+            session = await env.create_session("rl", spec)
+            config = RolloutConfig(
+                tenant_id="rl",
+                session_id=session.session_id,
+                schema_signature=inference.serving_slot("rl").schema_signature,
+                seed=seed,
+                group_size=group_size,
+            )
+            await inference.rollout(config, "job-1", "p", spec.num_envs, horizon, 0)
+            meta = queue.get_meta("p", ["rewards", "dones", "env"], 1000, "check")
+            data = {k: np.asarray(v) for k, v in queue.get_data(meta).items()}
+            return list(ev.episode_returns), data["rewards"], data["dones"], data["env"]
+        finally:
+            await inference.stop()
+            await env.aclose()
+
+    returns, rewards, dones, envs = asyncio.run(main())
+    for i in range(4):  # each sub-env's first episode: its rewards up to its first done
+        r, d = rewards[envs == i], dones[envs == i]
+        assert d.any(), f"sub-env {i}'s episode did not end within the rollout"
+        first = float(r[: int(np.argmax(d)) + 1].sum())
+        assert first == pytest.approx(returns[i // group_size], abs=1e-3), i
+    assert len(set(np.round(returns, 3))) == len(returns)  # the groups' states differ
