@@ -55,6 +55,9 @@ from joynexus.workflows.success import Phase, measure_success, recorded_measure
 __all__ = ["Supervisor"]
 
 log = logging.getLogger(__name__)
+#: How long a workload that met an unavailable role waits for the Health Manager's
+#: decision (restart in place or global restart) before it fails on that error.
+_HEALTH_DECISION_S = 10.0
 
 T = TypeVar("T")
 
@@ -127,9 +130,26 @@ class Supervisor:
         except asyncio.CancelledError:
             raise
         except Exception as error:
+            if isinstance(error, ServiceUnavailableError):
+                await self._await_health_decision(w)
+                if w.state.is_terminal:
+                    return
             log.warning("workload %s failed: %s", w.workload_id, error)
             text = str(error).splitlines()[0][:500] if str(error) else type(error).__name__
             await self.end_failed(w, text)
+
+    async def _await_health_decision(self, w: Workload) -> None:
+        """Wait a little for the Health Manager before failing ``w`` on a role that
+        answered unavailable.
+
+        A dead role is the Health Manager's to judge: it restarts the role or escalates
+        to a global restart, which halts ``w`` (cancelling this task) or fails it with
+        the real cause. Under load the workload's own call can see the dead role first;
+        failing at once would record the symptom instead of that cause.
+        """
+        deadline = self.clock.now() + min(self.settings.restart_grace_s, _HEALTH_DECISION_S)
+        while not w.state.is_terminal and self.clock.now() < deadline:
+            await self.clock.sleep(self._poll)
 
     def apply_pause(self, w: Workload) -> None:
         assert w.admission is not None and w.compiled.task_type is not None
