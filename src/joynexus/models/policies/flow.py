@@ -51,11 +51,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from typing import Literal
 
 import torch
+from pydantic import Field
 
 from joynexus.errors import SchemaMismatchError
 from joynexus.models.policies.base import (
+    PolicyConfig,
     PolicyGaussians,
     PolicyHead,
     PolicySample,
@@ -447,3 +450,25 @@ class FlowSDEPolicy(PolicyHead):
             noise_level=self.sde_noise_level(),
             mask=self.sde_mask(b, ref, action_mask),
         )
+
+
+class PrefixExpertConfig(PolicyConfig):
+    """What every family of a checkpoint's own flow expert (π0, SmolVLA) configures."""
+
+    init: Literal["pretrained", "random"] = Field(
+        default="pretrained",
+        description="Start from the checkpoint's expert weights, or re-initialise them.",
+    )
+    num_inference_steps: int | None = Field(
+        default=None, ge=1, le=1000, description="Denoising steps; default: the checkpoint's."
+    )
+    sde_noise_level: float = Field(
+        default=0.5,
+        gt=0,
+        le=4.0,
+        description="Flow-SDE noise level η of RL sampling (mode 'sample'); see "
+        "models.policies.flow.",
+    )
+
+    def check_rl(self, *, entropy_coef: float) -> None:
+        check_flow_rl(self.type, self.num_inference_steps, entropy_coef=entropy_coef)
