@@ -8,7 +8,7 @@ import pytest
 import torch
 from pydantic import TypeAdapter, ValidationError
 
-from joynexus.errors import SchemaMismatchError
+from joynexus.errors import InvalidRequestError, SchemaMismatchError
 from joynexus.models.policies import (
     FlowMatchingHead,
     FlowMatchingHeadConfig,
@@ -265,3 +265,45 @@ def test_positional_pooling_tells_where_a_token_is_and_the_others_do_not() -> No
     with torch.no_grad():  # a trained output layer (the initial one is ~0)
         head.out_proj.weight.normal_()
     assert not torch.allclose(head.mean(f, state), head.mean(swapped, state), atol=1e-4)
+
+
+def _full(f: BackboneOutput) -> BackboneOutput:
+    """The same tokens with every one valid (one canonical size: one token count)."""
+    return BackboneOutput(
+        hidden_states=f.hidden_states, attention_mask=torch.ones_like(f.attention_mask)
+    )
+
+
+def test_flatten_pooling_reads_each_token_in_its_place_and_ignores_padding() -> None:
+    f = _full(_features(b=3, length=7, seed=3))
+    state = torch.randn(3, S)
+    head = _oft(pooling="flatten", flatten_tokens=7)
+    head.eval()
+    with torch.no_grad():
+        head.out_proj.weight.normal_()
+    pred = head.predict(f, state)
+    assert pred.shape == (3, CHUNK, A)
+    # Another tenant's longer rows in the same batch only add left padding.
+    torch.testing.assert_close(head.predict(_pad_more(f, 5), state), pred)
+    swapped = BackboneOutput(
+        hidden_states=f.hidden_states[:, [0, 1, 2, 3, 5, 4, 6]], attention_mask=f.attention_mask
+    )
+    assert not torch.allclose(head.predict(swapped, state), pred, atol=1e-4)
+    # Gradients reach the read of every token (the probe's linear map).
+    head.train()
+    head.loss(f, state, torch.randn(3, CHUNK, A)).backward()
+    assert head.pool is not None
+    grad = head.pool.read.weight.grad  # type: ignore[union-attr]
+    assert grad is not None and bool((grad.view(D, 7, D).abs().sum((0, 2)) > 0).all())
+
+
+def test_flatten_pooling_refuses_another_token_count_and_a_missing_count() -> None:
+    head = _oft(pooling="flatten", flatten_tokens=6)
+    with pytest.raises(InvalidRequestError, match=r"exactly 6 tokens.*\[7\]"):
+        head.predict(_full(_features(length=7)), torch.zeros(3, S))
+    with pytest.raises(InvalidRequestError, match="flatten_tokens"):
+        head.predict(_features(length=7), torch.zeros(3, S))  # one row padded: 4 and 7
+    with pytest.raises(ValidationError, match="flatten_tokens"):
+        OFTHeadConfig(pooling="flatten")
+    with pytest.raises(ValidationError, match="flatten_tokens"):
+        OFTHeadConfig(pooling="mean", flatten_tokens=4)

@@ -101,6 +101,40 @@ class PositionalPooling(nn.Module):
         return out
 
 
+class FlattenPooling(nn.Module):
+    """A linear read of the last ``tokens`` tokens concatenated, each LayerNorm-ed.
+
+    Why: a ridge probe on the frozen backbone's tokens, all concatenated, recovers the
+    goal's place (docs/RESULTS.md §15.1) while every pooling over the token set lost it.
+    Reading each token through its own weights keeps which token (and so which place in
+    the frame) said what. Inputs are left-padded and every observation of one canonical
+    size and prompt has the same token count, so token k is the same place in every row.
+    Dropout on the concatenated input keeps a few thousand frames from being memorized.
+    """
+
+    def __init__(self, hidden_size: int, tokens: int, dropout: float):
+        super().__init__()
+        self.tokens = tokens
+        self.norm = nn.LayerNorm(hidden_size)
+        self.dropout = nn.Dropout(dropout)
+        self.read = nn.Linear(tokens * hidden_size, hidden_size)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        counts = attention_mask.sum(dim=1)
+        if bool((counts != self.tokens).any()):
+            # Another count means another canonical size or prompt: the weights of
+            # token k would read a different place in the frame, silently.
+            raise InvalidRequestError(
+                f"flatten pooling reads exactly {self.tokens} tokens per observation, got "
+                f"{sorted(set(counts.tolist()))}: set action_module.flatten_tokens to the "
+                "backbone's token count for this canonical image size and prompt",
+                field="action_module.flatten_tokens",
+            )
+        window = self.norm(hidden_states[:, -self.tokens :])
+        out: torch.Tensor = self.read(self.dropout(window.flatten(1)))
+        return out
+
+
 class OFTHead(PolicyHead):
     """MLP-ResNet action head with a Gaussian policy on top of its mean.
 
@@ -126,11 +160,14 @@ class OFTHead(PolicyHead):
             action_chunk=action_chunk,
         )
         self.config = config
-        self.pool: AttentionPooling | PositionalPooling | None = None
+        self.pool: AttentionPooling | PositionalPooling | FlattenPooling | None = None
         if config.pooling == "attention":
             self.pool = AttentionPooling(hidden_size)
         elif config.pooling == "positional":
             self.pool = PositionalPooling(hidden_size)
+        elif config.pooling == "flatten":
+            assert config.flatten_tokens is not None  # the config's validator ensures it
+            self.pool = FlattenPooling(hidden_size, config.flatten_tokens, config.dropout)
         self.input_norm = nn.LayerNorm(hidden_size)
         self.input_proj = nn.Linear(hidden_size, config.hidden_dim)
         self.state_proj: nn.Linear | None = (
