@@ -136,6 +136,15 @@ class AlgorithmSpec(BaseModel):
         "Flow-SDE heads, in nats per action chunk. Unset: "
         f"{DEFAULT_KL_COEF} with init_from, none without; 0 turns the anchor off.",
     )
+    kl_budget: float = Field(
+        default=0.0,
+        ge=0,
+        le=1000,
+        description="rl with a KL anchor only: nats per action chunk of KL to the "
+        "reference a sample may reach before the anchor acts; the anchor is then "
+        "kl_coef * mean(max(0, KL - kl_budget)), so the policy moves freely inside the "
+        "budget and is pulled back past it. 0: the anchor acts from the reference on.",
+    )
     epochs: int = Field(default=1, ge=1, le=64, description="Passes over each training job.")
     microbatch_size: int = Field(default=64, ge=1, le=65536)
     horizon: int = Field(default=64, ge=1, le=100_000, description="Rollout steps per job.")
@@ -355,6 +364,12 @@ class WorkloadSpec(BaseModel):
         return self
 
     def _check_anchor(self, kl_coef: float | None) -> None:
+        if self.algorithm.kl_budget > 0 and self.anchor_coef() <= 0:
+            raise ValueError(
+                f"algorithm.kl_budget={self.algorithm.kl_budget} bounds the KL anchor, and "
+                "this workload has none (it needs task rl, init_from and kl_coef > 0); "
+                "drop kl_budget or set init_from"
+            )
         if kl_coef is None:
             return
         if self.task is not TaskKind.RL:
