@@ -10,7 +10,7 @@ counts toward the bound until the robot leaves. Each request frame is decoded an
 validated here by the gateway's own :func:`~joynexus.server.openpi.gateway.answer_frames`
 and :class:`~joynexus.server.openpi.observations.ObservationAdapter`; the observation
 tensors go to the model process through this front's shared-memory slots, like a
-predict's (:meth:`HubClient.openpi`), and the answer frame is encoded here. An error
+predict's (``HubClient.openpi``), and the answer frame is encoded here. An error
 is the gateway's text frame and close 1011, with the gateway's text.
 
 When the model process closes the upstream connection (it stops or restarts) the robot
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import Response, WebSocket
 
@@ -37,9 +37,16 @@ from joynexus.server.openpi.gateway import (
 if TYPE_CHECKING:
     import numpy as np
 
-    from joynexus.server.front.app import HubClient
 
-__all__ = ["connect_upstream", "decode_websocket"]
+class Hub(Protocol):
+    """What this needs of the front's hub client (``app.HubClient``)."""
+
+    async def openpi(
+        self, tenant_id: str, version: int | None, obs: ObservationBatch, decode_s: float
+    ) -> tuple[np.ndarray, int]: ...
+
+
+__all__ = ["Hub", "connect_upstream", "decode_websocket"]
 
 
 async def connect_upstream(
@@ -78,9 +85,7 @@ async def connect_upstream(
     return None
 
 
-async def decode_websocket(
-    websocket: WebSocket, loopback: str, hub: HubClient, front_token: str
-) -> None:
+async def decode_websocket(websocket: WebSocket, loopback: str, hub: Hub, front_token: str) -> None:
     """Serve one openpi connection, decoding its frames here (see the module docstring)."""
     from websockets.exceptions import ConnectionClosed
 

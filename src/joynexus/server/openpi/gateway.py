@@ -67,11 +67,11 @@ from joynexus.models.batch import ObservationBatch
 from joynexus.models.schema import DataSchema
 from joynexus.server.openpi.codec import packb, unpackb
 from joynexus.server.openpi.observations import ObservationAdapter
-from joynexus.spec.serving import OpenPIServing
 
 if TYPE_CHECKING:
     from joynexus.master.service import MasterService
     from joynexus.server.state import ServerState
+    from joynexus.spec.serving import OpenPIServing
 
 __all__ = [
     "CLOSE_INTERNAL_ERROR",
@@ -105,7 +105,6 @@ class _Connection:
     tenant_id: str
     version: int | None  # the pinned version; None: the latest at each request
     adapter: ObservationAdapter
-    options: OpenPIServing
     metadata: dict[str, Any]
 
 
@@ -125,7 +124,9 @@ def describe(conn: _Connection, max_frame_bytes: int) -> dict[str, Any]:
         "tenant_id": conn.tenant_id,
         "version": conn.version,
         "schema": conn.adapter.schema.model_dump(mode="json"),
-        "openpi": conn.options.model_dump(mode="json"),
+        "camera_keys": conn.adapter.camera_keys,
+        "state_keys": conn.adapter.state_keys,
+        "prompt_key": conn.adapter.prompt_key,
         "max_frame_bytes": max_frame_bytes,
     }
 
@@ -133,8 +134,8 @@ def describe(conn: _Connection, max_frame_bytes: int) -> dict[str, Any]:
 def described(frame: bytes) -> Described:
     """The front's side of :func:`describe`."""
     d = unpackb(frame, max_bytes=DEFAULT_MAX_FRAME_BYTES)
-    adapter = ObservationAdapter(
-        DataSchema.model_validate(d["schema"]), OpenPIServing.model_validate(d["openpi"])
+    adapter = ObservationAdapter.of_keys(
+        DataSchema.model_validate(d["schema"]), d["camera_keys"], d["state_keys"], d["prompt_key"]
     )
     version = d["version"]
     return Described(
@@ -209,7 +210,7 @@ class OpenPIGateway:
         tenant_id = _tenant_of(websocket, state)
         master = _master(state)
         tenant = master.require_slot(tenant_id)
-        options = tenant.spec.serving.openpi
+        options: OpenPIServing = tenant.spec.serving.openpi
         adapter = ObservationAdapter(tenant.schema, options)
         current = master.inference.current_policy_version(tenant_id)
         version = _pin(websocket.query_params.get("policy_version"), current)
@@ -225,7 +226,7 @@ class OpenPIGateway:
             "observation_keys": adapter.expected(),
             "max_connections": tenant.spec.serving.openpi.max_connections,
         }
-        return _Connection(tenant_id, version, adapter, options, metadata)
+        return _Connection(tenant_id, version, adapter, metadata)
 
     def _from_front(self, websocket: WebSocket) -> bool:
         given = websocket.headers.get(FRONT_HEADER)
