@@ -147,3 +147,46 @@ def test_policy_loss_adds_the_weighted_anchor_only_with_a_reference(
     assert "kl_ref" not in stats
     with pytest.raises(InvalidRequestError, match="reference policy"):
         anchored_log_probs(slot, features, state, actions, chain)
+
+
+@pytest.mark.parametrize("kind", sorted(HEADS))
+def test_kl_budget_leaves_the_policy_free_inside_and_pulls_it_back_past(
+    base: ResidentBaseModel, kind: str
+) -> None:
+    slot = _slot(base, HEADS[kind])
+    features, state, actions, chain = _inputs(slot, base.hidden_size)
+    old = behaviour_log_probs(slot, features, state, actions, chain).detach()
+    zero = torch.zeros(6)  # no advantage: any gradient is the anchor's
+    _perturb(slot, 0.02)
+    _, kl = anchored_log_probs(slot, features, state, actions, chain)
+    measured = float(kl.mean())
+    assert measured > 0
+
+    def grad_norm(target: float) -> tuple[float, dict[str, float]]:
+        slot.action_module.zero_grad(set_to_none=True)
+        value, stats = policy_loss(
+            slot,
+            features,
+            state,
+            actions,
+            algorithm="grpo",
+            advantages=zero,
+            old_log_probs=old,
+            config=AlgorithmSpec(name="grpo", kl_coef=0.5, kl_target=target),
+            chain=chain,
+        )
+        value.backward()
+        norms = [
+            float(p.grad.norm()) for p in slot.action_module.parameters() if p.grad is not None
+        ]
+        return sum(norms), {**stats, "loss": float(value)}
+
+    inside, stats = grad_norm(2 * measured)  # within the budget: no pull, no penalty
+    assert stats["kl_ref"] == pytest.approx(measured, rel=1e-4)
+    assert stats["kl_excess"] == 0.0 and stats["loss"] == pytest.approx(0.0, abs=1e-6)
+    assert inside == 0.0
+    past, stats = grad_norm(0.5 * measured)  # past it: the plain anchor's pull, on the excess
+    plain, _ = grad_norm(0.0)
+    assert stats["kl_excess"] == pytest.approx(0.5 * measured, rel=1e-4)
+    assert stats["loss"] == pytest.approx(0.5 * 0.5 * measured, rel=1e-4, abs=1e-7)
+    assert past > 0 and past == pytest.approx(plain, rel=1e-4)

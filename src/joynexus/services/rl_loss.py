@@ -205,7 +205,15 @@ def policy_loss(
         return loss, stats
     anchor = kl.mean()
     stats["kl_ref"] = float(anchor.detach())
-    return loss + kl_coef * anchor, stats
+    # A hinge on the batch's mean KL rather than an adaptive coefficient: it needs no
+    # state carried across jobs (a resumed or re-placed tenant behaves the same), and
+    # inside the budget it leaves the policy gradient untouched, which a fixed anchor
+    # does not (reach-v3 lost its RL gain to kl_coef 0.1 and 0.01 alike, §15.2) while
+    # it still pulls back a policy walking away from its SFT start (push-v3's collapse).
+    excess = torch.relu(anchor - cfg.kl_target) if cfg.kl_target > 0 else anchor
+    if cfg.kl_target > 0:
+        stats["kl_excess"] = float(excess.detach())
+    return loss + kl_coef * excess, stats
 
 
 def _surrogate(

@@ -136,6 +136,15 @@ class AlgorithmSpec(BaseModel):
         "Flow-SDE heads, in nats per action chunk. Unset: "
         f"{DEFAULT_KL_COEF} with init_from, none without; 0 turns the anchor off.",
     )
+    kl_target: float = Field(
+        default=0.0,
+        ge=0,
+        le=100,
+        description="rl with a KL anchor only: a KL budget in nats per action chunk; the "
+        "anchor penalizes only the batch's mean KL(policy || reference) past it, "
+        "kl_coef * max(0, KL - kl_target), so updates move freely within the budget and "
+        "are pulled back beyond it. 0 (default): the plain anchor kl_coef * KL.",
+    )
     epochs: int = Field(default=1, ge=1, le=64, description="Passes over each training job.")
     microbatch_size: int = Field(default=64, ge=1, le=65536)
     horizon: int = Field(default=64, ge=1, le=100_000, description="Rollout steps per job.")
@@ -310,6 +319,7 @@ class WorkloadSpec(BaseModel):
     @model_validator(mode="after")
     def _task_rules(self) -> WorkloadSpec:
         self._check_anchor(self.algorithm.kl_coef)
+        self._check_budget(self.algorithm.kl_target)
         if isinstance(self.schema_, str) and self.schema_ not in PRESETS:
             raise ValueError(f"unknown schema preset {self.schema_!r}; presets: {sorted(PRESETS)}")
         if self.task is TaskKind.RL:
@@ -367,6 +377,14 @@ class WorkloadSpec(BaseModel):
                 f"algorithm.kl_coef={kl_coef} anchors the policy to the one it started "
                 "from, and this workload starts from a fresh head (no init_from); name "
                 "the SFT tenant or checkpoint in init_from, or drop kl_coef"
+            )
+
+    def _check_budget(self, kl_target: float) -> None:
+        if kl_target > 0 and self.anchor_coef() == 0:
+            raise ValueError(
+                f"algorithm.kl_target={kl_target} is a budget for the KL anchor, and this "
+                "workload has none (an rl workload with init_from and kl_coef > 0 has "
+                "one); drop kl_target, or name init_from and leave kl_coef unset or > 0"
             )
 
     def anchor_coef(self) -> float:
