@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from joynexus.cli.main import app
+from joynexus.utils.affinity import available_cores
 
 psutil = pytest.importorskip("psutil")
 
@@ -44,6 +45,9 @@ def test_tiny_run_reports_ratios_and_leaves_no_process(tmp_path: Path) -> None:
     for key in ("throughput_ratio", "memory_ratio", "memory_ratio_pss", "p99_ratio"):
         assert math.isfinite(data[key]) and data[key] > 0, key
     assert data["ours"]["servers"] == 1 and data["baseline"]["servers"] == 2
+    # The shared server may use every usable core; each baseline server gets --threads.
+    assert data["config"]["ours_threads"] == len(available_cores())
+    assert data["config"]["threads_per_server"] == 1
     for side in ("ours", "baseline"):
         r = data[side]
         assert r["errors"] == 0 and r["requests"] > 0, r

@@ -59,7 +59,14 @@ def test_demo_cli_writes_report_plots_and_matches_work(tmp_path: Path) -> None:
             value = report[phase][key]
             assert isinstance(value, float) and 0.0 < value <= 1.0, (phase, key, value)
     assert report["device_time_ratio"] > 0
-    for name in ("utilization.png", "device_time.png", "curves.png", "success.png"):
+    # The multi-tenant window taken apart on a real run: busy + idle by cause = window.
+    idle = report["device_idle"]
+    assert idle["device_busy_s"] > 0
+    assert abs(idle["device_busy_s"] + idle["idle_s"] - idle["window_s"]) < 0.05
+    assert abs(sum(idle["idle_by_cause_s"].values()) - idle["idle_s"]) < 0.05
+    assert "of idle device (" in result.output
+    plots = ("utilization.png", "device_time.png", "device_idle.png", "curves.png", "success.png")
+    for name in plots:
         assert (out / name).stat().st_size > 1000
         assert name in report["plots"]
 

@@ -183,7 +183,12 @@ def test_without_measurements_no_success_table_and_no_plot(tmp_path: Path) -> No
     report = _report(multi, isolated)
     assert len(report_tables(report)) == 3
     paths = plot_report(report, multi, isolated, tmp_path / "out")
-    assert [p.name for p in paths] == ["utilization.png", "device_time.png", "curves.png"]
+    assert [p.name for p in paths] == [
+        "utilization.png",
+        "device_time.png",
+        "device_idle.png",
+        "curves.png",
+    ]
     assert not (tmp_path / "out" / "success.png").exists()
 
 

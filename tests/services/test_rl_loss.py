@@ -150,43 +150,61 @@ def test_policy_loss_adds_the_weighted_anchor_only_with_a_reference(
 
 
 @pytest.mark.parametrize("kind", sorted(HEADS))
-def test_kl_budget_leaves_the_policy_free_inside_and_pulls_it_back_past(
+def test_the_budget_lets_the_policy_move_freely_inside_it_and_pulls_back_past_it(
     base: ResidentBaseModel, kind: str
 ) -> None:
     slot = _slot(base, HEADS[kind])
     features, state, actions, chain = _inputs(slot, base.hidden_size)
     old = behaviour_log_probs(slot, features, state, actions, chain).detach()
-    zero = torch.zeros(6)  # no advantage: any gradient is the anchor's
     _perturb(slot, 0.02)
     _, kl = anchored_log_probs(slot, features, state, actions, chain)
-    measured = float(kl.mean())
-    assert measured > 0
+    per_sample = kl.detach()
 
-    def grad_norm(target: float) -> tuple[float, dict[str, float]]:
-        slot.action_module.zero_grad(set_to_none=True)
+    def anchor(budget: float) -> tuple[torch.Tensor, dict[str, float]]:
+        slot.action_module.zero_grad()
         value, stats = policy_loss(
             slot,
             features,
             state,
             actions,
             algorithm="grpo",
-            advantages=zero,
+            advantages=torch.zeros(6),  # the surrogate is 0: the loss is the anchor alone
             old_log_probs=old,
-            config=AlgorithmSpec(name="grpo", kl_coef=0.5, kl_target=target),
+            config=AlgorithmSpec(name="grpo", kl_coef=0.5, kl_budget=budget),
             chain=chain,
         )
         value.backward()
-        norms = [
-            float(p.grad.norm()) for p in slot.action_module.parameters() if p.grad is not None
-        ]
-        return sum(norms), {**stats, "loss": float(value)}
+        return value, stats
 
-    inside, stats = grad_norm(2 * measured)  # within the budget: no pull, no penalty
-    assert stats["kl_ref"] == pytest.approx(measured, rel=1e-4)
-    assert stats["kl_excess"] == 0.0 and stats["loss"] == pytest.approx(0.0, abs=1e-6)
-    assert inside == 0.0
-    past, stats = grad_norm(0.5 * measured)  # past it: the plain anchor's pull, on the excess
-    plain, _ = grad_norm(0.0)
-    assert stats["kl_excess"] == pytest.approx(0.5 * measured, rel=1e-4)
-    assert stats["loss"] == pytest.approx(0.5 * 0.5 * measured, rel=1e-4, abs=1e-7)
-    assert past > 0 and past == pytest.approx(plain, rel=1e-4)
+    # A budget above every sample's KL: no anchor, no gradient, the KL still reported.
+    value, stats = anchor(float(per_sample.max()) * 2)
+    assert float(value) == pytest.approx(0.0, abs=1e-7) and stats["kl_excess"] == 0.0
+    assert stats["kl_ref"] == pytest.approx(float(per_sample.mean()), rel=1e-4)
+    assert all(
+        p.grad is None or float(p.grad.abs().max()) == 0.0 for p in slot.action_module.parameters()
+    )
+    # A budget at the median: only the samples past it count, by their excess.
+    budget = float(per_sample.median())
+    value, stats = anchor(budget)
+    excess = torch.relu(per_sample - budget).mean()
+    assert float(value) == pytest.approx(0.5 * float(excess), rel=1e-4)
+    assert stats["kl_excess"] == pytest.approx(float(excess), rel=1e-4)
+    grads = [p.grad for p in slot.action_module.parameters() if p.grad is not None]
+    assert grads and float(torch.stack([g.norm() for g in grads]).sum()) > 0
+
+
+def test_a_budget_needs_an_anchor() -> None:
+    from joynexus.spec.workload import WorkloadSpec
+
+    base = {
+        "tenant": "rl",
+        "task": "rl",
+        "base_model": {"id": "tiny:qwen2_5_vl"},
+        "env": {"kind": "reach2d", "num_envs": 2},
+        "action_module": {"type": "oft"},
+        "algorithm": {"name": "grpo", "group_size": 2, "kl_budget": 1.0},
+    }
+    with pytest.raises(ValueError, match=r"kl_budget=1\.0 bounds the KL anchor"):
+        WorkloadSpec.model_validate(base)
+    anchored = WorkloadSpec.model_validate({**base, "init_from": "sft"})
+    assert anchored.algorithm.kl_budget == 1.0 and anchored.anchor_coef() > 0

@@ -43,6 +43,7 @@ import numpy as np
 from joynexus.bench.server_procs import RssSampler, Server, running_servers
 from joynexus.bench.serving_report import print_report
 from joynexus.metrics.stages import PER_BATCH_STAGES, PREDICT_STAGES
+from joynexus.utils.affinity import available_cores
 from joynexus.wire import MSGPACK_MEDIA_TYPE, packb
 
 if TYPE_CHECKING:
@@ -285,6 +286,7 @@ def run_serving_bench(
     requests: int | None = None,
     size: str = "tiny",
     threads: int = 1,
+    ours_threads: int | None = None,
     model_dir: Path | None = None,
     canonicalizers: Sequence[str] = ("tensor",),
     front_procs: Sequence[int] | None = None,
@@ -298,7 +300,10 @@ def run_serving_bench(
         duration_s: Timed load per deployment (after an untimed warm-up request per client).
         requests: Optional cap of timed requests per client (stops earlier when reached).
         size: ``tiny`` or ``small`` (:func:`joynexus.models.tiny.make_tiny`).
-        threads: ``OMP_NUM_THREADS`` of every server process.
+        threads: ``OMP_NUM_THREADS`` of every baseline server process.
+        ours_threads: ``OMP_NUM_THREADS`` of ours (default: this machine's usable
+            cores: the one shared server may use every core, the baseline's servers
+            share the same ones).
         model_dir: A saved model to serve instead of building one.
         canonicalizers: Every server's ``--canonicalizer``. One: the result holds that
             run's figures. Several (e.g. ``processor`` then ``tensor``): both deployments
@@ -321,6 +326,7 @@ def run_serving_bench(
             requests,
             size,
             threads,
+            ours_threads or len(available_cores()),
             model_dir,
             list(canonicalizers),
             _fronts(front_procs),
@@ -359,6 +365,7 @@ def _pair(
     names: Sequence[str],
     model: str,
     threads: int,
+    ours_threads: int,
     canonicalizer: str,
     fronts: Sequence[int],
     load: dict[str, Any],
@@ -372,7 +379,7 @@ def _pair(
     for n in fronts:
         say(f"ours ({canonicalizer}, {n} front procs): one server, {tenants} tenants")
         ours_args = [*args, "--front-procs", str(n)]
-        with running_servers(root / f"ours-f{n}", ["server"], model, threads, ours_args) as (
+        with running_servers(root / f"ours-f{n}", ["server"], model, ours_threads, ours_args) as (
             server,
         ):
             targets = [_Target(t, server.url, _open_tenant(server, t, model)) for t in names]
@@ -413,6 +420,7 @@ def _run(
     requests: int | None,
     size: str,
     threads: int,
+    ours_threads: int,
     model_dir: Path | None,
     canonicalizers: list[str],
     fronts: list[int],
@@ -430,7 +438,9 @@ def _run(
             say(f"building the {size} qwen2_5_vl model")
             model_dir = make_tiny("qwen2_5_vl", root / "model", size=cast("TinySize", size), seed=0)
         for kind in canonicalizers:
-            runs[kind] = _pair(root / kind, names, str(model_dir), threads, kind, fronts, load, say)
+            runs[kind] = _pair(
+                root / kind, names, str(model_dir), threads, ours_threads, kind, fronts, load, say
+            )
 
     config = {
         "tenants": tenants,
@@ -440,6 +450,7 @@ def _run(
         "size": size,
         "arch": "qwen2_5_vl",
         "threads_per_server": threads,
+        "ours_threads": ours_threads,
         "observation": f"1 x {IMAGE_SIZE}x{IMAGE_SIZE} camera + state[{STATE_DIM}]",
         "cpu_count": os.cpu_count(),
         "load_avg_1m_at_start": load_1m,

@@ -239,8 +239,18 @@ def bench_serving(
     ] = None,
     size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
     threads: Annotated[
-        int, typer.Option("--threads", min=1, help="OMP threads of every server process.")
+        int,
+        typer.Option("--threads", min=1, help="OMP threads of every baseline server process."),
     ] = 1,
+    ours_threads: Annotated[
+        int | None,
+        typer.Option(
+            "--ours-threads",
+            min=1,
+            help="OMP threads of the shared server (default: the usable cores; it may use "
+            "every core, the baseline's servers share the same ones).",
+        ),
+    ] = None,
     canonicalizer: Annotated[
         list[str] | None,
         typer.Option(
@@ -285,6 +295,7 @@ def bench_serving(
         requests=requests,
         size=size,
         threads=threads,
+        ours_threads=ours_threads,
         canonicalizers=kinds,
         front_procs=front_procs,
         progress=lambda line: console.print(f"[dim]{line}[/dim]"),

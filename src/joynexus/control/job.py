@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -301,6 +303,31 @@ def metadata_json(metadata: dict[str, Any], max_bytes: int | None = None) -> str
             size_bytes=len(text),
         )
     return text
+
+
+@dataclass(frozen=True)
+class JobTally:
+    """Counts over a set of jobs (:meth:`TrainingScheduler.tally`).
+
+    Attributes:
+        failed_by_reason: Failed jobs per ``terminal_reason``.
+        completed_span_s: Summed ``finished_at - created_at`` of the completed jobs.
+    """
+
+    total: int
+    terminal: int
+    completed: int
+    dropped: int
+    failed_by_reason: dict[str | None, int]
+    completed_span_s: float
+
+    @property
+    def in_flight(self) -> int:
+        return self.total - self.terminal
+
+    def failed_except(self, reasons: Sequence[str]) -> int:
+        """Failed jobs whose reason is not one of ``reasons``."""
+        return sum(n for r, n in self.failed_by_reason.items() if r not in reasons)
 
 
 class JobTimestamps(BaseModel):

@@ -23,9 +23,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from joynexus.data.arrow_io import column_to_numpy, decode_image
+from joynexus.data.frame_cache import DEFAULT_FRAME_CACHE_MB, FrameCache
 from joynexus.data.lerobot_format import FeatureSpec
 from joynexus.data.metadata import DatasetMeta, load_meta
-from joynexus.data.video import decode_frames, probe_video
+from joynexus.data.video import decode_frames, decode_span, pick_frames, probe_video
 from joynexus.errors import DatasetError
 
 __all__ = ["DEFAULT_TOLERANCE_S", "LeRobotDataset"]
@@ -42,6 +43,9 @@ class LeRobotDataset:
             ``1/fps``) to return as a window around each frame.
         tolerance_s: How far a decoded video frame's time (and a delta timestamp
             from a multiple of ``1/fps``) may be from the requested time.
+        frame_cache_mb: Budget of decoded video frames kept per episode
+            (:class:`~joynexus.data.frame_cache.FrameCache`); 0 decodes every sample's
+            frames from the file.
 
     ``dataset[i]`` returns a dict: each non-video feature as a numpy value (images
     uint8 ``[H, W, C]``), each video feature as uint8 ``[H, W, 3]``, windowed features
@@ -57,9 +61,11 @@ class LeRobotDataset:
         *,
         delta_timestamps: Mapping[str, Sequence[float]] | None = None,
         tolerance_s: float = DEFAULT_TOLERANCE_S,
+        frame_cache_mb: float = DEFAULT_FRAME_CACHE_MB,
     ) -> None:
         self.root = Path(root)
         self.tolerance_s = tolerance_s
+        self.frame_cache = FrameCache(int(frame_cache_mb * 2**20)) if frame_cache_mb > 0 else None
         self.meta: DatasetMeta = load_meta(self.root)
         self._arrays: dict[str, np.ndarray] = {}
         self._images: dict[str, pa.Array] = {}
@@ -255,10 +261,22 @@ class LeRobotDataset:
         return decode_image(data, self.features[key].image_hwc()[2])
 
     def _decode_video(self, key: str, rows: np.ndarray) -> np.ndarray:
-        ep = self.meta.episodes[int(self._row_episode[rows[0]])]
+        pos = int(self._row_episode[rows[0]])
+        ep = self.meta.episodes[pos]
         offset = ep.video_from_timestamp[key]
-        ts = [float(self._arrays["timestamp"][r]) + offset for r in rows]
-        return decode_frames(self.root / ep.video_files[key], ts, tolerance_s=self.tolerance_s)
+        stamps = self._arrays["timestamp"]
+        ts = [float(stamps[r]) + offset for r in rows]
+        path = self.root / ep.video_files[key]
+        if self.frame_cache is None:
+            return decode_frames(path, ts, tolerance_s=self.tolerance_s)
+        # The whole episode's span, decoded once (the rows asked always lie inside it).
+        first = float(stamps[self._ep_start[pos]]) + offset
+        last = float(stamps[self._ep_end[pos] - 1]) + offset
+        times, frames = self.frame_cache.get(
+            (key, pos),
+            lambda: decode_span(path, first, last, tolerance_s=self.tolerance_s),
+        )
+        return pick_frames(path, times, frames, ts, tolerance_s=self.tolerance_s)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         n = self._num_rows

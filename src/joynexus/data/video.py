@@ -21,7 +21,14 @@ import numpy as np
 
 from joynexus.errors import DatasetError
 
-__all__ = ["VideoEncoder", "VideoProbe", "decode_frames", "probe_video"]
+__all__ = [
+    "VideoEncoder",
+    "VideoProbe",
+    "decode_frames",
+    "decode_span",
+    "pick_frames",
+    "probe_video",
+]
 
 DEFAULT_CODEC = "libx264"
 # Close keyframes make random access by timestamp cheap (few frames decoded per seek).
@@ -169,9 +176,23 @@ def decode_frames(path: Path, timestamps: list[float], *, tolerance_s: float) ->
     """
     if not timestamps:
         raise ValueError("decode_frames needs at least one timestamp")
+    times, images = decode_span(path, min(timestamps), max(timestamps), tolerance_s=tolerance_s)
+    return pick_frames(path, times, images, timestamps, tolerance_s=tolerance_s)
+
+
+def decode_span(
+    path: Path, first: float, last: float, *, tolerance_s: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Decode every frame from ``first - tolerance_s`` through ``last`` (seconds in the file).
+
+    Returns:
+        The frames' times ``float64 [N]`` and the frames, uint8 ``[N, H, W, 3]``.
+
+    Raises:
+        DatasetError: the file is missing or unreadable, or holds no frame there.
+    """
     if not path.is_file():
         raise DatasetError(f"{path}: video file missing", file=str(path))
-    first, last = min(timestamps), max(timestamps)
     times: list[float] = []
     images: list[np.ndarray] = []
     try:
@@ -196,17 +217,32 @@ def decode_frames(path: Path, timestamps: list[float], *, tolerance_s: float) ->
             file=str(path),
             timestamp=first,
         )
-    decoded = np.asarray(times)
+    return np.asarray(times), np.stack(images)
+
+
+def pick_frames(
+    path: Path,
+    times: np.ndarray,
+    images: np.ndarray,
+    timestamps: list[float],
+    *,
+    tolerance_s: float,
+) -> np.ndarray:
+    """The decoded frames (:func:`decode_span`) nearest to ``timestamps``, in order.
+
+    Raises:
+        DatasetError: no decoded frame lies within ``tolerance_s`` of a timestamp.
+    """
     out = []
     for ts in timestamps:
-        j = int(np.argmin(np.abs(decoded - ts)))
-        if abs(decoded[j] - ts) > tolerance_s:
+        j = int(np.argmin(np.abs(times - ts)))
+        if abs(times[j] - ts) > tolerance_s:
             raise DatasetError(
                 f"{path}: no frame within tolerance_s={tolerance_s} of t={ts:.4f}s "
-                f"(nearest decoded frame at {decoded[j]:.4f}s)",
+                f"(nearest decoded frame at {times[j]:.4f}s)",
                 file=str(path),
                 timestamp=ts,
-                nearest=float(decoded[j]),
+                nearest=float(times[j]),
             )
         out.append(images[j])
     return np.stack(out)

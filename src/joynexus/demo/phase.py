@@ -59,6 +59,8 @@ class Interval:
     service: str
     start: float
     end: float
+    #: The tenant a simulator call served (None for the shared services).
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -249,7 +251,7 @@ async def run_phase(
     def on_event(e: MetricEvent) -> None:
         service = BUSY_EVENTS.get(e.name)
         if service is not None:
-            busy.append(Interval(service, e.timestamp - e.value, e.timestamp))
+            busy.append(Interval(service, e.timestamp - e.value, e.timestamp, e.tenant_id))
 
     wipe_run_state(run_dir)  # fresh: nothing of an earlier run resumes or is counted
     run = LocalRun(run_dir, config=config)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from joynexus.demo.idle import IDLE_CAUSES, idle_timeline
 from joynexus.demo.phase import PhaseTrace
 from joynexus.demo.report import episodes_label, loss_curve, return_curve
 
@@ -53,8 +54,9 @@ def plot_report(
     isolated: Sequence[PhaseTrace],
     out_dir: Path,
 ) -> list[Path]:
-    """Write ``utilization.png``, ``device_time.png``, ``curves.png`` and, when a tenant's
-    success rate was measured, ``success.png`` into ``out_dir``; their paths."""
+    """Write ``utilization.png``, ``device_time.png``, ``device_idle.png``, ``curves.png``
+    and, when a tenant's success rate was measured, ``success.png`` into ``out_dir``;
+    their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -102,6 +104,26 @@ def plot_report(
     ax.legend(fontsize=7)
     fig.tight_layout()
     p = out_dir / "device_time.png"
+    fig.savefig(p, dpi=90)
+    plt.close(fig)
+    paths.append(p)
+
+    tl = idle_timeline(multi, bins=60)
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    keys = ("busy", *IDLE_CAUSES)
+    ax.stackplot(
+        tl["t"],
+        *[tl[k] for k in keys],
+        labels=["device busy", *(f"idle: {c.replace('_', ' ')}" for c in IDLE_CAUSES)],
+        colors=["tab:blue", "tab:red", "tab:orange", "lightgrey"],
+    )
+    ax.set_ylim(0, 1.0)
+    ax.set_xlabel("seconds since the loops started (multi-tenant window)")
+    ax.set_ylabel("fraction of the bin")
+    ax.set_title("multi-tenant: where the device was busy, and why it idled", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    p = out_dir / "device_idle.png"
     fig.savefig(p, dpi=90)
     plt.close(fig)
     paths.append(p)

@@ -51,6 +51,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from joynexus.demo.idle import device_idle
 from joynexus.demo.phase import PhaseTrace
 
 __all__ = [
@@ -90,6 +91,12 @@ HOW_TO_READ = {
         "seconds (a perfect overlap of all replays still needs the busiest resource's "
         "time); efficiency = (ratio - 1) / (bound - 1): 1 reaches the bound, 0 is no gain, "
         "below 0 is a loss"
+    ),
+    "device_idle": (
+        "the multi-tenant window taken apart: device-busy seconds + idle seconds by "
+        "cause; window - isolated_device_busy_s (the bound's window when the device "
+        "limits it) = stretch_s (the same work kept the device busy longer than in the "
+        "replays: contention) + idle_s (see device_idle.png and joynexus.demo.idle)"
     ),
     "improvement": (
         "multi-tenant / isolated utilization of a shared service: above 1 means the "
@@ -304,6 +311,7 @@ def build_report(
         "device_time_ratio": _r(ratio, 3),
         "device_time_ratio_layout_weighted": _r(layout, 3),
         "device_time_bound": bound,
+        "device_idle": device_idle(multi, isolated),
         "success_rates": {
             "measured_in": "isolated replays (each tenant alone, its matched updates)",
             "tenants": {
@@ -366,6 +374,19 @@ def verdict(report: dict[str, Any]) -> str:
             f"; this machine's bound for these replays is {bound['bound']:.2f}x (limited by "
             f"the {bound['limited_by']})"
             + ("" if eff is None else f", efficiency {eff:.2f} of the possible gain")
+        )
+    idle = report.get("device_idle") or {}
+    if isinstance(idle.get("idle_s"), int | float) and isinstance(
+        idle.get("stretch_s"), int | float
+    ):
+        causes = ", ".join(
+            f"{k.replace('_', ' ')} {v:.0f} s" for k, v in idle["idle_by_cause_s"].items()
+        )
+        outcome += (
+            f". Of the multi-tenant window's {idle['window_s']:.0f} s, the replays' device "
+            f"work took {idle['isolated_device_busy_s']:.0f} s; the rest is "
+            f"{idle['stretch_s']:.0f} s of stretch (the same work, longer on the device) "
+            f"and {idle['idle_s']:.0f} s of idle device ({causes})"
         )
     return f"device time: {outcome}"
 

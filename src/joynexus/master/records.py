@@ -19,7 +19,7 @@ from typing import Any
 
 from joynexus.api import WorkloadState
 from joynexus.control.admission import AdmissionPolicy
-from joynexus.control.job import JobState, TrainingJob
+from joynexus.control.job import JobTally, TrainingJob
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.errors import unknown_id
 from joynexus.master.store import WorkloadRecord, WorkloadStore
@@ -164,16 +164,16 @@ class WorkloadBook:
             if j.metadata.get("workload_id") == w.workload_id
         ]
 
+    def tally(self, w: Workload) -> JobTally:
+        """Counts over :meth:`jobs_of` without a snapshot per job (polled often)."""
+        return self.scheduler.tally(w.tenant_id, w.workload_id)
+
     def in_flight(self, w: Workload) -> int:
-        return sum(1 for j in self.jobs_of(w) if not j.is_terminal)
+        return self.tally(w).in_flight
 
     def failed(self, w: Workload) -> int:
         """Failed jobs that count against the workload (not restarts or cancels)."""
-        return sum(
-            1
-            for j in self.jobs_of(w)
-            if j.state is JobState.FAILED and j.terminal_reason not in NOT_THE_JOBS_FAULT
-        )
+        return self.tally(w).failed_except(NOT_THE_JOBS_FAULT)
 
     def holds_slot(self, w: Workload) -> bool:
         """``w`` is the workload whose tenant state the tenant's slot holds now."""

@@ -9,8 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from joynexus.api import WorkloadMetrics, WorkloadStatus
-from joynexus.control.job import JobState
-from joynexus.master.records import WorkloadBook
+from joynexus.master.records import NOT_THE_JOBS_FAULT, WorkloadBook
 from joynexus.spec.workload import TaskKind
 from joynexus.workflows.context import WorkflowTenant
 
@@ -88,11 +87,12 @@ class Reporter:
             # version shown here never goes back across a restart.
             out.policy_version = w.tenant.last_checkpoint_version
         if c.task_type is not None:
-            jobs = self.book.jobs_of(w)
-            out.jobs_completed = sum(1 for j in jobs if j.state is JobState.COMPLETED)
-            out.jobs_failed = self.book.failed(w)  # restarts and cancels are not failures
-            out.jobs_dropped = sum(1 for j in jobs if j.state is JobState.DROPPED)
-            out.jobs_in_flight = sum(1 for j in jobs if not j.is_terminal)
+            tally = self.book.tally(w)
+            out.jobs_completed = tally.completed
+            # Restarts and cancels are not failures.
+            out.jobs_failed = tally.failed_except(NOT_THE_JOBS_FAULT)
+            out.jobs_dropped = tally.dropped
+            out.jobs_in_flight = tally.in_flight
             out.jobs_target = c.spec.scheduling.completion_target
         return out
 

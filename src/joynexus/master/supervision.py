@@ -407,19 +407,14 @@ class Supervisor:
     # ---------------------------------------------------------------- watchdog
 
     def _progress(self, w: Workload) -> tuple[int, int, int]:
-        jobs = self.book.jobs_of(w)
-        done = sum(1 for j in jobs if j.is_terminal)
+        tally = self.book.tally(w)
         evals = len(w.tenant.metrics.of_kind("eval")) if w.tenant is not None else 0
-        return (done, len(jobs), evals)
+        return (tally.terminal, tally.total, evals)
 
     def expected_job_s(self, w: Workload) -> float | None:
         """Mean wall time of the workload's completed jobs (None before the first)."""
-        spans = [
-            j.finished_at - j.created_at
-            for j in self.book.jobs_of(w)
-            if j.state is JobState.COMPLETED and j.finished_at is not None
-        ]
-        return sum(spans) / len(spans) if spans else None
+        tally = self.book.tally(w)
+        return tally.completed_span_s / tally.completed if tally.completed else None
 
     def watch(self, w: Workload) -> None:
         """The watchdog: flag a running workload that has made no progress for long."""

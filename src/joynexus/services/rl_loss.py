@@ -12,9 +12,9 @@ contract: a Gaussian OFT head gives the log-density of the action chunk, a flow 
   normalised again per microbatch).
 * ``reinforce``: ``-mean(A · log π(a|o))`` minus the entropy bonus, no critic, no ratio.
 
-Each adds the KL anchor ``kl_coef · mean KL(π ‖ π_ref)`` when the slot has a reference
-policy (the SFT policy it started from, frozen: ``init_from``). The KL is exact, not a
-sampled estimate: both heads give their density at the behaviour samples as Gaussians
+Each adds the KL anchor ``kl_coef · mean max(0, KL(π ‖ π_ref) − kl_budget)`` when the slot
+has a reference policy (the SFT policy it started from, frozen: ``init_from``). The KL is
+exact, not a sampled estimate: both heads give their density at the behaviour samples as Gaussians
 (one over the chunk for a Gaussian head; one per Flow-SDE step, given the recorded
 chain, for a flow head), so it is a sum of closed-form Gaussian KLs in nats per chunk.
 It vanishes with its gradient at the reference and pulls the policy back toward it
@@ -169,7 +169,8 @@ def policy_loss(
         old_log_probs: ``[B]`` behaviour log-probs (required for ppo / grpo).
         returns: ``[B]`` value targets (ppo with a critic).
         config: Clip ratio and loss coefficients (``kl_coef``: the KL anchor's weight,
-            applied when the slot has a reference policy).
+            applied when the slot has a reference policy; ``kl_budget``: the KL per
+            sample the anchor lets pass).
         chain: ``[B, steps + 1, chunk, A]`` recorded Flow-SDE chains (flow heads).
 
     Raises:
@@ -203,17 +204,12 @@ def policy_loss(
     )
     if kl is None:
         return loss, stats
-    anchor = kl.mean()
-    stats["kl_ref"] = float(anchor.detach())
-    # A hinge on the batch's mean KL rather than an adaptive coefficient: it needs no
-    # state carried across jobs (a resumed or re-placed tenant behaves the same), and
-    # inside the budget it leaves the policy gradient untouched, which a fixed anchor
-    # does not (reach-v3 lost its RL gain to kl_coef 0.1 and 0.01 alike, §15.2) while
-    # it still pulls back a policy walking away from its SFT start (push-v3's collapse).
-    excess = torch.relu(anchor - cfg.kl_target) if cfg.kl_target > 0 else anchor
-    if cfg.kl_target > 0:
-        stats["kl_excess"] = float(excess.detach())
-    return loss + kl_coef * excess, stats
+    # Past the budget only: inside it the policy moves freely (kl_budget 0: everywhere).
+    anchor = torch.relu(kl - cfg.kl_budget).mean() if cfg.kl_budget > 0 else kl.mean()
+    stats["kl_ref"] = float(kl.detach().mean())
+    if cfg.kl_budget > 0:
+        stats["kl_excess"] = float(anchor.detach())
+    return loss + kl_coef * anchor, stats
 
 
 def _surrogate(

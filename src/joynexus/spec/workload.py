@@ -136,14 +136,14 @@ class AlgorithmSpec(BaseModel):
         "Flow-SDE heads, in nats per action chunk. Unset: "
         f"{DEFAULT_KL_COEF} with init_from, none without; 0 turns the anchor off.",
     )
-    kl_target: float = Field(
+    kl_budget: float = Field(
         default=0.0,
         ge=0,
-        le=100,
-        description="rl with a KL anchor only: a KL budget in nats per action chunk; the "
-        "anchor penalizes only the batch's mean KL(policy || reference) past it, "
-        "kl_coef * max(0, KL - kl_target), so updates move freely within the budget and "
-        "are pulled back beyond it. 0 (default): the plain anchor kl_coef * KL.",
+        le=1000,
+        description="rl with a KL anchor only: nats per action chunk of KL to the "
+        "reference a sample may reach before the anchor acts; the anchor is then "
+        "kl_coef * mean(max(0, KL - kl_budget)), so the policy moves freely inside the "
+        "budget and is pulled back past it. 0: the anchor acts from the reference on.",
     )
     epochs: int = Field(default=1, ge=1, le=64, description="Passes over each training job.")
     microbatch_size: int = Field(default=64, ge=1, le=65536)
@@ -319,7 +319,6 @@ class WorkloadSpec(BaseModel):
     @model_validator(mode="after")
     def _task_rules(self) -> WorkloadSpec:
         self._check_anchor(self.algorithm.kl_coef)
-        self._check_budget(self.algorithm.kl_target)
         if isinstance(self.schema_, str) and self.schema_ not in PRESETS:
             raise ValueError(f"unknown schema preset {self.schema_!r}; presets: {sorted(PRESETS)}")
         if self.task is TaskKind.RL:
@@ -365,6 +364,12 @@ class WorkloadSpec(BaseModel):
         return self
 
     def _check_anchor(self, kl_coef: float | None) -> None:
+        if self.algorithm.kl_budget > 0 and self.anchor_coef() <= 0:
+            raise ValueError(
+                f"algorithm.kl_budget={self.algorithm.kl_budget} bounds the KL anchor, and "
+                "this workload has none (it needs task rl, init_from and kl_coef > 0); "
+                "drop kl_budget or set init_from"
+            )
         if kl_coef is None:
             return
         if self.task is not TaskKind.RL:
@@ -377,14 +382,6 @@ class WorkloadSpec(BaseModel):
                 f"algorithm.kl_coef={kl_coef} anchors the policy to the one it started "
                 "from, and this workload starts from a fresh head (no init_from); name "
                 "the SFT tenant or checkpoint in init_from, or drop kl_coef"
-            )
-
-    def _check_budget(self, kl_target: float) -> None:
-        if kl_target > 0 and self.anchor_coef() == 0:
-            raise ValueError(
-                f"algorithm.kl_target={kl_target} is a budget for the KL anchor, and this "
-                "workload has none (an rl workload with init_from and kl_coef > 0 has "
-                "one); drop kl_target, or name init_from and leave kl_coef unset or > 0"
             )
 
     def anchor_coef(self) -> float:
