@@ -157,6 +157,10 @@ def test_kl_anchor_defaults_on_from_init_from_and_off_without() -> None:
     assert parse_spec(explicit).anchor_coef() == 0.5
     off = rl_spec(init_from="sft", algorithm={"name": "grpo", "kl_coef": 0})
     assert parse_spec(off).anchor_coef() == 0.0
+    budget = rl_spec(init_from="sft", algorithm={"name": "grpo", "kl_budget": 0.3})
+    assert parse_spec(budget).algorithm.kl_budget == 0.3  # on the default coefficient
+    assert parse_spec(budget).anchor_coef() == DEFAULT_KL_COEF
+    assert parse_spec(rl_spec(init_from="sft")).algorithm.kl_budget == 0.0  # plain anchor
     # A fresh RL tenant may say 0 explicitly.
     assert parse_spec(rl_spec(algorithm={"name": "ppo", "kl_coef": 0})).anchor_coef() == 0.0
 
@@ -167,6 +171,12 @@ def test_kl_anchor_defaults_on_from_init_from_and_off_without() -> None:
         ({"algorithm": {"name": "grpo", "kl_coef": 0.1}}, "starts from a fresh head"),
         ({"init_from": "sft", "algorithm": {"name": "grpo", "kl_coef": -1}}, "kl_coef"),
         ({"init_from": "sft", "algorithm": {"name": "grpo", "kl_coef": 101}}, "kl_coef"),
+        ({"algorithm": {"name": "grpo", "kl_budget": 0.2}}, "bounds the KL anchor"),
+        (
+            {"init_from": "sft", "algorithm": {"name": "grpo", "kl_coef": 0, "kl_budget": 0.2}},
+            "bounds the KL anchor",
+        ),
+        ({"init_from": "sft", "algorithm": {"name": "grpo", "kl_budget": -1}}, "kl_budget"),
         (
             {
                 "task": "sft",

@@ -10,7 +10,10 @@
   the body is bad too).
 * everything else (control routes, long polls, the dashboard, ``/metrics``) is
   forwarded unchanged to the loopback server, streamed both ways;
-* ``/v1/openpi`` (websocket) is relayed message by message to the loopback server.
+* ``/v1/openpi`` (websocket): the handshake and metadata come from the model process's
+  gateway over an upstream connection, the request frames are decoded, validated and
+  answered here (:mod:`.openpi`), the observations reaching the model process through
+  the same slots as a predict's.
 
 When the model process cannot be reached the answer is 503 ``service_unavailable``;
 a front whose hub connection is gone stops (its supervisor starts a new one).
@@ -27,6 +30,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+import numpy as np
 from fastapi import FastAPI, Request, Response, WebSocket
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
@@ -35,16 +39,18 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
 
 from joynexus.errors import JoyNexusError, ServiceUnavailableError
+from joynexus.models.batch import ObservationBatch
 from joynexus.server.accesslog import install_access_log_redaction
 from joynexus.server.app import install_request_ids
 from joynexus.server.config import ServerConfig
 from joynexus.server.errors import REQUEST_ID_HEADER, install_error_handlers, request_id
 from joynexus.server.front.channel import SlotRing, encode_frame, read_frame
+from joynexus.server.front.openpi import connect_upstream, decode_websocket
 from joynexus.server.names import PathName
 from joynexus.server.routes.models import PredictIn, PredictOut, check_predict_size
 from joynexus.server.wire import decode_bytes, respond
 
-__all__ = ["HubClient", "front_app"]
+__all__ = ["HubClient", "front_app", "tensors_of"]
 
 _PATH_NAME: TypeAdapter[str] = TypeAdapter(PathName)
 #: Connection-level headers a proxy must not pass on (RFC 9110 §7.6.1).
@@ -117,15 +123,7 @@ class HubClient:
     ) -> tuple[Any, ...]:
         """The hub's reply to one decoded predict: ``("ok", id, result)`` or
         ``("error", id, status, body, headers)``."""
-        if self._writer is None or self._writer.is_closing():
-            raise ServiceUnavailableError("the model process is not reachable", service="model")
         obs = body.observations
-        arrays = {f"cam:{name}": arr for name, arr in obs.cameras.items()}
-        arrays["state"] = obs.state
-        if obs.actions is not None:
-            arrays["actions"] = obs.actions
-        placed = None if self.ring is None else self.ring.put(arrays)
-        req_id = next(self._ids)
         rest = {
             "instructions": obs.instructions,
             "policy_version": body.policy_version,
@@ -135,16 +133,44 @@ class HubClient:
             "encode_n": self._encode_n,
         }
         self._encode_s, self._encode_n = 0.0, 0
-        message = (
-            "predict",
-            req_id,
+        fields = (
             request.url.path,
             tenant,
             request.headers.get("authorization"),
             request_id(request),
+            rest,
+        )
+        return await self.request("predict", tensors_of(obs), fields)
+
+    async def openpi(
+        self, tenant_id: str, version: int | None, obs: ObservationBatch, decode_s: float
+    ) -> tuple[np.ndarray, int]:
+        """One openpi observation decoded in this front, answered by the model process.
+
+        Raises:
+            JoyNexusError: the error text the robot gets (the gateway's own text).
+        """
+        fields = (tenant_id, version, obs.instructions, decode_s)
+        reply = await self.request("openpi", tensors_of(obs), fields)
+        if reply[0] != "ok":
+            raise JoyNexusError(str(reply[2]))
+        actions, served = reply[2]
+        return actions, int(served)
+
+    async def request(
+        self, kind: str, arrays: dict[str, np.ndarray], fields: tuple[Any, ...]
+    ) -> tuple[Any, ...]:
+        """Send ``(kind, id, fields, slot refs, inline arrays)``; the hub's reply."""
+        if self._writer is None or self._writer.is_closing():
+            raise ServiceUnavailableError("the model process is not reachable", service="model")
+        placed = None if self.ring is None else self.ring.put(arrays)
+        req_id = next(self._ids)
+        message = (
+            kind,
+            req_id,
+            fields,
             None if placed is None else placed[1],
             arrays if placed is None else None,
-            rest,
         )
         future: asyncio.Future[tuple[Any, ...]] = asyncio.get_running_loop().create_future()
         self._pending[req_id] = future
@@ -157,8 +183,20 @@ class HubClient:
                 self.ring.release(placed[0])
 
 
-def front_app(config: ServerConfig, hub: HubClient, loopback: str) -> FastAPI:
-    """The app one front process serves on the public port."""
+def tensors_of(obs: Any) -> dict[str, np.ndarray]:
+    """An observation's arrays by channel name (cameras as ``cam:<name>``)."""
+    arrays = {f"cam:{name}": arr for name, arr in obs.cameras.items()}
+    arrays["state"] = obs.state
+    if obs.actions is not None:
+        arrays["actions"] = obs.actions
+    return arrays
+
+
+def front_app(
+    config: ServerConfig, hub: HubClient, loopback: str, front_token: str = ""
+) -> FastAPI:
+    """The app one front process serves on the public port (``front_token``: what the
+    openpi gateway knows this server's fronts by; without it, openpi is relayed)."""
     client = httpx.AsyncClient(
         base_url=loopback,
         timeout=httpx.Timeout(None, connect=10.0),  # long polls wait as long as they wait
@@ -235,7 +273,10 @@ def front_app(config: ServerConfig, hub: HubClient, loopback: str) -> FastAPI:
 
     @app.websocket("/v1/openpi")
     async def openpi(websocket: WebSocket) -> None:
-        await relay_websocket(websocket, loopback)
+        if front_token:
+            await decode_websocket(websocket, loopback, hub, front_token)
+        else:
+            await relay_websocket(websocket, loopback)
 
     @app.api_route("/{path:path}", methods=_METHODS, include_in_schema=False)
     async def everything_else(request: Request) -> Response:
@@ -254,30 +295,10 @@ def _content(request: Request) -> Any:
 
 async def relay_websocket(websocket: WebSocket, loopback: str) -> None:
     """Relay one websocket to the same path on the loopback server, both ways."""
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed, InvalidStatus
+    from websockets.exceptions import ConnectionClosed
 
-    url = "ws" + loopback.removeprefix("http") + websocket.url.path
-    if websocket.url.query:
-        url += "?" + websocket.url.query
-    keep = {"authorization", "api-key", REQUEST_ID_HEADER.lower()}
-    headers = [(k, v) for k, v in websocket.headers.items() if k.lower() in keep]
-    try:
-        upstream = await connect(
-            url, additional_headers=headers, max_size=None, compression=None, proxy=None
-        )
-    except InvalidStatus as exc:  # refused at the handshake: the same status and body
-        refused = exc.response
-        await websocket.send_denial_response(
-            Response(
-                bytes(refused.body or b""),
-                status_code=refused.status_code,
-                media_type=refused.headers.get("content-type"),
-            )
-        )
-        return
-    except OSError:
-        await websocket.close(code=1011, reason="the model process is not answering")
+    upstream = await connect_upstream(websocket, loopback)
+    if upstream is None:
         return
     await websocket.accept()
 

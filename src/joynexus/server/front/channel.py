@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "FRONT_TOKEN_ENV",
     "ArrayRef",
     "SlotRing",
     "decode_frame_body",
@@ -40,6 +41,9 @@ ArrayRef = tuple[str, str, tuple[int, ...], int]
 _ALIGN = 64
 
 _HEADER = struct.Struct("!I")
+#: The environment variable a front reads the openpi gateway's front token from (the
+#: environment, not the command line, which every local user can read).
+FRONT_TOKEN_ENV = "JOYNEXUS_FRONT_TOKEN"
 #: A frame's bound (a decoded predict is bounded by the server's body limits far below).
 MAX_FRAME_BYTES = 2**31 - 1
 

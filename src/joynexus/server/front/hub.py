@@ -8,6 +8,9 @@ token and checks the slot exactly as the ``predict`` route does (the same functi
 awaits the Master's ``predict`` — the one call that batches and touches the device —
 and answers ``ok`` with the result arrays, or ``error`` with the status, body and
 headers the server's error handlers give (byte for byte the route's error bodies).
+An ``openpi`` frame is one openpi request frame a front decoded: the hub answers it with
+the openpi gateway's own :meth:`~joynexus.server.openpi.gateway.OpenPIGateway.infer`
+(rate-limit token, then ``predict``) and its error text.
 
 A front that dies closes its connection: the hub forgets it, and answers of its
 requests still in flight are dropped when they complete (nobody is left to read them).
@@ -29,9 +32,12 @@ from fastapi.security import HTTPAuthorizationCredentials
 from fastapi.security.utils import get_authorization_scheme_param
 from starlette.requests import Request
 
+from joynexus.errors import JoyNexusError
 from joynexus.models.batch import ObservationBatch
 from joynexus.server.errors import error_response
 from joynexus.server.front.channel import encode_frame, read_frame, take_arrays
+from joynexus.server.openpi.app import OPENPI
+from joynexus.server.openpi.gateway import INTERNAL_ERROR_TEXT, OpenPIGateway
 from joynexus.server.routes.models import own_slot, primitives
 from joynexus.server.routes.models import stage_meter as predict_stage_meter
 from joynexus.server.state import ServerState, _principal, _tenant
@@ -111,7 +117,7 @@ class FrontHub:
             self.connected[index] = front
             while True:
                 message = await read_frame(reader)
-                if message[0] == "predict":
+                if message[0] in ("predict", "openpi"):
                     self._accept(front, message)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the front exited or was killed: its answers are dropped
@@ -123,12 +129,17 @@ class FrontHub:
             writer.close()
 
     def _accept(self, front: _Front, message: tuple[Any, ...]) -> None:
-        (_, req_id, path, tenant, authorization, request_id, refs, inline, rest) = message
+        kind, req_id, fields, refs, inline = message
         # Copied out before anything awaits: the front reuses the slot once answered.
         arrays = inline if refs is None else take_arrays(self._block(front), refs)
-        task = asyncio.create_task(
-            self._answer(front, req_id, path, tenant, authorization, request_id, arrays, rest)
-        )
+        if kind == "openpi":
+            work = self._answer_openpi(front, req_id, fields, arrays)
+        else:
+            path, tenant, authorization, request_id, rest = fields
+            work = self._answer(
+                front, req_id, path, tenant, authorization, request_id, rest, arrays
+            )
+        task = asyncio.create_task(work)
         front.tasks.add(task)
         task.add_done_callback(front.tasks.discard)
 
@@ -144,8 +155,8 @@ class FrontHub:
         tenant_path: str,
         authorization: str | None,
         request_id: str,
-        arrays: dict[str, Any],
         rest: dict[str, Any],
+        arrays: dict[str, Any],
     ) -> None:
         stages = predict_stage_meter(self.state)
         if stages is not None:
@@ -177,13 +188,7 @@ class FrontHub:
         # The route's own dependencies, in its order: key, role and rate limit, slot.
         principal = _tenant(state, _principal(state, credentials_of(authorization)))
         tenant = own_slot(tenant_path, principal, state)
-        cameras = {k[4:]: v for k, v in arrays.items() if k.startswith("cam:")}
-        observations = ObservationBatch(
-            cameras=cameras,
-            state=arrays["state"],
-            instructions=list(rest["instructions"]),
-            actions=arrays.get("actions"),
-        )
+        observations = _batch(arrays, rest["instructions"])
         result = await primitives(state).predict(
             tenant, observations, rest["policy_version"], rest["mode"]
         )
@@ -198,6 +203,39 @@ class FrontHub:
                 "flow_chain": _f32(result.chain),
             },
         )
+
+    async def _answer_openpi(
+        self, front: _Front, req_id: int, fields: tuple[Any, ...], arrays: dict[str, Any]
+    ) -> None:
+        """One openpi observation a front decoded: ``("ok", id, (actions, version))`` or
+        ``("error", id, text)``, the text the gateway's own loop would send."""
+        tenant_id, version, instructions, decode_s = fields
+        state = self.state
+        stages = predict_stage_meter(state)
+        if stages is not None:
+            stages.add("openpi_decode_front", float(decode_s))
+        gateway: OpenPIGateway = state.service(OPENPI)
+        reply: tuple[Any, ...]
+        try:
+            answer = await gateway.infer(state, tenant_id, version, _batch(arrays, instructions))
+            reply = ("ok", req_id, answer)
+        except JoyNexusError as exc:
+            reply = ("error", req_id, exc.message)
+        except Exception:
+            log.exception("openpi request of tenant %s failed", tenant_id)
+            reply = ("error", req_id, INTERNAL_ERROR_TEXT)
+        if front.alive:
+            front.writer.write(encode_frame(reply))
+
+
+def _batch(arrays: dict[str, Any], instructions: list[str]) -> ObservationBatch:
+    """The observation batch a front's arrays (:func:`~.app.tensors_of`) describe."""
+    return ObservationBatch(
+        cameras={k[4:]: v for k, v in arrays.items() if k.startswith("cam:")},
+        state=arrays["state"],
+        instructions=list(instructions),
+        actions=arrays.get("actions"),
+    )
 
 
 def _f32(value: Any) -> Any:

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -34,7 +35,10 @@ import uvicorn
 
 from joynexus.server.config import ServerConfig
 from joynexus.server.connections import ConnectionLimits
+from joynexus.server.front.channel import FRONT_TOKEN_ENV
 from joynexus.server.front.hub import FrontHub
+from joynexus.server.openpi.app import OPENPI
+from joynexus.server.openpi.gateway import OpenPIGateway
 from joynexus.server.state import ServerState
 
 __all__ = ["FrontSupervisor", "default_front_procs", "serve_with_fronts"]
@@ -80,6 +84,8 @@ class FrontSupervisor:
     loopback: str
     config: ServerConfig
     limits: ConnectionLimits
+    #: The openpi gateway's front token (fronts decode openpi frames); "": they relay.
+    front_token: str = ""
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     blocks: dict[int, shared_memory.SharedMemory] = field(default_factory=dict)
     restarts: int = 0
@@ -122,6 +128,7 @@ class FrontSupervisor:
         self.procs[index] = subprocess.Popen(
             cmd,
             pass_fds=(self.public.fileno(),),
+            env={**os.environ, FRONT_TOKEN_ENV: self.front_token},
             stdin=subprocess.DEVNULL,
             # Its own session: a terminal's Ctrl-C reaches the model process, which stops
             # the fronts itself (a front stopped first would only be restarted).
@@ -205,7 +212,13 @@ def serve_with_fronts(
         # The fronts write each public request's access-log line; the loopback does not.
         config = uvicorn.Config(app, log_level="info", access_log=False, **options)
         server = uvicorn.Server(config)
-        supervisor = FrontSupervisor(fronts, public, hub, hub_path, loopback, state.config, limits)
+        gateway = state.services.extras.get(OPENPI)
+        token = ""
+        if isinstance(gateway, OpenPIGateway):
+            token = gateway.front_token = secrets.token_urlsafe(32)
+        supervisor = FrontSupervisor(
+            fronts, public, hub, hub_path, loopback, state.config, limits, token
+        )
         asyncio.run(_run(server, internal, hub, hub_path, supervisor, side))
 
 

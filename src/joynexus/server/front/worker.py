@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import socket
 
 import uvicorn
@@ -18,7 +19,7 @@ import uvicorn
 from joynexus.server.config import ServerConfig
 from joynexus.server.connections import ConnectionLimits, install_log_limits, uvicorn_options
 from joynexus.server.front.app import HubClient, front_app
-from joynexus.server.front.channel import SlotRing, attach
+from joynexus.server.front.channel import FRONT_TOKEN_ENV, SlotRing, attach
 
 __all__ = ["main"]
 
@@ -45,7 +46,9 @@ async def _serve(args: argparse.Namespace) -> None:
     install_log_limits(limits)
     server = uvicorn.Server(
         uvicorn.Config(
-            front_app(config, hub, args.loopback), log_level="info", **uvicorn_options(limits)
+            front_app(config, hub, args.loopback, os.environ.get(FRONT_TOKEN_ENV, "")),
+            log_level="info",
+            **uvicorn_options(limits),
         )
     )
 

@@ -30,16 +30,28 @@ A connection pins a version with the query ``?policy_version=N`` (or ``=current`
 version served when it connects): its requests are all answered by that version while
 it is served (the latest, or held by an evaluation); without a pin each request gets
 the latest.
+
+Behind front processes (``serve --front-procs N``) the front decodes and validates the
+frames itself (:func:`answer_frames`, the same function this gateway's own loop runs):
+it opens the connection here with the server's front token in :data:`FRONT_HEADER`, so
+the handshake, its refusals, the connection bound and the metadata frame stay this
+gateway's; a front connection then gets one more frame, the connection's description
+(:func:`describe`, what the front needs to decode and to ask the hub for predictions),
+and is held open until the robot leaves. The predict-stage meter counts frames decoded
+here as ``openpi_decode`` and frames decoded in a front as ``openpi_decode_front``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
@@ -51,14 +63,27 @@ from joynexus.errors import (
     PermissionDeniedError,
     QuotaExceededError,
 )
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.schema import DataSchema
 from joynexus.server.openpi.codec import packb, unpackb
 from joynexus.server.openpi.observations import ObservationAdapter
 
 if TYPE_CHECKING:
     from joynexus.master.service import MasterService
     from joynexus.server.state import ServerState
+    from joynexus.spec.serving import OpenPIServing
 
-__all__ = ["CLOSE_INTERNAL_ERROR", "OpenPIGateway"]
+__all__ = [
+    "CLOSE_INTERNAL_ERROR",
+    "FRONT_HEADER",
+    "INTERNAL_ERROR_TEXT",
+    "Described",
+    "OpenPIGateway",
+    "answer_frames",
+    "describe",
+    "described",
+    "fail",
+]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +92,12 @@ CLOSE_INTERNAL_ERROR = 1011
 #: Largest request frame by default (uvicorn's own websocket message bound, 16 MiB, is
 #: the same): two 224x224 RGB images take 0.3 MB.
 DEFAULT_MAX_FRAME_BYTES = 16 << 20
+#: The header a front process opens its upstream connection with (the front token).
+FRONT_HEADER = "x-joynexus-front"
+#: The error frame of a request that failed for a reason of ours (details in the log).
+INTERNAL_ERROR_TEXT = "internal error answering this request; see the server log"
+#: Answers one decoded observation: (actions [H, D], the policy version that answered).
+Infer = Callable[[ObservationBatch], Awaitable[tuple[np.ndarray, int]]]
 
 
 @dataclass(frozen=True)
@@ -75,6 +106,41 @@ class _Connection:
     version: int | None  # the pinned version; None: the latest at each request
     adapter: ObservationAdapter
     metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Described:
+    """What a front knows of one connection (:func:`described` of :func:`describe`)."""
+
+    tenant_id: str
+    version: int | None
+    adapter: ObservationAdapter
+    max_frame_bytes: int
+
+
+def describe(conn: _Connection, max_frame_bytes: int) -> dict[str, Any]:
+    """The description frame's map (plain values: it is packed like any frame)."""
+    return {
+        "tenant_id": conn.tenant_id,
+        "version": conn.version,
+        "schema": conn.adapter.schema.model_dump(mode="json"),
+        "camera_keys": conn.adapter.camera_keys,
+        "state_keys": conn.adapter.state_keys,
+        "prompt_key": conn.adapter.prompt_key,
+        "max_frame_bytes": max_frame_bytes,
+    }
+
+
+def described(frame: bytes) -> Described:
+    """The front's side of :func:`describe`."""
+    d = unpackb(frame, max_bytes=DEFAULT_MAX_FRAME_BYTES)
+    adapter = ObservationAdapter.of_keys(
+        DataSchema.model_validate(d["schema"]), d["camera_keys"], d["state_keys"], d["prompt_key"]
+    )
+    version = d["version"]
+    return Described(
+        d["tenant_id"], None if version is None else int(version), adapter, d["max_frame_bytes"]
+    )
 
 
 class OpenPIGateway:
@@ -94,6 +160,8 @@ class OpenPIGateway:
         self.max_frame_bytes = max_frame_bytes
         self._open: dict[str, int] = {}
         self._lock = asyncio.Lock() if sequential else None
+        #: The token front processes connect with (set when the server has fronts).
+        self.front_token: str | None = None
 
     def open_connections(self, tenant_id: str) -> int:
         return self._open.get(tenant_id, 0)
@@ -120,7 +188,19 @@ class OpenPIGateway:
         try:
             await websocket.accept()
             await websocket.send_bytes(packb(conn.metadata))
-            await self._loop(websocket, state, conn)
+            if self._from_front(websocket):
+                await websocket.send_bytes(packb(describe(conn, self.max_frame_bytes)))
+                while (await websocket.receive())["type"] != "websocket.disconnect":
+                    pass  # held: the front decodes; this connection counts toward the bound
+                return
+            await answer_frames(
+                websocket,
+                conn.adapter,
+                self.max_frame_bytes,
+                lambda obs: self.infer(state, conn.tenant_id, conn.version, obs),
+                lambda seconds: _meter(state, "openpi_decode", seconds),
+                conn.tenant_id,
+            )
         except (WebSocketDisconnect, OSError):
             pass  # the robot went away: only its own coroutine ends
         finally:
@@ -130,7 +210,8 @@ class OpenPIGateway:
         tenant_id = _tenant_of(websocket, state)
         master = _master(state)
         tenant = master.require_slot(tenant_id)
-        adapter = ObservationAdapter(tenant.schema, tenant.spec.serving.openpi)
+        options: OpenPIServing = tenant.spec.serving.openpi
+        adapter = ObservationAdapter(tenant.schema, options)
         current = master.inference.current_policy_version(tenant_id)
         version = _pin(websocket.query_params.get("policy_version"), current)
         schema = tenant.schema
@@ -147,49 +228,80 @@ class OpenPIGateway:
         }
         return _Connection(tenant_id, version, adapter, metadata)
 
-    async def _loop(self, websocket: WebSocket, state: ServerState, conn: _Connection) -> None:
-        prev_total_ms: float | None = None
-        while True:
-            message = await websocket.receive()
-            if message["type"] == "websocket.disconnect":
-                return
-            started = time.monotonic()
-            try:
-                frame = message.get("bytes")
-                if frame is None:
-                    raise InvalidRequestError(
-                        "expected a binary msgpack frame (an observation map), got a text frame"
-                    )
-                obs = conn.adapter.batch(unpackb(frame, max_bytes=self.max_frame_bytes))
-                state.quotas.take_request(conn.tenant_id, state.quotas_of(conn.tenant_id))
-                infer_start = time.monotonic()
-                result = await self._predict(state, conn, obs)
-                infer_ms = (time.monotonic() - infer_start) * 1000.0
-            except JoyNexusError as exc:
-                await _fail(websocket, exc.message)
-                return
-            except Exception:
-                log.exception("openpi request of tenant %s failed", conn.tenant_id)
-                await _fail(websocket, "internal error answering this request; see the server log")
-                return
-            server_timing: dict[str, float] = {"infer_ms": infer_ms}
-            if prev_total_ms is not None:  # like openpi: the previous request's send included
-                server_timing["prev_total_ms"] = prev_total_ms
-            answer = {
-                "actions": result.actions[0],
-                "policy_version": int(result.policy_version),
-                "policy_timing": {"infer_ms": infer_ms},
-                "server_timing": server_timing,
-            }
-            await websocket.send_bytes(packb(answer))
-            prev_total_ms = (time.monotonic() - started) * 1000.0
+    def _from_front(self, websocket: WebSocket) -> bool:
+        given = websocket.headers.get(FRONT_HEADER)
+        token = self.front_token
+        return token is not None and given is not None and hmac.compare_digest(given, token)
 
-    async def _predict(self, state: ServerState, conn: _Connection, obs: Any) -> Any:
+    async def infer(
+        self, state: ServerState, tenant_id: str, version: int | None, obs: ObservationBatch
+    ) -> tuple[np.ndarray, int]:
+        """One decoded observation's answer: the rate-limit token, then the Master's
+        ``predict`` (under the one lock in the sequential model)."""
+        state.quotas.take_request(tenant_id, state.quotas_of(tenant_id))
         master = _master(state)
         if self._lock is None:
-            return await master.predict(conn.tenant_id, obs, conn.version, "mean")
-        async with self._lock:
-            return await master.predict(conn.tenant_id, obs, conn.version, "mean")
+            result = await master.predict(tenant_id, obs, version, "mean")
+        else:
+            async with self._lock:
+                result = await master.predict(tenant_id, obs, version, "mean")
+        return result.actions[0], int(result.policy_version)
+
+
+async def answer_frames(
+    websocket: WebSocket,
+    adapter: ObservationAdapter,
+    max_frame_bytes: int,
+    infer: Infer,
+    decoded: Callable[[float], None],
+    tenant_id: str,
+) -> None:
+    """Answer the connection's request frames until the robot leaves or one fails
+    (then the error text frame and close 1011). ``decoded`` gets each frame's decode
+    seconds; it runs in the model process, or in a front process."""
+    prev_total_ms: float | None = None
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        started = time.monotonic()
+        try:
+            frame = message.get("bytes")
+            if frame is None:
+                raise InvalidRequestError(
+                    "expected a binary msgpack frame (an observation map), got a text frame"
+                )
+            obs = adapter.batch(unpackb(frame, max_bytes=max_frame_bytes))
+            infer_start = time.monotonic()
+            decoded(infer_start - started)
+            actions, version = await infer(obs)
+            infer_ms = (time.monotonic() - infer_start) * 1000.0
+        except JoyNexusError as exc:
+            await fail(websocket, exc.message)
+            return
+        except Exception:
+            log.exception("openpi request of tenant %s failed", tenant_id)
+            await fail(websocket, INTERNAL_ERROR_TEXT)
+            return
+        server_timing: dict[str, float] = {"infer_ms": infer_ms}
+        if prev_total_ms is not None:  # like openpi: the previous request's send included
+            server_timing["prev_total_ms"] = prev_total_ms
+        answer = {
+            "actions": actions,
+            "policy_version": version,
+            "policy_timing": {"infer_ms": infer_ms},
+            "server_timing": server_timing,
+        }
+        await websocket.send_bytes(packb(answer))
+        prev_total_ms = (time.monotonic() - started) * 1000.0
+
+
+def _meter(state: ServerState, stage: str, seconds: float) -> None:
+    from joynexus.server.routes.models import stage_meter
+
+    stages = stage_meter(state)
+    if stages is not None:
+        stages.add(stage, seconds)
 
 
 def _master(state: ServerState) -> MasterService:
@@ -241,6 +353,7 @@ async def _deny(websocket: WebSocket, exc: JoyNexusError) -> None:
         await websocket.close(code=1008, reason=exc.message[:120])
 
 
-async def _fail(websocket: WebSocket, text: str) -> None:
+async def fail(websocket: WebSocket, text: str) -> None:
+    """The error text frame, then close 1011 (what ``infer`` raises as RuntimeError)."""
     await websocket.send_text(text)
     await websocket.close(code=CLOSE_INTERNAL_ERROR, reason="error; see the previous frame")

@@ -13,14 +13,16 @@ with its dtype and shape, so the text frame the robot gets says what to send.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from joynexus.errors import SchemaMismatchError, SpecError
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.schema import DataSchema
-from joynexus.spec.serving import OpenPIServing
+
+if TYPE_CHECKING:  # the spec package loads torch; a front process builds adapters too
+    from joynexus.spec.serving import OpenPIServing
 
 __all__ = ["MAX_PROMPT_CHARS", "ObservationAdapter"]
 
@@ -46,6 +48,22 @@ class ObservationAdapter:
         self.camera_keys = options.camera_keys(schema.camera_names)
         self.state_keys = options.state_keys() if schema.state_dim > 0 else []
         self.prompt_key = options.prompt
+
+    @classmethod
+    def of_keys(
+        cls,
+        schema: DataSchema,
+        camera_keys: dict[str, str],
+        state_keys: list[str],
+        prompt_key: str,
+    ) -> ObservationAdapter:
+        """The adapter whose keys an adapter of the model process resolved (a front's)."""
+        adapter = cls.__new__(cls)
+        adapter.schema = schema
+        adapter.camera_keys = dict(camera_keys)
+        adapter.state_keys = list(state_keys)
+        adapter.prompt_key = prompt_key
+        return adapter
 
     def expected(self) -> dict[str, str]:
         """Request key -> what it must hold (the metadata frame and every error show it)."""

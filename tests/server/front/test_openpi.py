@@ -1,0 +1,114 @@
+"""openpi robots behind a front process: decoded in the front, answered the same.
+
+Two real ``joynexus serve`` processes on the tiny backbone (``--front-procs 0`` and
+``1``) and the real ``openpi_client`` (its own venv, see tests/server/test_openpi.py)
+as the robot: the same metadata and actions, the same error text and close code for a
+bad observation, every frame decoded in the front (the model process decoded none), and
+a front killed mid-connection closes the robot's connection without a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from joynexus.bench.robots import openpi_python
+from joynexus.bench.server_procs import Server, running_servers
+from joynexus.bench.serving import _open_tenant
+
+psutil = pytest.importorskip("psutil")
+
+MODEL = "tiny:qwen2_5_vl"
+ROBOT = Path(__file__).with_name("openpi_robot.py")
+
+
+def _python() -> Path:
+    python = openpi_python()
+    assert python.exists(), (
+        f"no openpi client venv at {python}: build it with "
+        "`bash scripts/install-python-extras.sh .venv/bin/python` (make install does)"
+    )
+    return python
+
+
+def _open(root: Path, front_procs: int) -> Iterator[tuple[Server, str]]:
+    with running_servers(root, ["server"], MODEL, 1, ["--front-procs", str(front_procs)]) as (
+        server,
+    ):
+        yield server, _open_tenant(server, "alice", MODEL)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    root = tmp_path_factory.mktemp("front-openpi")
+    plain, front = _open(root / "plain", 0), _open(root / "front", 1)
+    try:
+        yield {"plain": next(plain), "front": next(front)}
+    finally:
+        for gen in (plain, front):
+            gen.close()
+
+
+def _robot(server: Server, key: str, mode: str) -> subprocess.Popen[str]:
+    url = server.url.replace("http://", "ws://") + "/v1/openpi"
+    return subprocess.Popen(
+        [str(_python()), str(ROBOT), url, key, mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _decoded(server: Server) -> dict[str, float]:
+    """Frames decoded per place (the predict-stage events on /metrics)."""
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    found = re.findall(r'predict_stage_events_total\{stage="(openpi_decode\w*)"\} (\S+)', text)
+    return {stage: float(n) for stage, n in found}
+
+
+@pytest.mark.timeout(300)
+def test_a_front_decodes_openpi_frames_and_answers_the_same(pair: dict[str, Any]) -> None:
+    seen = {}
+    for name in ("plain", "front"):
+        server, key = pair[name]
+        out, _ = _robot(server, key, "answers").communicate(timeout=120)
+        seen[name] = json.loads(out.strip().splitlines()[-1])
+    plain, front = seen["plain"], seen["front"]
+    assert front["metadata"] == plain["metadata"]
+    np.testing.assert_allclose(front["actions"], plain["actions"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(front["again"], front["actions"], rtol=1e-5, atol=1e-6)
+    assert front["error"] == plain["error"] and "expected keys" in str(plain["error"])
+    assert front["close_code"] == plain["close_code"] == 1011
+    # Decoded where it should be: in the front process (the 2 good frames), never in the model
+    # process; without fronts, in the model process.
+    assert _decoded(pair["plain"][0]) == {"openpi_decode": 2.0}
+    assert _decoded(pair["front"][0]) == {"openpi_decode_front": 2.0}
+
+
+def _fronts(server: Server) -> list[Any]:
+    return [p for p in server.tree() if "joynexus.server.front.worker" in " ".join(p.cmdline())]
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_front_closes_the_robots_connection(pair: dict[str, Any]) -> None:
+    server, key = pair["front"]
+    robot = _robot(server, key, "hold")
+    assert robot.stdout is not None and robot.stdin is not None
+    assert robot.stdout.readline().strip() == "ready"
+    (front,) = _fronts(server)
+    front.kill()
+    front.wait(timeout=30)
+    robot.stdin.write("go\n")
+    robot.stdin.flush()
+    out, _ = robot.communicate(timeout=60)
+    after = json.loads(out.strip().splitlines()[-1])
+    assert after["after_kill"] != "answered", after
+    assert after["after_kill_s"] < 30, after
