@@ -33,6 +33,17 @@ def test_cached_frames_equal_decoded_frames_everywhere(tiny_dataset: Path) -> No
     assert cached.frame_cache.hits == 2 * len(cached) * len(videos) - spans
 
 
+def test_an_episode_larger_than_the_budget_is_decoded_frame_by_frame(tiny_dataset: Path) -> None:
+    # 1 KiB cannot hold one episode: every sample decodes only its own frames.
+    ds = LeRobotDataset(tiny_dataset, frame_cache_mb=1 / 1024)
+    direct = LeRobotDataset(tiny_dataset, frame_cache_mb=0)
+    for i in range(len(ds)):
+        np.testing.assert_array_equal(
+            ds[i]["observation.images.top"], direct[i]["observation.images.top"]
+        )
+    assert ds.frame_cache is not None and ds.frame_cache.misses == 0 and len(ds.frame_cache) == 0
+
+
 def _span(n: int) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(n, dtype=np.float64), np.zeros((n, 4, 4, 3), dtype=np.uint8)
 

@@ -267,7 +267,10 @@ class LeRobotDataset:
         stamps = self._arrays["timestamp"]
         ts = [float(stamps[r]) + offset for r in rows]
         path = self.root / ep.video_files[key]
-        if self.frame_cache is None:
+        h, w, _ = self.features[key].image_hwc()
+        span_bytes = int(self._ep_end[pos] - self._ep_start[pos]) * h * w * 3
+        if self.frame_cache is None or span_bytes > self.frame_cache.budget_bytes:
+            # An episode too large to keep: decode only the frames asked, every time.
             return decode_frames(path, ts, tolerance_s=self.tolerance_s)
         # The whole episode's span, decoded once (the rows asked always lie inside it).
         first = float(stamps[self._ep_start[pos]]) + offset
