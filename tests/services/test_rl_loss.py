@@ -111,6 +111,27 @@ def test_anchor_gradient_pulls_the_policy_back_toward_the_reference(
     assert float(kl.mean()) < 0.5 * before
 
 
+def _anchor_only_loss(
+    slot: TenantSlot,
+    inputs: tuple[BackboneOutput, torch.Tensor, torch.Tensor, torch.Tensor | None],
+    old: torch.Tensor,
+    config: AlgorithmSpec,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GRPO's loss with zero advantages: the surrogate is 0, the loss is the anchor alone."""
+    features, state, actions, chain = inputs
+    return policy_loss(
+        slot,
+        features,
+        state,
+        actions,
+        algorithm="grpo",
+        advantages=torch.zeros(actions.shape[0]),
+        old_log_probs=old,
+        config=config,
+        chain=chain,
+    )
+
+
 @pytest.mark.parametrize("kind", sorted(HEADS))
 def test_policy_loss_adds_the_weighted_anchor_only_with_a_reference(
     base: ResidentBaseModel, kind: str
@@ -118,22 +139,11 @@ def test_policy_loss_adds_the_weighted_anchor_only_with_a_reference(
     slot = _slot(base, HEADS[kind])
     features, state, actions, chain = _inputs(slot, base.hidden_size)
     old = behaviour_log_probs(slot, features, state, actions, chain).detach()
-    zero = torch.zeros(6)  # no advantage: the surrogate is 0, the loss is the anchor alone
     config = AlgorithmSpec(name="grpo", kl_coef=0.5)
     _perturb(slot, 0.02)
 
     def loss() -> tuple[torch.Tensor, dict[str, float]]:
-        return policy_loss(
-            slot,
-            features,
-            state,
-            actions,
-            algorithm="grpo",
-            advantages=zero,
-            old_log_probs=old,
-            config=config,
-            chain=chain,
-        )
+        return _anchor_only_loss(slot, (features, state, actions, chain), old, config)
 
     value, stats = loss()
     assert stats["kl_ref"] > 0
@@ -162,17 +172,8 @@ def test_the_budget_lets_the_policy_move_freely_inside_it_and_pulls_back_past_it
 
     def anchor(budget: float) -> tuple[torch.Tensor, dict[str, float]]:
         slot.action_module.zero_grad()
-        value, stats = policy_loss(
-            slot,
-            features,
-            state,
-            actions,
-            algorithm="grpo",
-            advantages=torch.zeros(6),  # the surrogate is 0: the loss is the anchor alone
-            old_log_probs=old,
-            config=AlgorithmSpec(name="grpo", kl_coef=0.5, kl_budget=budget),
-            chain=chain,
-        )
+        config = AlgorithmSpec(name="grpo", kl_coef=0.5, kl_budget=budget)
+        value, stats = _anchor_only_loss(slot, (features, state, actions, chain), old, config)
         value.backward()
         return value, stats
 

@@ -18,7 +18,7 @@ from heapq import heapify, heappop, heappush
 from typing import Any
 
 from joynexus.control.admission import AdmissionCounts
-from joynexus.control.job import TERMINAL_STATES, JobState, TaskType
+from joynexus.control.job import TERMINAL_STATES, JobState, JobTally, TaskType
 from joynexus.control.store import JobRecord
 from joynexus.utils.clock import Clock
 
@@ -221,3 +221,25 @@ class JobIndex:
                 for tenant, counts in self.tenant_counts.items()
             },
         }
+
+    def tally(self, tenant_id: str, workload_id: str | None) -> JobTally:
+        """Counts over the tenant's records (those of ``workload_id`` when given)."""
+        failed: dict[str | None, int] = {}
+        total = terminal = completed = dropped = 0
+        span = 0.0
+        for job_id in self.by_tenant.get(tenant_id, {}):
+            rec = self.jobs[job_id]
+            if workload_id is not None and rec.metadata.get("workload_id") != workload_id:
+                continue
+            total += 1
+            if rec.state in TERMINAL_STATES:
+                terminal += 1
+            if rec.state is JobState.COMPLETED:
+                completed += 1
+                if rec.finished_at is not None:
+                    span += rec.finished_at - rec.created_at
+            elif rec.state is JobState.FAILED:
+                failed[rec.terminal_reason] = failed.get(rec.terminal_reason, 0) + 1
+            elif rec.state is JobState.DROPPED:
+                dropped += 1
+        return JobTally(total, terminal, completed, dropped, failed, span)
