@@ -14,6 +14,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -409,6 +410,8 @@ class ResidentBaseModel:
         feature.state = feature.state.to(self.device)
         feature.state_mask = feature.state_mask.to(self.device)
         feature.camera_mask = feature.camera_mask.to(self.device)
+        if feature.images is not None:
+            feature.images = feature.images.to(self.device)
         return feature
 
     def images_per_row(self, feature: VLAFeature) -> list[int]:
@@ -435,10 +438,10 @@ class ResidentBaseModel:
         """
         if self.pi0 is not None:
             with torch.set_grad_enabled(grad):
-                return self.pi0.encode(feature.model_inputs)
+                return replace(self.pi0.encode(feature.model_inputs), images=feature.images)
         if self.smolvla is not None:
             with torch.set_grad_enabled(grad):
-                return self.smolvla.encode(feature.model_inputs)
+                return replace(self.smolvla.encode(feature.model_inputs), images=feature.images)
         want_layers = bool(self.output_layers)
         with torch.set_grad_enabled(grad):
             out = self.model(
@@ -453,7 +456,9 @@ class ResidentBaseModel:
         layers = None
         if want_layers:
             layers = {i: out.hidden_states[i].masked_fill(pad, 0.0) for i in self.output_layers}
-        return BackboneOutput(hidden_states=hidden, attention_mask=mask, layers=layers)
+        return BackboneOutput(
+            hidden_states=hidden, attention_mask=mask, layers=layers, images=feature.images
+        )
 
 
 def _default_size(arch: str, config: Any) -> int:

@@ -217,6 +217,7 @@ def canonicalize(
         state_mask=state_mask,
         camera_mask=camera_mask,
         slices=slices,
+        images=images,
     )
 
 

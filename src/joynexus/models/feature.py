@@ -46,6 +46,8 @@ class VLAFeature:
         camera_mask: ``bool [B, num_camera_slots]``, False where a slot holds the blank
             image of a camera the tenant does not have.
         slices: The slice table, in row order, one entry per tenant.
+        images: The canonical camera images ``uint8 [B, slots, 3, S, S]`` the inputs
+            were laid out from (heads with an image encoder of their own read them).
     """
 
     model_inputs: dict[str, torch.Tensor]
@@ -53,6 +55,7 @@ class VLAFeature:
     state_mask: torch.Tensor
     camera_mask: torch.Tensor
     slices: list[SliceEntry] = field(default_factory=list)
+    images: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:

@@ -20,12 +20,16 @@ class BackboneOutput:
         prefix_kv: A π0 prefix's KV cache, one ``(keys, values)`` pair per decoder
             layer, each ``[B, kv_heads, L, head_dim]`` (positions aligned with
             ``attention_mask``), for action experts that attend to it; else ``None``.
+        images: The canonical camera images the backbone saw, ``uint8
+            [B, slots, 3, S, S]`` (resized-with-pad, absent cameras blank), for heads
+            with a trainable image encoder of their own; ``None`` when not kept.
     """
 
     hidden_states: torch.Tensor
     attention_mask: torch.Tensor
     layers: dict[int, torch.Tensor] | None = None
     prefix_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
+    images: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -48,6 +52,7 @@ class BackboneOutput:
             attention_mask=self.attention_mask[start:stop],
             layers=layers,
             prefix_kv=kv,
+            images=None if self.images is None else self.images[start:stop],
         )
 
     def detach(self) -> BackboneOutput:
@@ -63,4 +68,5 @@ class BackboneOutput:
             attention_mask=self.attention_mask.detach(),
             layers=layers,
             prefix_kv=kv,
+            images=self.images,
         )

@@ -358,4 +358,6 @@ def features_as(features: BackboneOutput, module: nn.Module) -> BackboneOutput:
             )
             for k, v in kv
         ),
+        # uint8 pixels keep their dtype: the image encoder scales them itself.
+        images=None if features.images is None else features.images.to(param.device),
     )

@@ -188,6 +188,7 @@ class PrefixFlowExpert(FlowSDEPolicy):
                 prefix_kv=None
                 if kv is None
                 else tuple((repeat_rows(k, repeat), repeat_rows(v, repeat)) for k, v in kv),
+                images=None if features.images is None else repeat_rows(features.images, repeat),
             )
             padded = repeat_rows(padded, repeat)
 

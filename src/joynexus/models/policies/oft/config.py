@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from joynexus.models.lora import LoRAConfig
 from joynexus.models.policies.base import PolicyConfig
+from joynexus.models.policies.image_encoder import ImageEncoderConfig
 
 
 class OFTHeadConfig(PolicyConfig):
@@ -39,6 +40,13 @@ class OFTHeadConfig(PolicyConfig):
     lora: LoRAConfig | None = Field(
         default=None,
         description="Optional tenant LoRA adapter on the shared backbone's language model.",
+    )
+    image_encoder: ImageEncoderConfig | None = Field(
+        default=None,
+        description="Optional trainable vision projection of the tenant's own: a small "
+        "conv net over the canonical camera images whose spatial-softmax keypoints are "
+        "added to the head's input (the shared backbone stays frozen and still runs). "
+        "For learning from pixels when the frozen features do not carry where things are.",
     )
 
     @model_validator(mode="after")

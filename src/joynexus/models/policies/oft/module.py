@@ -36,6 +36,7 @@ from joynexus.models.policies.base import (
     masked_mean,
     masked_reduce,
 )
+from joynexus.models.policies.image_encoder import SpatialSoftmaxEncoder
 from joynexus.models.policies.oft.config import OFTHeadConfig
 from joynexus.models.schema import DataSchema
 from joynexus.models.types import BackboneOutput
@@ -142,6 +143,7 @@ class OFTHead(PolicyHead):
         config: Head hyperparameters.
         hidden_size: Backbone feature width ``D``.
         state_dim, action_dim, action_chunk: The tenant schema's dims.
+        num_cameras: The tenant schema's cameras (read by ``config.image_encoder``).
     """
 
     def __init__(
@@ -152,6 +154,7 @@ class OFTHead(PolicyHead):
         state_dim: int,
         action_dim: int,
         action_chunk: int,
+        num_cameras: int = 1,
     ):
         super().__init__(
             hidden_size=hidden_size,
@@ -172,6 +175,13 @@ class OFTHead(PolicyHead):
         self.input_proj = nn.Linear(hidden_size, config.hidden_dim)
         self.state_proj: nn.Linear | None = (
             nn.Linear(state_dim, config.hidden_dim) if state_dim > 0 else None
+        )
+        # Like the state, the tenant's own image read-out enters by a projection of its
+        # own added to the pooled features' (see the module doc).
+        self.image_encoder: SpatialSoftmaxEncoder | None = (
+            None
+            if config.image_encoder is None
+            else SpatialSoftmaxEncoder(config.image_encoder, num_cameras, config.hidden_dim)
         )
         self.blocks = nn.Sequential(
             *(
@@ -195,6 +205,8 @@ class OFTHead(PolicyHead):
         x = self.input_proj(self.input_norm(pooled))
         if self.state_proj is not None:
             x = x + self.state_proj(state.to(pooled))
+        if self.image_encoder is not None:
+            x = x + self.image_encoder(features.images)
         h = self.out_norm(self.blocks(x))
         out: torch.Tensor = self.out_proj(h)
         return out.view(-1, self.action_chunk, self.action_dim)
@@ -304,4 +316,5 @@ def build_oft_head(
         state_dim=schema.state_dim,
         action_dim=schema.action_dim,
         action_chunk=schema.action_chunk,
+        num_cameras=len(schema.cameras),
     )
