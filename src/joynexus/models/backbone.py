@@ -410,8 +410,6 @@ class ResidentBaseModel:
         feature.state = feature.state.to(self.device)
         feature.state_mask = feature.state_mask.to(self.device)
         feature.camera_mask = feature.camera_mask.to(self.device)
-        if feature.images is not None:
-            feature.images = feature.images.to(self.device)
         return feature
 
     def images_per_row(self, feature: VLAFeature) -> list[int]:

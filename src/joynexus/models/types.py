@@ -21,8 +21,9 @@ class BackboneOutput:
             layer, each ``[B, kv_heads, L, head_dim]`` (positions aligned with
             ``attention_mask``), for action experts that attend to it; else ``None``.
         images: The canonical camera images the backbone saw, ``uint8
-            [B, slots, 3, S, S]`` (resized-with-pad, absent cameras blank), for heads
-            with a trainable image encoder of their own; ``None`` when not kept.
+            [B, slots, 3, S, S]`` (resized-with-pad, absent cameras blank; in host
+            memory, a head that reads them moves them), for heads with a trainable
+            image encoder of their own; ``None`` when not kept.
     """
 
     hidden_states: torch.Tensor

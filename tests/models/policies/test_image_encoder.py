@@ -131,7 +131,7 @@ def test_the_backbone_hands_its_canonical_images_to_the_head(
     assert rows.images is not None and torch.equal(rows.images, out.images[3:5])
     assert int(rows.images[:, 1].max()) == 0 and int(rows.images[:, 0].max()) > 0
     assert out.detach().images is out.images
-    # A head of another dtype gets the same pixels.
+    # A head of another dtype gets the same pixels, untouched.
     head = build_action_module(
         OFTHeadConfig(hidden_dim=32, image_encoder={"size": 32}),
         hidden_size=base.hidden_size,

@@ -358,6 +358,7 @@ def features_as(features: BackboneOutput, module: nn.Module) -> BackboneOutput:
             )
             for k, v in kv
         ),
-        # uint8 pixels keep their dtype: the image encoder scales them itself.
-        images=None if features.images is None else features.images.to(param.device),
+        # The pixels stay where canonicalization left them (host memory): only a head
+        # with an image encoder moves them, so other tenants pay no copy for them.
+        images=features.images,
     )

@@ -96,7 +96,8 @@ class SpatialSoftmaxEncoder(nn.Module):
             )
         b = int(images.shape[0])
         dtype = self.out.weight.dtype
-        x = images[:, : self.num_cameras].flatten(0, 1).to(dtype) / 255.0 - 0.5
+        pixels = images[:, : self.num_cameras].flatten(0, 1)
+        x = pixels.to(device=self.out.weight.device, dtype=dtype) / 255.0 - 0.5
         size = self.config.size
         if x.shape[-1] != size or x.shape[-2] != size:
             x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
