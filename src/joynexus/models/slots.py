@@ -155,7 +155,12 @@ class TenantSlot:
                 head, hidden_size=base.hidden_size, schema=schema, base=base
             )
             critic = (
-                ValueHead(value_head, hidden_size=base.hidden_size, state_dim=schema.state_dim)
+                ValueHead(
+                    value_head,
+                    hidden_size=base.hidden_size,
+                    state_dim=schema.state_dim,
+                    num_cameras=len(schema.cameras),
+                )
                 if value_head is not None
                 else None
             )

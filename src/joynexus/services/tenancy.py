@@ -103,7 +103,10 @@ def build_slot(config: TenantConfig, base: BaseModelRef) -> TenantSlot:
         base,
         config.head,
         optimizer=config.optimizer,
-        value_head=ValueHeadConfig() if config.value_head else None,
+        # The critic sees what the actor sees: its own copy of the actor's image encoder.
+        value_head=ValueHeadConfig(image_encoder=getattr(config.head, "image_encoder", None))
+        if config.value_head
+        else None,
         seed=config.seed,
     )
     if config.normalization is not None:

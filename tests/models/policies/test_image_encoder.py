@@ -144,3 +144,37 @@ def test_the_backbone_hands_its_canonical_images_to_the_head(
     actions = head.predict(moved, torch.from_numpy(np.asarray(batch.state)).double())
     assert actions.shape == (3, LIBERO.action_chunk, LIBERO.action_dim)
     assert torch.isfinite(actions).all()
+
+
+def test_the_critic_of_a_tenant_with_an_image_encoder_sees_the_image(
+    tiny_backbone: TinyBackbone,
+) -> None:
+    from joynexus.services.tenancy import TenantConfig, build_slot
+
+    base = tiny_backbone("qwen2_5_vl")
+    config = TenantConfig(
+        tenant_id="px",
+        schema=PUSHT,
+        head=OFTHeadConfig(hidden_dim=32, image_encoder={"size": 32}),
+        value_head=True,
+    )
+    slot = build_slot(config, base)
+    critic = slot.value_head
+    assert critic is not None and critic.image_encoder is not None
+    assert critic.image_encoder is not getattr(slot.action_module, "image_encoder", None)
+    # Its output moves with the pixels alone (same tokens, same state).
+    images, _ = _dots(2, seed=5)
+    images = images.expand(2, base.num_camera_slots, 3, SIDE, SIDE).contiguous()
+    hs = torch.randn(1, 4, base.hidden_size).expand(2, 4, base.hidden_size)
+    with torch.no_grad():
+        critic.out.weight.normal_()
+        values = critic(
+            BackboneOutput(
+                hidden_states=hs, attention_mask=torch.ones(2, 4, dtype=torch.long), images=images
+            ),
+            torch.zeros(2, PUSHT.state_dim),
+        )
+    assert not torch.isclose(values[0], values[1])
+    # Without an encoder on the head, the critic has none either.
+    plain = build_slot(config.model_copy(update={"head": OFTHeadConfig(hidden_dim=32)}), base)
+    assert plain.value_head is not None and plain.value_head.image_encoder is None

@@ -10,6 +10,7 @@ from torch import nn
 
 from joynexus.errors import SchemaMismatchError
 from joynexus.models.policies.base import ResidualMLPBlock, features_as, masked_mean
+from joynexus.models.policies.image_encoder import ImageEncoderConfig, SpatialSoftmaxEncoder
 from joynexus.models.types import BackboneOutput
 
 
@@ -21,6 +22,11 @@ class ValueHeadConfig(BaseModel):
     type: Literal["value"] = "value"
     hidden_dim: int = Field(default=128, gt=0, le=8192)
     num_blocks: int = Field(default=1, ge=0, le=32)
+    image_encoder: ImageEncoderConfig | None = Field(
+        default=None,
+        description="The critic's own image encoder; a tenant whose action module has "
+        "one gets one here too, so the critic sees what the actor sees.",
+    )
 
 
 class ValueHead(nn.Module):
@@ -34,9 +40,17 @@ class ValueHead(nn.Module):
         config: Head hyperparameters.
         hidden_size: Backbone feature width ``D``.
         state_dim: The tenant's state width (0 = none).
+        num_cameras: The tenant's cameras (read by ``config.image_encoder``).
     """
 
-    def __init__(self, config: ValueHeadConfig, *, hidden_size: int, state_dim: int):
+    def __init__(
+        self,
+        config: ValueHeadConfig,
+        *,
+        hidden_size: int,
+        state_dim: int,
+        num_cameras: int = 1,
+    ):
         super().__init__()
         self.config = config
         self.hidden_size = hidden_size
@@ -45,6 +59,11 @@ class ValueHead(nn.Module):
         self.input_proj = nn.Linear(hidden_size, config.hidden_dim)
         self.state_proj: nn.Linear | None = (
             nn.Linear(state_dim, config.hidden_dim) if state_dim > 0 else None
+        )
+        self.image_encoder: SpatialSoftmaxEncoder | None = (
+            None
+            if config.image_encoder is None
+            else SpatialSoftmaxEncoder(config.image_encoder, num_cameras, config.hidden_dim)
         )
         self.blocks = nn.Sequential(
             *(ResidualMLPBlock(config.hidden_dim) for _ in range(config.num_blocks))
@@ -72,6 +91,8 @@ class ValueHead(nn.Module):
         x = self.input_proj(self.input_norm(pooled))
         if self.state_proj is not None:
             x = x + self.state_proj(state.to(pooled))
+        if self.image_encoder is not None:
+            x = x + self.image_encoder(features.images)
         value: torch.Tensor = self.out(self.out_norm(self.blocks(x)))
         return value.squeeze(-1)
 
