@@ -112,6 +112,9 @@ class FakeTrainingService:
         self.write_text: Callable[[Path, str], object] = Path.write_text
         #: (tenant, job id, version after) of every job trained to its end.
         self.trained: list[tuple[str, str, int]] = []
+        #: stage_save's copies of slots, by token, until written or discarded.
+        self._staged: dict[str, tuple[int, list[_Slot], bool, dict[str, Any]]] = {}
+        self._staged_seq = 0
 
     # --- tenants -------------------------------------------------------------------
 
@@ -321,6 +324,7 @@ class FakeTrainingService:
         return out if out.is_absolute() else self.output_dir / out
 
     def _write(self, slot: _Slot, step: int, include_optim: bool, ledger: dict[str, Any]) -> Path:
+        """Write ``slot`` (a live slot or a staged copy of one) as ``step``."""
         tid = slot.config.tenant_id
         final = checkpoint_dir(self.checkpoint_root(tid), tid, step)
         if final.exists():
@@ -374,6 +378,39 @@ class FakeTrainingService:
                 await self.on_saved(s.config.tenant_id, step, record)
         await _thread_hop()
         return paths
+
+    async def stage_save(
+        self,
+        step: int,
+        tenant_ids: Sequence[str] | None = None,
+        include_optim: bool = True,
+        ledger: Mapping[str, Any] | None = None,
+    ) -> str:
+        ids = list(tenant_ids) if tenant_ids is not None else self.tenant_ids()
+        copies = [
+            _Slot(s.config, s.signature, s.version, s.weights.copy(), list(s.applied))
+            for s in (self._slot(t) for t in ids)
+        ]
+        await _thread_hop()
+        self._staged_seq += 1
+        token = f"save-{self._staged_seq}"
+        self._staged[token] = (step, copies, include_optim, dict(ledger or {}))
+        return token
+
+    async def write_staged(self, token: str) -> list[Path]:
+        try:
+            step, copies, include_optim, record = self._staged.pop(token)
+        except KeyError:
+            raise NotFoundError(f"no staged save {token!r}") from None
+        paths = [self._write(s, step, include_optim, record) for s in copies]
+        if self.on_saved is not None:
+            for s in copies:
+                await self.on_saved(s.config.tenant_id, step, record)
+        await _thread_hop()
+        return paths
+
+    async def discard_staged(self, token: str) -> None:
+        self._staged.pop(token, None)
 
     async def prune_checkpoints(
         self, tenant_id: str, *, keep_last: int = 2, keep_every: int = 0

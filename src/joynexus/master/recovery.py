@@ -36,7 +36,8 @@ from joynexus.master.supervision import Supervisor
 from joynexus.models.payload import find_latest_checkpoint, read_manifest
 from joynexus.spec.workload import TaskKind, WorkloadSpec
 from joynexus.workflows import launch
-from joynexus.workflows.actor import publish, settle_committed
+from joynexus.workflows.actor import settle_committed
+from joynexus.workflows.commit import publish
 from joynexus.workflows.context import ROLE_RESTARTED_REASON
 
 __all__ = ["Recovery"]

@@ -167,6 +167,7 @@ class MasterService:
             domain=DOMAIN,
             poll_s=poll_s,
             durable_checkpoints=True,
+            overlap_updates=True,
             in_checkpoint=lambda job: self.recovery.in_checkpoint(job),
             slot_grace_s=restart_grace_s,
         )

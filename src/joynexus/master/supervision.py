@@ -46,7 +46,8 @@ from joynexus.services.protocols import (
 )
 from joynexus.spec.workload import TaskKind
 from joynexus.workflows import launch
-from joynexus.workflows.actor import publish, settle_committed
+from joynexus.workflows.actor import settle_committed
+from joynexus.workflows.commit import publish
 from joynexus.workflows.compile import CompiledWorkload
 from joynexus.workflows.context import MetricsLog, WorkflowContext, WorkflowTenant, reason_of
 from joynexus.workflows.sft import heldout_action_error

@@ -118,6 +118,21 @@ class DataParallelRole:
     ) -> list[Path]:
         return await self.leader.save(step, tenant_ids, include_optim, ledger)
 
+    async def stage_save(
+        self,
+        step: int,
+        tenant_ids: Sequence[str] | None = None,
+        include_optim: bool = True,
+        ledger: Mapping[str, Any] | None = None,
+    ) -> str:
+        return await self.leader.stage_save(step, tenant_ids, include_optim, ledger)
+
+    async def write_staged(self, token: str) -> list[Path]:
+        return await self.leader.write_staged(token)
+
+    async def discard_staged(self, token: str) -> None:
+        await self.leader.discard_staged(token)
+
     async def prune_checkpoints(
         self, tenant_id: str, *, keep_last: int = 2, keep_every: int = 0
     ) -> list[Path]:

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
+
 from joynexus.control.job import TaskType, TrainingJob
 from joynexus.errors import (
     ConflictError,
@@ -34,6 +36,7 @@ __all__ = [
     "TRAIN_TASK",
     "JobPlan",
     "Microbatch",
+    "TrainJobResult",
     "check_annotations",
     "job_seed",
     "plan_job",
@@ -41,6 +44,26 @@ __all__ = [
 ]
 
 TRAIN_TASK = "train"
+
+
+@dataclass(frozen=True)
+class TrainJobResult:
+    """Outcome of one ``train_job``.
+
+    Attributes:
+        losses: One loss per optimizer step (microbatch), in order.
+        metrics: Means over microbatches (``loss``, ``grad_norm``, PPO statistics).
+        policy_version: The tenant's version after the job.
+    """
+
+    job_id: str
+    tenant_id: str
+    task_type: str
+    num_microbatches: int
+    num_samples: int
+    losses: list[float]
+    metrics: dict[str, float]
+    policy_version: int
 
 
 @dataclass
@@ -67,6 +90,21 @@ class JobPlan:
     def size_of(self, k: int) -> int:
         i = k % self.per_epoch
         return min(self.microbatch_size, self.job.sample_count - i * self.microbatch_size)
+
+    def result(self) -> TrainJobResult:
+        """What ``train_job`` answers for this plan once every microbatch stepped."""
+        metrics = {"loss": float(np.mean(self.losses))} if self.losses else {}
+        metrics.update({k: float(np.mean(v)) for k, v in self.stats.items()})
+        return TrainJobResult(
+            job_id=self.job.job_id,
+            tenant_id=self.job.tenant_id,
+            task_type=str(self.job.task_type),
+            num_microbatches=len(self.losses),
+            num_samples=self.samples,
+            losses=list(self.losses),
+            metrics=metrics,
+            policy_version=self.slot.policy_version,
+        )
 
 
 @dataclass

@@ -88,6 +88,18 @@ class TrainingModelServiceAPI(Protocol):
         ledger: Mapping[str, Any] | None = None,
     ) -> list[Path]: ...
 
+    async def stage_save(
+        self,
+        step: int,
+        tenant_ids: Sequence[str] | None = None,
+        include_optim: bool = True,
+        ledger: Mapping[str, Any] | None = None,
+    ) -> str: ...
+
+    async def write_staged(self, token: str) -> list[Path]: ...
+
+    async def discard_staged(self, token: str) -> None: ...
+
     async def prune_checkpoints(
         self, tenant_id: str, *, keep_last: int = 2, keep_every: int = 0
     ) -> list[Path]: ...

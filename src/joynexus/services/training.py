@@ -13,7 +13,7 @@ leased Training Queue partitions:
 * :meth:`TrainingModelService.train_jobs` trains several leased jobs of different
   tenants together: their k-th microbatches share ONE grouped backbone forward.
 * ``train_batch`` (custom algorithms), ``actor_forward`` (App. A.5), ``export_params``,
-  ``save`` / ``restore``.
+  ``save`` (or ``stage_save`` now, ``write_staged`` later) / ``restore``.
 
 Public async methods are the API; the class holds no globals beyond its constructor
 arguments, so the same class can be hosted as a Ray actor. Torch work runs in a worker
@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +37,7 @@ import numpy as np
 import torch
 
 from joynexus.control.job import TrainingJob
-from joynexus.errors import (
-    ConflictError,
-    NotFoundError,
-)
+from joynexus.errors import ConflictError, NotFoundError
 from joynexus.metrics.events import MetricsService
 from joynexus.metrics.hooks import Instruments
 from joynexus.metrics.usage import UsageMeter
@@ -72,37 +68,16 @@ from joynexus.services.actor_forward import actor_forward
 from joynexus.services.job_plan import (
     JobPlan,
     Microbatch,
+    TrainJobResult,
     plan_job,
     read_microbatch,
 )
-from joynexus.services.samples import (
-    FLOW_CHAIN,
-)
+from joynexus.services.samples import FLOW_CHAIN
 from joynexus.services.tenancy import TenantConfig, TenantInfo, backbone_lock, build_slot
 from joynexus.services.train_batch import TrainBatch, microbatch_loss
 from joynexus.utils.clock import Clock, SystemClock
 
 __all__ = ["TrainBatch", "TrainJobResult", "TrainingModelService"]
-
-
-@dataclass(frozen=True)
-class TrainJobResult:
-    """Outcome of one ``train_job``.
-
-    Attributes:
-        losses: One loss per optimizer step (microbatch), in order.
-        metrics: Means over microbatches (``loss``, ``grad_norm``, PPO statistics).
-        policy_version: The tenant's version after the job.
-    """
-
-    job_id: str
-    tenant_id: str
-    task_type: str
-    num_microbatches: int
-    num_samples: int
-    losses: list[float]
-    metrics: dict[str, float]
-    policy_version: int
 
 
 class TrainingModelService:
@@ -140,6 +115,10 @@ class TrainingModelService:
         self._executor = GroupedExecutor(base, tenant_memory_budget=tenant_memory_budget)
         self._configs: dict[str, TenantConfig] = {}
         self._lock = backbone_lock(base)
+        # Saves snapshotted by stage_save and not yet written: token → (step, the
+        # slots' snapshots, the ledger).
+        self._staged: dict[str, tuple[int, list[SlotSnapshot], dict[str, Any] | None]] = {}
+        self._staged_seq = 0
 
     # --- tenants ---------------------------------------------------------------------
 
@@ -313,7 +292,7 @@ class TrainingModelService:
             if isinstance(plan, Exception):
                 out.append(plan)
             else:
-                out.append(plan.error if plan.error is not None else self._result(plan))
+                out.append(plan.error if plan.error is not None else plan.result())
         return out
 
     async def _plan(self, job: TrainingJob) -> JobPlan:
@@ -405,20 +384,6 @@ class TrainingModelService:
         # would be timed (and billed) in the next tenant's interval.
         if self._instruments.enabled and self.base.device.type == "cuda":
             torch.cuda.synchronize(self.base.device)
-
-    def _result(self, plan: JobPlan) -> TrainJobResult:
-        metrics = {"loss": float(np.mean(plan.losses))} if plan.losses else {}
-        metrics.update({k: float(np.mean(v)) for k, v in plan.stats.items()})
-        return TrainJobResult(
-            job_id=plan.job.job_id,
-            tenant_id=plan.job.tenant_id,
-            task_type=str(plan.job.task_type),
-            num_microbatches=len(plan.losses),
-            num_samples=plan.samples,
-            losses=list(plan.losses),
-            metrics=metrics,
-            policy_version=plan.slot.policy_version,
-        )
 
     # --- custom algorithms ----------------------------------------------------------------
 
@@ -516,6 +481,24 @@ class TrainingModelService:
             NotFoundError: an unknown tenant.
             ConflictError: that checkpoint already exists.
         """
+        return await self.write_staged(
+            await self.stage_save(step, tenant_ids, include_optim=include_optim, ledger=ledger)
+        )
+
+    async def stage_save(
+        self,
+        step: int,
+        tenant_ids: Sequence[str] | None = None,
+        include_optim: bool = True,
+        ledger: Mapping[str, Any] | None = None,
+    ) -> str:
+        """:meth:`save`'s first half: snapshot the slots now (in memory), write them with
+        :meth:`write_staged` later (or :meth:`discard_staged`). The tenants may train on
+        once it returns; the checkpoint keeps these weights. Returns the save's token.
+
+        Raises:
+            NotFoundError: an unknown tenant.
+        """
         ids = list(tenant_ids) if tenant_ids is not None else self.tenant_ids()
         slots = [self._executor.slot(t) for t in ids]
 
@@ -526,6 +509,21 @@ class TrainingModelService:
                 return [snapshot_slot(s, include_optim=include_optim) for s in slots]
 
         snapshots = await asyncio.to_thread(snap)
+        self._staged_seq += 1
+        token = f"save-{self._staged_seq}"
+        self._staged[token] = (step, snapshots, dict(ledger) if ledger is not None else None)
+        return token
+
+    async def write_staged(self, token: str) -> list[Path]:
+        """Write a staged save's checkpoints (see :meth:`save`); the token is used up.
+        Raises:
+            NotFoundError: no staged save of that token (written or discarded already).
+            ConflictError: that checkpoint already exists.
+        """
+        try:
+            step, snapshots, ledger = self._staged.pop(token)
+        except KeyError:
+            raise NotFoundError(f"no staged save {token!r}") from None
 
         def write() -> list[Path]:
             return [
@@ -540,6 +538,10 @@ class TrainingModelService:
             ]
 
         return await asyncio.to_thread(write)
+
+    async def discard_staged(self, token: str) -> None:
+        """Drop a staged save without writing it (no error if it is gone)."""
+        self._staged.pop(token, None)
 
     def latest_checkpoint(self, tenant_id: str) -> Path | None:
         """The tenant's checkpoint with the highest step, or None."""

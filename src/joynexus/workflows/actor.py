@@ -12,7 +12,9 @@ The one consumer of ready RL and SFT jobs, exactly as App. A.6 composes it:
    with a ledger naming the job), else every ``scheduling.checkpoint_every`` versions;
 5. publish the new version to inference (``export_params`` → ``load_weights``) for RL
    tenants and for tenants an evaluation reads;
-6. clear the partition, then ``complete`` with the actor versions in the metadata;
+6. clear the partition, then ``complete`` with the actor versions in the metadata
+   (4–6: :mod:`joynexus.workflows.commit`; under the Master an SFT job's 4–6 run behind
+   the tenant's next update, ``WorkflowContext.overlap_updates``);
 7. on an exception: best-effort clear, ``fail`` with the reason, re-raise.
 
 Consumer groups (:func:`consume_training_jobs`, what :func:`actor_consumer` runs when
@@ -35,22 +37,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Callable
 from typing import Any
 
 from joynexus.control.job import JobState, TaskType, TrainingJob
 from joynexus.errors import NotFoundError, StaleLeaseError, StorageFullError
+from joynexus.workflows.commit import (
+    commit_behind,
+    commit_update,
+    drain_behind,
+    settle_behind,
+    take_update,
+)
 from joynexus.workflows.context import (
     ACTOR_ROLE,
     ROLE_RESTARTED_REASON,
     STORAGE_FULL_REASON,
     WorkflowContext,
-    WorkflowTenant,
     job_heartbeat,
     reason_of,
 )
-from joynexus.workflows.durability import save_or_roll_back
 
 __all__ = [
     "REASON_POLICY_STALE",
@@ -58,63 +64,12 @@ __all__ = [
     "consume_training_job",
     "consume_training_jobs",
     "fail_job",
-    "publish",
     "settle_committed",
 ]
 
 REASON_POLICY_STALE = "policy_stale"
 
 log = logging.getLogger(__name__)
-
-
-async def publish(ctx: WorkflowContext, tenant_id: str) -> int:
-    """Policy publication: the tenant's training parameters become its serving version."""
-    payload = await ctx.training.export_params(tenant_id)
-    await ctx.inference.load_weights(tenant_id, payload.policy_version, payload.named_tensors)
-    return int(payload.policy_version)
-
-
-#: Checkpoints kept besides the ``checkpoint_every`` ones when every update is saved.
-KEEP_LAST_CHECKPOINTS = 2
-
-
-async def _maybe_checkpoint(
-    ctx: WorkflowContext, tenant: WorkflowTenant, version: int, job: TrainingJob
-) -> None:
-    """Checkpoint ``tenant`` after ``job``'s update (every update when durable).
-
-    The ledger saved with the weights names the job and counts the updates they hold,
-    so a restarted Master completes a job whose update reached the checkpoint even if
-    the process died before ``complete`` (and fails the ones that did not).
-    """
-    every = tenant.spec.scheduling.checkpoint_every
-    applied = tenant.jobs_applied + 1
-    if ctx.durable_checkpoints:
-        ledger = {
-            "job_id": job.job_id,
-            "jobs_applied": applied,
-            "workload_id": tenant.workload_id,
-            "task": job.task_type.value,
-        }
-        # A failed write rolls the slot back to its last checkpoint (never a version
-        # ahead of what is saved and served) and raises StorageFullError on a full disk.
-        await save_or_roll_back(ctx, tenant, version, ledger)
-        tenant.jobs_applied = applied
-        tenant.last_checkpoint_version = version
-        await ctx.training.prune_checkpoints(
-            tenant.tenant_id, keep_last=KEEP_LAST_CHECKPOINTS, keep_every=max(every, 0)
-        )
-        if every > 0 and version % every == 0:
-            tenant.metrics.write("checkpoint", policy_version=version)
-        return
-    tenant.jobs_applied = applied
-    if every <= 0:
-        return
-    if version // every > tenant.last_checkpoint_version // every:
-        ledger = {"job_id": job.job_id, "jobs_applied": applied, "task": job.task_type.value}
-        await ctx.training.save(version, [tenant.tenant_id], include_optim=True, ledger=ledger)
-        tenant.last_checkpoint_version = version
-        tenant.metrics.write("checkpoint", policy_version=version)
 
 
 def settle_committed(ctx: WorkflowContext, job: TrainingJob) -> bool:
@@ -133,11 +88,6 @@ def settle_committed(ctx: WorkflowContext, job: TrainingJob) -> bool:
         return False
     ctx.scheduler.complete_recovered(job.job_id)
     return True
-
-
-def _mean(values: Any) -> float | None:
-    vals = [float(v) for v in values or [] if math.isfinite(float(v))]
-    return sum(vals) / len(vals) if vals else None
 
 
 async def _drop_stale(ctx: WorkflowContext, job: TrainingJob, actor_version: int) -> TrainingJob:
@@ -221,50 +171,46 @@ async def fail_job(ctx: WorkflowContext, job: TrainingJob, error: BaseException)
         tenant.errors.append(reason_of(error))
 
 
-async def _finish(ctx: WorkflowContext, job: TrainingJob, result: Any) -> TrainingJob:
-    """Steps 4–6 after a job trained: checkpoint, publish, clear, complete.
+def _rollbacks(ctx: WorkflowContext, job: TrainingJob) -> int:
+    """The tenant's rollback count as ``job`` starts training (see ``_finish``)."""
+    tenant = ctx.tenants.get(job.tenant_id)
+    return tenant.rollbacks if tenant is not None else 0
 
+
+async def _finish(
+    ctx: WorkflowContext, job: TrainingJob, result: Any, rollbacks: int
+) -> TrainingJob:
+    """Steps 4–6 after a job trained: checkpoint, publish, clear, complete
+    (:mod:`joynexus.workflows.commit`).
+
+    The tenant's previous commit running behind is settled first (``rollbacks``: the
+    tenant's count when this job started training; a rollback since fails the job).
     The checkpoint comes first: a version is served only once it is durable, so a
     restart never issues the same version number for other weights. Once started, the
     steps run to their end even if the actor is cancelled (a clean shutdown): a
     checkpoint holding the update of a job failed ``cancelled`` would leave the weights
     one update ahead of the completed jobs.
+
+    Returns:
+        The job completed; or still leased when its commit runs behind the tenant's
+        next update (``ctx.overlap_updates``, SFT jobs).
     """
-    task = asyncio.ensure_future(_record_update(ctx, job, result))
+
+    async def run() -> TrainingJob:
+        await settle_behind(ctx, job.tenant_id, rollbacks)
+        taken = await take_update(ctx, job, result)
+        if ctx.overlap_updates and job.task_type is TaskType.SFT:
+            commit_behind(ctx, taken, fail_job)
+            return ctx.scheduler.get(job.job_id)
+        return await commit_update(ctx, taken)
+
+    task = asyncio.ensure_future(run())
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
         with contextlib.suppress(Exception):
             await task  # bounded work: a save, a publication, one transaction
         raise
-
-
-async def _record_update(ctx: WorkflowContext, job: TrainingJob, result: Any) -> TrainingJob:
-    tenant = ctx.tenants.get(job.tenant_id)
-    if tenant is None:  # cancelled while training: the Master fails the job
-        raise NotFoundError(f"tenant {job.tenant_id!r} left while job {job.job_id} trained")
-    version = int(result.policy_version)
-    await _maybe_checkpoint(ctx, tenant, version, job)
-    if job.task_type is TaskType.RL or tenant.serve:
-        await publish(ctx, job.tenant_id)
-    await ctx.queue.async_clear(job.partition_id)
-    done = ctx.scheduler.complete(
-        job.job_id,
-        job.lease_epoch,
-        metadata={"actor_versions": {job.tenant_id: version}},
-    )
-    tenant.metrics.write(
-        "train",
-        job_id=job.job_id,
-        task=job.task_type.value,
-        behavior_version=job.behavior_policy_version,
-        policy_version=version,
-        num_microbatches=result.num_microbatches,
-        num_samples=result.num_samples,
-        loss=_mean(result.losses),
-        **{f"metric.{k}": float(v) for k, v in dict(result.metrics).items()},
-    )
-    return done
 
 
 async def consume_training_job(ctx: WorkflowContext) -> TrainingJob | None:
@@ -290,8 +236,9 @@ async def _consume_leased(ctx: WorkflowContext, job: TrainingJob) -> TrainingJob
         actor_version = ctx.training.policy_version(job.tenant_id)
         if ctx.scheduler.is_stale(job, actor_version):
             return await _drop_stale(ctx, job, actor_version)
+        rollbacks = _rollbacks(ctx, job)
         result = await ctx.training.train_job(job, heartbeat=job_heartbeat(ctx.scheduler, job))
-        return await _finish(ctx, job, result)
+        return await _finish(ctx, job, result, rollbacks)
     except BaseException as error:
         await fail_job(ctx, job, error)
         raise
@@ -350,12 +297,13 @@ async def consume_training_jobs(ctx: WorkflowContext) -> list[TrainingJob]:
                 live.append(job)
         if live:
             beat = _group_heartbeat(ctx, live + carried)
+            rollbacks = [_rollbacks(ctx, job) for job in live]
             outcomes = await ctx.training.train_jobs_isolated(live, heartbeat=beat)
-            for job, outcome in zip(live, outcomes, strict=True):
+            for job, outcome, rolled in zip(live, outcomes, rollbacks, strict=True):
                 try:
                     if isinstance(outcome, Exception):
                         raise outcome
-                    finished.append(await _finish(ctx, job, outcome))
+                    finished.append(await _finish(ctx, job, outcome, rolled))
                 except Exception as error:
                     log.warning("actor: training job %s failed: %s", job.job_id, error)
                     await fail_job(ctx, job, error)
@@ -381,13 +329,19 @@ async def actor_consumer(ctx: WorkflowContext) -> None:
     ``ctx.actor_group_size`` > 1. A failed job is recorded on its tenant and the loop
     goes on: one tenant's bad batch never stops the others' training.
     """
-    while True:
-        try:
-            if ctx.actor_group_size > 1:
-                await consume_training_jobs(ctx)
-            else:
-                await consume_training_job(ctx)
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:
-            log.warning("actor: training job failed: %s", error)
+    try:
+        while True:
+            try:
+                if ctx.actor_group_size > 1:
+                    await consume_training_jobs(ctx)
+                else:
+                    await consume_training_job(ctx)
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                log.warning("actor: training job failed: %s", error)
+    finally:
+        # Commits still running behind are bounded work that ends with its job's
+        # terminal state: let them finish, as an inline commit would have.
+        if ctx.commits_behind:
+            await asyncio.shield(drain_behind(ctx))

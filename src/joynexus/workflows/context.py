@@ -113,6 +113,8 @@ class WorkflowTenant:
         eval_first_run: The first evaluation run still to do (a resumed evaluation).
         fault: A service fault it is waiting out (its checkpoints cannot be written);
             None once it passed.
+        rollbacks: How often its slot was rolled back to its last checkpoint (an update
+            trained across a rollback is failed: :func:`~joynexus.workflows.commit.settle_behind`).
     """
 
     spec: WorkloadSpec
@@ -128,6 +130,7 @@ class WorkflowTenant:
     eval_first_run: int = 0
     errors: list[str] = field(default_factory=list)
     fault: str | None = None
+    rollbacks: int = 0
 
     def job_metadata(self) -> dict[str, Any]:
         """Metadata of the jobs its producer reserves (schema signature, workload)."""
@@ -171,6 +174,11 @@ class WorkflowContext:
     #: Master's durability: a version is never issued twice, and completed jobs are
     #: exactly the updates in the weights); False: ``scheduling.checkpoint_every``.
     durable_checkpoints: bool = False
+    #: Commit an SFT job's update (write the checkpoint, publish, complete) behind the
+    #: tenant's next update instead of before it (:mod:`joynexus.workflows.commit`).
+    overlap_updates: bool = False
+    #: The commits running behind, by tenant (at most one each).
+    commits_behind: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     #: Whether a job's update reached the tenant's latest checkpoint (its ledger names
     #: the job). A job that fails after that point — say the training role died while
     #: publishing — completes instead: its update is in the weights a restart restores,

@@ -28,9 +28,17 @@ log = logging.getLogger(__name__)
 
 
 async def save_or_roll_back(
-    ctx: WorkflowContext, tenant: WorkflowTenant, version: int, ledger: Mapping[str, Any]
+    ctx: WorkflowContext,
+    tenant: WorkflowTenant,
+    version: int,
+    ledger: Mapping[str, Any],
+    *,
+    staged: str | None = None,
 ) -> None:
     """Checkpoint ``tenant`` at ``version``; if the write fails, roll its slot back.
+
+    ``staged``: the token of a ``stage_save`` taken at ``version`` (with ``ledger``),
+    written now; None: snapshot and write now.
 
     Raises:
         StorageFullError: the disk or quota is full (the slot was rolled back).
@@ -38,7 +46,10 @@ async def save_or_roll_back(
     """
     tid = tenant.tenant_id
     try:
-        await ctx.training.save(version, [tid], include_optim=True, ledger=dict(ledger))
+        if staged is not None:
+            await ctx.training.write_staged(staged)
+        else:
+            await ctx.training.save(version, [tid], include_optim=True, ledger=dict(ledger))
     except Exception as error:
         restored = await roll_back_to_checkpoint(ctx, tenant)
         full = storage_full_cause(error)
@@ -72,6 +83,7 @@ async def roll_back_to_checkpoint(ctx: WorkflowContext, tenant: WorkflowTenant) 
     what the slot trains from and what inference serves stay the same weights.
     """
     tid, config = tenant.tenant_id, tenant.config
+    tenant.rollbacks += 1
     try:
         return await ctx.training.restore(tid)
     except NotFoundError:
