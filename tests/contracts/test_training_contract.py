@@ -244,3 +244,31 @@ def test_a_checkpoint_survives_the_slot_and_restores_a_new_one(
     assert path is not None
     with pytest.raises(InvalidRequestError, match="belongs to tenant"):
         run(svc.restore(B, path))
+
+
+def test_a_staged_save_writes_the_weights_as_they_were_when_staged(
+    svc: TrainingModelServiceAPI, tmp_path: Path
+) -> None:
+    """What lets the actor commit an update behind the tenant's next one."""
+    run(svc.add_tenant(tenant_config(A, tmp_path)))
+    batch = TrainBatch(observations(2))
+    run(svc.train_batch(A, batch))
+    staged = run(svc.export_params(A))
+    token = run(svc.stage_save(1, [A], ledger={"jobs_applied": 1}))
+    run(svc.train_batch(A, batch))  # the slot moves on before the write
+    moved = run(svc.export_params(A)).named_tensors
+    assert any(not torch.equal(moved[n], t) for n, t in staged.named_tensors.items())
+    assert svc.latest_checkpoint(A) is None  # nothing on disk until written
+    (path,) = run(svc.write_staged(token))
+    assert path.name == "step_1" and svc.checkpoint_ledger(A) == {"jobs_applied": 1}
+    assert svc.policy_version(A) == 2
+    assert run(svc.restore(A)) == 1
+    restored = run(svc.export_params(A))
+    for name, tensor in staged.named_tensors.items():
+        assert torch.equal(restored.named_tensors[name], tensor), name
+    with pytest.raises(NotFoundError, match="no staged save"):
+        run(svc.write_staged(token))  # used up
+    dropped = run(svc.stage_save(2, [A]))
+    run(svc.discard_staged(dropped))
+    with pytest.raises(NotFoundError, match="no staged save"):
+        run(svc.write_staged(dropped))

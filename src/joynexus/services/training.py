@@ -21,8 +21,7 @@ thread under the backbone's lock (:func:`~joynexus.services.tenancy.backbone_loc
 each step is :func:`~joynexus.models.grouped_step.grouped_step` (the one definition of
 the grouped step; losses in :mod:`joynexus.services.train_batch`), a checkpoint only
 snapshots tensors under the lock and writes its files after releasing it. Nothing is
-ever averaged across tenants: each tenant's loss, clipping, AdamW step and version
-are its own.
+ever averaged across tenants: each tenant's loss, clipping, AdamW step, version are its own.
 """
 
 from __future__ import annotations
@@ -516,6 +515,7 @@ class TrainingModelService:
 
     async def write_staged(self, token: str) -> list[Path]:
         """Write a staged save's checkpoints (see :meth:`save`); the token is used up.
+
         Raises:
             NotFoundError: no staged save of that token (written or discarded already).
             ConflictError: that checkpoint already exists.
