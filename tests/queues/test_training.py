@@ -367,3 +367,57 @@ def test_consumption_matches_a_reference_model(ops: list[tuple[object, ...]]) ->
             q.reset_consumption("p", task)
             seen[task] = set()
         assert q.info("p").consumed.get("a", 0) == len(seen["a"])
+
+
+def test_metadata_calls_answer_on_the_loop_and_never_block_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``async_get_meta`` / ``async_info`` / ``async_reset_consumption`` take no worker
+    thread when the lock is free; when another thread holds it (a producer's put) they
+    wait in a worker thread while the event loop goes on."""
+    import joynexus.queues.training as module
+
+    q = TrainingQueue()
+    q.queue_put("p", rollout(3), META)
+    hops: list[str] = []
+    real_to_thread = asyncio.to_thread
+
+    async def spy(fn, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        hops.append(fn.__name__)
+        return await real_to_thread(fn, *args, **kwargs)
+
+    monkeypatch.setattr(module.asyncio, "to_thread", spy)
+
+    async def free() -> None:
+        assert (await q.async_info("p")).num_samples == 3
+        assert (await q.async_get_meta("p", ["reward"], 2, "t")).indexes == [0, 1]
+        await q.async_reset_consumption("p", "t")
+        assert (await q.async_get_meta("p", ["reward"], 3, "t")).indexes == [0, 1, 2]
+
+    asyncio.run(free())
+    assert hops == []
+
+    held, release = threading.Event(), threading.Event()
+
+    def producer() -> None:
+        with q._lock:
+            held.set()
+            release.wait(10)
+
+    async def contended() -> int:
+        ticks = 0
+        call = asyncio.ensure_future(q.async_info("p"))
+        for _ in range(5):  # the loop keeps running while the call waits for the lock
+            await asyncio.sleep(0.01)
+            ticks += 1
+        assert not call.done()
+        release.set()
+        assert (await call).num_samples == 3
+        return ticks
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    assert held.wait(10)
+    assert asyncio.run(contended()) == 5
+    thread.join()
+    assert hops == ["info"]

@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -66,6 +67,9 @@ __all__ = [
     "SampleMeta",
     "TrainingQueue",
 ]
+
+
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -109,7 +113,8 @@ class TrainingQueue:
             storage if storage is not None else InMemoryPartitionStorage()
         )
         self._cap = memory_cap_bytes
-        self._lock = threading.Lock()
+        # Re-entrant: the async fast path (_on_loop) holds it around a call that takes it.
+        self._lock = threading.RLock()
         self._state: dict[str, _PartitionState] = {
             pid: _PartitionState() for pid in self._storage.partition_ids()
         }
@@ -345,12 +350,29 @@ class TrainingQueue:
     ) -> list[int]:
         return await asyncio.to_thread(self.queue_put, partition_id, data, metadata)
 
+    async def _on_loop(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        # Metadata calls (no sample data copied) answer on the caller's event loop when
+        # the lock is free: they take microseconds, a worker-thread hop about a
+        # millisecond on a busy core, several per training job (the demo's profile,
+        # RESULTS §1.2). When another thread holds the lock (a producer's put), the call
+        # goes to a worker thread instead, so the loop never blocks on it.
+        if self._lock.acquire(blocking=False):
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._lock.release()
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
     async def async_get_meta(
         self, partition_id: str, data_fields: Sequence[str], batch_size: int, task_name: str
     ) -> BatchMeta:
-        return await asyncio.to_thread(
-            self.get_meta, partition_id, data_fields, batch_size, task_name
-        )
+        return await self._on_loop(self.get_meta, partition_id, data_fields, batch_size, task_name)
+
+    async def async_info(self, partition_id: str) -> PartitionInfo:
+        return await self._on_loop(self.info, partition_id)
+
+    async def async_reset_consumption(self, partition_id: str, task_name: str) -> None:
+        await self._on_loop(self.reset_consumption, partition_id, task_name)
 
     async def async_get_data(self, meta: BatchMeta) -> dict[str, Array]:
         return await asyncio.to_thread(self.get_data, meta)

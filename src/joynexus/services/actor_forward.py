@@ -54,7 +54,7 @@ async def actor_forward(
     job = plan.job
     fields = [*observation_fields(plan.slot.schema), "actions", *rl_fields(plan.slot)]
     pid = job.partition_id
-    await asyncio.to_thread(queue.reset_consumption, pid, ACTOR_FORWARD_TASK)
+    await queue.async_reset_consumption(pid, ACTOR_FORWARD_TASK)
     done = 0
     while done < job.sample_count:
         size = min(plan.microbatch_size, job.sample_count - done)

@@ -134,6 +134,9 @@ class _RankQueue:
     def reset_consumption(self, partition_id: str, task_name: str) -> None:
         self._queue.reset_consumption(partition_id, task_name + self._suffix)
 
+    async def async_reset_consumption(self, partition_id: str, task_name: str) -> None:
+        await self._queue.async_reset_consumption(partition_id, task_name + self._suffix)
+
     async def async_get_meta(
         self, partition_id: str, fields: Sequence[str], batch_size: int, task_name: str
     ) -> Any:

@@ -9,7 +9,6 @@ into the tenant's :class:`~joynexus.models.batch.ObservationBatch`.
 
 from __future__ import annotations
 
-import asyncio
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -151,7 +150,7 @@ async def plan_job(
         )
     algo = config.algorithm
     fields = [*observation_fields(slot.schema), "actions"]
-    available = set((await asyncio.to_thread(queue.info, job.partition_id)).fields)
+    available = set((await queue.async_info(job.partition_id)).fields)
     loss: Literal["sft", "ppo", "grpo", "reinforce"]
     if job.task_type == TaskType.SFT:
         loss = "sft"
@@ -171,7 +170,7 @@ async def plan_job(
             fields.append("actor_log_probs" if "actor_log_probs" in available else "log_probs")
         if loss == "ppo" and slot.value_head is not None:
             fields.append("returns")
-    await asyncio.to_thread(queue.reset_consumption, job.partition_id, TRAIN_TASK)
+    await queue.async_reset_consumption(job.partition_id, TRAIN_TASK)
     slot.generator.manual_seed(job_seed(config.seed, slot.policy_version))
     mb = algo.microbatch_size
     return JobPlan(
@@ -195,7 +194,7 @@ async def read_microbatch(queue: TrainingQueue, plan: JobPlan, k: int) -> Microb
     """
     job = plan.job
     if k > 0 and k % plan.per_epoch == 0:
-        await asyncio.to_thread(queue.reset_consumption, job.partition_id, TRAIN_TASK)
+        await queue.async_reset_consumption(job.partition_id, TRAIN_TASK)
     size = plan.size_of(k)
     meta = await queue.async_get_meta(job.partition_id, plan.fields, size, TRAIN_TASK)
     if meta.size != size:

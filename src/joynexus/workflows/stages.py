@@ -155,7 +155,7 @@ async def advantage_once(ctx: WorkflowContext) -> TrainingJob | None:
         tenant = ctx.tenants[job.tenant_id]
         assert tenant.config is not None
         algorithm = tenant.config.algorithm
-        info = await asyncio.to_thread(ctx.queue.info, job.partition_id)
+        info = await ctx.queue.async_info(job.partition_id)
         fields = _input_fields(algorithm, info.fields)
         metas: list[BatchMeta] = []
         columns: dict[str, list[np.ndarray]] = {f: [] for f in fields}
