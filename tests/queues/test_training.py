@@ -372,9 +372,10 @@ def test_consumption_matches_a_reference_model(ops: list[tuple[object, ...]]) ->
 def test_metadata_calls_answer_on_the_loop_and_never_block_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """``async_get_meta`` / ``async_info`` / ``async_reset_consumption`` take no worker
-    thread when the lock is free; when another thread holds it (a producer's put) they
-    wait in a worker thread while the event loop goes on."""
+    """``async_get_meta`` / ``async_info`` / ``async_reset_consumption`` and small
+    ``async_get_data`` reads take no worker thread when the lock is free; a large read,
+    or any call while another thread holds the lock (a producer's put), waits in a
+    worker thread while the event loop goes on."""
     import joynexus.queues.training as module
 
     q = TrainingQueue()
@@ -392,10 +393,23 @@ def test_metadata_calls_answer_on_the_loop_and_never_block_it(
         assert (await q.async_info("p")).num_samples == 3
         assert (await q.async_get_meta("p", ["reward"], 2, "t")).indexes == [0, 1]
         await q.async_reset_consumption("p", "t")
-        assert (await q.async_get_meta("p", ["reward"], 3, "t")).indexes == [0, 1, 2]
+        meta = await q.async_get_meta("p", ["reward", "image"], 3, "t")
+        assert meta.indexes == [0, 1, 2]
+        assert as_tensor((await q.async_get_data(meta))["reward"]).tolist() == [0.0, 1.0, 2.0]
 
     asyncio.run(free())
-    assert hops == []
+    assert hops == []  # a small read is copied on the loop too
+
+    big = {"image": torch.zeros(2, 3, 512, 512, dtype=torch.uint8)}  # 1.5 MiB
+    q.queue_put("big", big, META)
+
+    async def large() -> None:
+        meta = await q.async_get_meta("big", ["image"], 2, "t")
+        assert tuple(as_tensor((await q.async_get_data(meta))["image"]).shape) == (2, 3, 512, 512)
+
+    asyncio.run(large())
+    assert hops == ["get_data"]  # a large read goes to a worker thread
+    hops.clear()
 
     held, release = threading.Event(), threading.Event()
 

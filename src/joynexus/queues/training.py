@@ -71,6 +71,9 @@ __all__ = [
 
 _T = TypeVar("_T")
 
+#: Largest ``async_get_data`` read copied on the caller's event loop (bytes).
+INLINE_READ_BYTES = 1 << 20
+
 
 @dataclass(slots=True)
 class _Consumption:
@@ -375,6 +378,17 @@ class TrainingQueue:
         await self._on_loop(self.reset_consumption, partition_id, task_name)
 
     async def async_get_data(self, meta: BatchMeta) -> dict[str, Array]:
+        # A small read (an SFT microbatch of small images) is copied on the loop too:
+        # the copy takes less than the hop. A large one, or a busy lock, goes to a thread.
+        if self._lock.acquire(blocking=False):
+            try:
+                known = self._storage.exists(meta.partition_id)
+                if known and self.read_nbytes(meta.partition_id, meta.fields, meta.size) <= (
+                    INLINE_READ_BYTES
+                ):
+                    return self.get_data(meta)
+            finally:
+                self._lock.release()
         return await asyncio.to_thread(self.get_data, meta)
 
     async def async_put(self, data: Mapping[str, Array], metadata: BatchMeta) -> None:
