@@ -85,7 +85,14 @@ async def roll_back_to_checkpoint(ctx: WorkflowContext, tenant: WorkflowTenant) 
     tid, config = tenant.tenant_id, tenant.config
     tenant.rollbacks += 1
     try:
-        return await ctx.training.restore(tid)
+        restored = await ctx.training.restore(tid)
+        # The bookkeeping follows the weights: a save that failed after its files were
+        # written restores the update it holds, which the next ledger must count.
+        applied = ctx.training.checkpoint_ledger(tid).get("jobs_applied")
+        if applied is not None:
+            tenant.jobs_applied = int(applied)
+        tenant.last_checkpoint_version = restored
+        return restored
     except NotFoundError:
         gone = config is None or ctx.tenants.get(tid) is not tenant
         if gone or ctx.training.latest_checkpoint(tid) is not None:
