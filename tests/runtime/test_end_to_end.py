@@ -116,3 +116,16 @@ def test_mixed_workloads_run_to_completion(
         assert "train" in kinds
     wid = local.workload_ids["reach-eval"]
     assert (run_dir / "outputs" / "reach-eval" / "workloads" / wid / "metrics.jsonl").is_file()
+
+
+def test_a_local_run_takes_the_sub_envs_its_file_declares(tmp_path: Path, tiny_model: str) -> None:
+    """``joynexus run`` is single-user: more sub-envs than a hosted server's cap run."""
+    from joynexus.master.limits import MasterLimits
+
+    wide = MasterLimits().max_num_envs + 4
+    specs = [rl_spec("wide", tiny_model, tmp_path / "out", target=1, horizon=2, num_envs=wide)]
+    opened: list[LocalRun] = []
+    summary = asyncio.run(run_workloads(specs, tmp_path / "run", on_open=opened.append))
+    assert summary.tenants["wide"].state == "completed", summary.tenants["wide"].errors
+    (local,) = opened
+    assert local.master is not None and local.master.limits.max_num_envs == wide

@@ -146,8 +146,12 @@ class LocalRun:
         roots = sorted(
             {w.spec.dataset.path.resolve().parent for w in compiled.workloads if w.spec.dataset}
         )
+        # A single-user run: the file's author owns the machine, so the sub-envs it
+        # declares are its own choice, not a hosted server's cap.
+        envs = [w.spec.env.num_envs for w in compiled.workloads if w.spec.env is not None]
         limits = self.limits or MasterLimits(
             dataset_roots=roots,
+            max_num_envs=max([MasterLimits().max_num_envs, *envs]),
             denied_env_kinds=[],
             cross_tenant_eval=True,
             max_active_workloads_per_tenant=max(2, len(compiled.workloads)),
