@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ try:  # psutil is not a declared dependency: without it nothing is reaped or lis
 except ImportError:  # pragma: no cover - depends on the environment
     psutil = None
 
+from joynexus.bench.server_procs import free_port
 from joynexus.control.job import TrainingJob
 from joynexus.control.scheduler import TrainingScheduler
 
@@ -49,13 +49,6 @@ WAIT_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 30.0
 
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout_s: float = WAIT_TIMEOUT_S) -> T:

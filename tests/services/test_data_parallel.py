@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from joynexus.bench.server_procs import free_port
 from joynexus.control.job import TaskType
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
@@ -88,12 +88,6 @@ def _rank_main(rank: int, world: int, port: int, model_dir: str, out: str) -> No
     torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.slow
 def test_two_gloo_ranks_train_the_same_losses_and_weights_as_one_process(
     tiny_model_dir: Any, tmp_path: Path
@@ -109,7 +103,7 @@ def test_two_gloo_ranks_train_the_same_losses_and_weights_as_one_process(
     )
     mp.start_processes(
         _rank_main,
-        args=(2, _free_port(), model_dir, str(tmp_path)),
+        args=(2, free_port(), model_dir, str(tmp_path)),
         nprocs=2,
         join=True,
         start_method="spawn",

@@ -28,6 +28,7 @@ __all__ = [
     "STOP_TIMEOUT_S",
     "RssSampler",
     "Server",
+    "free_port",
     "psutil_module",
     "running_servers",
     "start_server",
@@ -47,7 +48,8 @@ def psutil_module() -> Any:
     return psutil
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -102,7 +104,7 @@ class Server:
 
 
 def start_server(run_dir: Path, model: str, threads: int, extra_args: Sequence[str] = ()) -> Server:
-    port = _free_port()
+    port = free_port()
     run_dir.mkdir(parents=True, exist_ok=True)
     log = run_dir / "serve.log"
     exe = Path(sys.executable).with_name("joynexus")

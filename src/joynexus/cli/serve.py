@@ -374,8 +374,10 @@ def serve(
 
         fronts = default_front_procs() if front_procs is None else front_procs
         if fronts > 0:
-            console.print(f"{fronts} front process(es) decode HTTP on port {port}")
-            side = None if openpi_port is None else _openpi_server(live.app, host, openpi_port)
+            doors = f"ports {port} and {openpi_port}" if openpi_port else f"port {port}"
+            console.print(f"{fronts} front process(es) decode HTTP and websockets on {doors}")
+            if openpi_port is not None:
+                console.print(_openpi_line(host, openpi_port))
             serve_with_fronts(
                 live.app,
                 host=host,
@@ -383,7 +385,7 @@ def serve(
                 fronts=fronts,
                 options=options,
                 limits=connection_limits,
-                side=side,
+                openpi_port=openpi_port,
             )
         elif openpi_port is None:
             uvicorn.run(live.app, host=host, port=port, log_level="info", **options)
@@ -540,6 +542,10 @@ def _serve_with_openpi(
     )
 
 
+def _openpi_line(host: str, openpi_port: int) -> str:
+    return f"openpi websocket policy endpoint: ws://{host}:{openpi_port} (GET /healthz there)"
+
+
 def _openpi_server(app: FastAPI, host: str, openpi_port: int) -> Any:
     """The openpi port's server (its own app, the main app's state)."""
     import uvicorn
@@ -548,9 +554,7 @@ def _openpi_server(app: FastAPI, host: str, openpi_port: int) -> Any:
 
     state = app.state.joynexus
     side = openpi_app(state, state.service(OPENPI))
-    console.print(
-        f"openpi websocket policy endpoint: ws://{host}:{openpi_port} (GET /healthz there)"
-    )
+    console.print(_openpi_line(host, openpi_port))
     return uvicorn.Server(
         uvicorn.Config(side, host=host, port=openpi_port, log_level="info", lifespan="off")
     )

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from joynexus.bench.robots import openpi_python
-from joynexus.bench.server_procs import Server, running_servers
+from joynexus.bench.server_procs import Server, free_port, running_servers
 from joynexus.bench.serving import _open_tenant
 
 psutil = pytest.importorskip("psutil")
@@ -39,11 +39,12 @@ def _python() -> Path:
     return python
 
 
-def _open(root: Path, front_procs: int) -> Iterator[tuple[Server, str]]:
-    with running_servers(root, ["server"], MODEL, 1, ["--front-procs", str(front_procs)]) as (
-        server,
-    ):
-        yield server, _open_tenant(server, "alice", MODEL)
+def _open(root: Path, front_procs: int) -> Iterator[tuple[Server, str, int]]:
+    """A server with its main port and an ``--openpi-port``; (server, key, openpi port)."""
+    side = free_port()
+    args = ["--front-procs", str(front_procs), "--openpi-port", str(side)]
+    with running_servers(root, ["server"], MODEL, 1, args) as (server,):
+        yield server, _open_tenant(server, "alice", MODEL), side
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +58,11 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             gen.close()
 
 
-def _robot(server: Server, key: str, mode: str) -> subprocess.Popen[str]:
+def _robot(server: Server, key: str, mode: str, port: int | None = None) -> subprocess.Popen[str]:
+    """A robot on the main port's ``/v1/openpi``, or on the openpi ``port``'s ``/``."""
     url = server.url.replace("http://", "ws://") + "/v1/openpi"
+    if port is not None:
+        url = f"ws://127.0.0.1:{port}"
     return subprocess.Popen(
         [str(_python()), str(ROBOT), url, key, mode],
         stdin=subprocess.PIPE,
@@ -78,7 +82,7 @@ def _decoded(server: Server) -> dict[str, float]:
 def test_a_front_decodes_openpi_frames_and_answers_the_same(pair: dict[str, Any]) -> None:
     seen = {}
     for name in ("plain", "front"):
-        server, key = pair[name]
+        server, key, _ = pair[name]
         out, _ = _robot(server, key, "answers").communicate(timeout=120)
         seen[name] = json.loads(out.strip().splitlines()[-1])
     plain, front = seen["plain"], seen["front"]
@@ -93,13 +97,37 @@ def test_a_front_decodes_openpi_frames_and_answers_the_same(pair: dict[str, Any]
     assert _decoded(pair["front"][0]) == {"openpi_decode_front": 2.0}
 
 
+@pytest.mark.timeout(300)
+def test_the_openpi_port_is_decoded_in_the_front_and_answers_the_same(
+    pair: dict[str, Any],
+) -> None:
+    seen = {}
+    for name in ("plain", "front"):
+        server, key, port = pair[name]
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).text == "OK\n"
+        before = _decoded(server)
+        out, _ = _robot(server, key, "answers", port).communicate(timeout=120)
+        seen[name] = json.loads(out.strip().splitlines()[-1])
+        after = _decoded(server)
+        seen[name]["decoded"] = {k: after[k] - before.get(k, 0.0) for k in after}
+    plain, front = seen["plain"], seen["front"]
+    assert front["metadata"] == plain["metadata"]
+    np.testing.assert_allclose(front["actions"], plain["actions"], rtol=1e-5, atol=1e-6)
+    assert front["error"] == plain["error"] and "expected keys" in str(plain["error"])
+    assert front["close_code"] == plain["close_code"] == 1011
+    # The openpi port's two good frames: decoded in the model process without fronts,
+    # in the front with one (the model process decoded none of them).
+    assert plain["decoded"] == {"openpi_decode": 2.0}
+    assert {k: v for k, v in front["decoded"].items() if v} == {"openpi_decode_front": 2.0}
+
+
 def _fronts(server: Server) -> list[Any]:
     return [p for p in server.tree() if "joynexus.server.front.worker" in " ".join(p.cmdline())]
 
 
 @pytest.mark.timeout(300)
 def test_a_killed_front_closes_the_robots_connection(pair: dict[str, Any]) -> None:
-    server, key = pair["front"]
+    server, key, _ = pair["front"]
     robot = _robot(server, key, "hold")
     assert robot.stdout is not None and robot.stdin is not None
     assert robot.stdout.readline().strip() == "ready"

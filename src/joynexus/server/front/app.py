@@ -10,7 +10,8 @@
   the body is bad too).
 * everything else (control routes, long polls, the dashboard, ``/metrics``) is
   forwarded unchanged to the loopback server, streamed both ways;
-* ``/v1/openpi`` (websocket): the handshake and metadata come from the model process's
+* ``/v1/openpi`` (websocket), and ``/`` of the openpi port (:func:`front_openpi_app`,
+  when the server has ``--openpi-port``): the handshake and metadata come from the model process's
   gateway over an upstream connection, the request frames are decoded, validated and
   answered here (:mod:`.openpi`), the observations reaching the model process through
   the same slots as a predict's.
@@ -34,6 +35,7 @@ import numpy as np
 from fastapi import FastAPI, Request, Response, WebSocket
 from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
+from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
@@ -47,10 +49,12 @@ from joynexus.server.errors import REQUEST_ID_HEADER, install_error_handlers, re
 from joynexus.server.front.channel import SlotRing, encode_frame, read_frame
 from joynexus.server.front.openpi import connect_upstream, decode_websocket
 from joynexus.server.names import PathName
+from joynexus.server.openpi.app import PATH as OPENPI_PATH
+from joynexus.server.openpi.app import openpi_port_app
 from joynexus.server.routes.models import PredictIn, PredictOut, check_predict_size
 from joynexus.server.wire import decode_bytes, respond
 
-__all__ = ["HubClient", "front_app", "tensors_of"]
+__all__ = ["HubClient", "front_app", "front_openpi_app", "tensors_of"]
 
 _PATH_NAME: TypeAdapter[str] = TypeAdapter(PathName)
 #: Connection-level headers a proxy must not pass on (RFC 9110 §7.6.1).
@@ -271,18 +275,37 @@ def front_app(
         hub.encoded(time.perf_counter() - encoding)
         return response
 
-    @app.websocket("/v1/openpi")
+    @app.websocket(OPENPI_PATH)
     async def openpi(websocket: WebSocket) -> None:
-        if front_token:
-            await decode_websocket(websocket, loopback, hub, front_token)
-        else:
-            await relay_websocket(websocket, loopback)
+        await _openpi(websocket, loopback, hub, front_token)
 
     @app.api_route("/{path:path}", methods=_METHODS, include_in_schema=False)
     async def everything_else(request: Request) -> Response:
         return await forward(request)
 
     return app
+
+
+def front_openpi_app(hub: HubClient, loopback: str, front_token: str = "") -> Starlette:
+    """The app one front process serves on ``joynexus serve --openpi-port``: what the
+    model process's :func:`~joynexus.server.openpi.app.openpi_app` serves there (the
+    websocket at ``/``, ``GET /healthz``), the websocket decoded here as on the main
+    port's ``/v1/openpi``, which its upstream connection names."""
+
+    async def endpoint(websocket: WebSocket) -> None:
+        await _openpi(websocket, loopback, hub, front_token, OPENPI_PATH)
+
+    return openpi_port_app(endpoint)
+
+
+async def _openpi(
+    websocket: WebSocket, loopback: str, hub: HubClient, front_token: str, path: str | None = None
+) -> None:
+    """One openpi connection: decoded here with the gateway's front token, else relayed."""
+    if front_token:
+        await decode_websocket(websocket, loopback, hub, front_token, path)
+    else:
+        await relay_websocket(websocket, loopback, path)
 
 
 def _content(request: Request) -> Any:
@@ -293,11 +316,12 @@ def _content(request: Request) -> Any:
     return None
 
 
-async def relay_websocket(websocket: WebSocket, loopback: str) -> None:
-    """Relay one websocket to the same path on the loopback server, both ways."""
+async def relay_websocket(websocket: WebSocket, loopback: str, path: str | None = None) -> None:
+    """Relay one websocket to ``path`` (default: its own) on the loopback server, both
+    ways."""
     from websockets.exceptions import ConnectionClosed
 
-    upstream = await connect_upstream(websocket, loopback)
+    upstream = await connect_upstream(websocket, loopback, path=path)
     if upstream is None:
         return
     await websocket.accept()

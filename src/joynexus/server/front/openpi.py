@@ -50,15 +50,18 @@ __all__ = ["Hub", "connect_upstream", "decode_websocket"]
 
 
 async def connect_upstream(
-    websocket: WebSocket, loopback: str, extra: list[tuple[str, str]] | None = None
+    websocket: WebSocket,
+    loopback: str,
+    extra: list[tuple[str, str]] | None = None,
+    path: str | None = None,
 ) -> Any:
-    """The upstream connection for ``websocket`` to the same path on the loopback server,
-    or None when it was refused there (the client got the same status and body) or the
-    model process is not answering (the client got close 1011)."""
+    """The upstream connection for ``websocket`` to ``path`` (default: its own path) on
+    the loopback server, or None when it was refused there (the client got the same
+    status and body) or the model process is not answering (the client got close 1011)."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import InvalidStatus
 
-    url = "ws" + loopback.removeprefix("http") + websocket.url.path
+    url = "ws" + loopback.removeprefix("http") + (path or websocket.url.path)
     if websocket.url.query:
         url += "?" + websocket.url.query
     keep = {"authorization", "api-key", REQUEST_ID_HEADER.lower()}
@@ -85,11 +88,18 @@ async def connect_upstream(
     return None
 
 
-async def decode_websocket(websocket: WebSocket, loopback: str, hub: Hub, front_token: str) -> None:
-    """Serve one openpi connection, decoding its frames here (see the module docstring)."""
+async def decode_websocket(
+    websocket: WebSocket, loopback: str, hub: Hub, front_token: str, path: str | None = None
+) -> None:
+    """Serve one openpi connection, decoding its frames here (see the module docstring).
+
+    Args:
+        path: The gateway's path on the loopback server (default: the connection's own;
+            the openpi port's ``/`` names :data:`~joynexus.server.openpi.app.PATH`).
+    """
     from websockets.exceptions import ConnectionClosed
 
-    upstream = await connect_upstream(websocket, loopback, [(FRONT_HEADER, front_token)])
+    upstream = await connect_upstream(websocket, loopback, [(FRONT_HEADER, front_token)], path)
     if upstream is None:
         return
     await websocket.accept()

@@ -3,7 +3,8 @@
 :func:`serve_with_fronts` binds the public port itself, serves the live app on a
 loopback port (the internal server the fronts forward non-predict routes to) with the
 :class:`~joynexus.server.front.hub.FrontHub` beside it in the same event loop, and,
-once the app started, starts N front processes that all accept on the public socket.
+once the app started, starts N front processes that all accept on the public socket
+(and on the ``--openpi-port`` socket, when there is one).
 
 :class:`FrontSupervisor` keeps N of them: a front that exits or is killed is started
 again (a fresh shared-memory block, so nothing of the dead one's slots is read twice);
@@ -86,6 +87,8 @@ class FrontSupervisor:
     limits: ConnectionLimits
     #: The openpi gateway's front token (fronts decode openpi frames); "": they relay.
     front_token: str = ""
+    #: The ``--openpi-port`` listening socket, which the fronts accept on too.
+    openpi: socket.socket | None = None
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
     blocks: dict[int, shared_memory.SharedMemory] = field(default_factory=dict)
     restarts: int = 0
@@ -124,10 +127,14 @@ class FrontSupervisor:
             "--limits",
             self.limits.model_dump_json(),
         ]
+        fds = [self.public.fileno()]
+        if self.openpi is not None:
+            fds.append(self.openpi.fileno())
+            cmd += ["--openpi-fd", str(self.openpi.fileno())]
         self._started[index] = time.monotonic()
         self.procs[index] = subprocess.Popen(
             cmd,
-            pass_fds=(self.public.fileno(),),
+            pass_fds=tuple(fds),
             env={**os.environ, FRONT_TOKEN_ENV: self.front_token},
             stdin=subprocess.DEVNULL,
             # Its own session: a terminal's Ctrl-C reaches the model process, which stops
@@ -191,19 +198,24 @@ def serve_with_fronts(
     fronts: int,
     options: dict[str, Any],
     limits: ConnectionLimits,
-    side: uvicorn.Server | None = None,
+    openpi_port: int | None = None,
 ) -> None:
     """Serve ``app`` (the live app) behind ``fronts`` front processes on host:port.
 
     Args:
         options: uvicorn options of the public connections (the fronts rebuild them from
             ``limits``); the loopback server gets them too.
-        side: Another server to run in the same event loop (the openpi port's).
+        openpi_port: ``--openpi-port``: the fronts accept there too and decode its
+            websocket, as they do the main port's ``/v1/openpi``.
     """
     state = app.state.joynexus
     assert isinstance(state, ServerState)
     public = socket.create_server((host, port), backlog=2048)
     public.set_inheritable(True)
+    openpi = None
+    if openpi_port is not None:
+        openpi = socket.create_server((host, openpi_port), backlog=2048)
+        openpi.set_inheritable(True)
     internal = socket.create_server(("127.0.0.1", 0))
     loopback = f"http://127.0.0.1:{internal.getsockname()[1]}"
     with tempfile.TemporaryDirectory(prefix="joynexus-front-") as tmp:  # mode 0700
@@ -217,9 +229,9 @@ def serve_with_fronts(
         if isinstance(gateway, OpenPIGateway):
             token = gateway.front_token = secrets.token_urlsafe(32)
         supervisor = FrontSupervisor(
-            fronts, public, hub, hub_path, loopback, state.config, limits, token
+            fronts, public, hub, hub_path, loopback, state.config, limits, token, openpi
         )
-        asyncio.run(_run(server, internal, hub, hub_path, supervisor, side))
+        asyncio.run(_run(server, internal, hub, hub_path, supervisor))
 
 
 async def _run(
@@ -228,11 +240,9 @@ async def _run(
     hub: FrontHub,
     hub_path: Path,
     supervisor: FrontSupervisor,
-    side: uvicorn.Server | None,
 ) -> None:
     await hub.start(hub_path)
     serving = asyncio.create_task(server.serve(sockets=[internal]))
-    others = [asyncio.create_task(side.serve())] if side is not None else []
     watching: asyncio.Task[None] | None = None
     try:
         while not server.started and not serving.done():
@@ -242,16 +252,12 @@ async def _run(
             log.info("%d front process(es) accept on the public port", supervisor.count)
             watching = asyncio.create_task(supervisor.watch())
         while not server.should_exit and not serving.done():
-            if any(t.done() for t in others):
-                server.should_exit = True
             await asyncio.sleep(POLL_S)
         # Shutting down: the fronts stop first (they finish what they hold), then the app.
         if watching is not None:
             watching.cancel()
         await asyncio.to_thread(supervisor.stop)
-        if side is not None:
-            side.should_exit = True
-        await asyncio.gather(serving, *others, return_exceptions=True)
+        await asyncio.gather(serving, return_exceptions=True)
     finally:
         if watching is not None:
             watching.cancel()

@@ -4,7 +4,9 @@ Started by :class:`~joynexus.server.front.supervisor.FrontSupervisor` with the p
 listening socket inherited as file descriptor ``--fd`` (every front accepts on the same
 socket, the kernel hands each connection to one of them), the hub's socket path, its
 index and shared-memory block, the loopback URL of the model process, the server's
-configuration and its connection limits. It never imports torch.
+configuration and its connection limits; with ``--openpi-fd``, the listening socket of
+``joynexus serve --openpi-port`` too, which it serves as the model process would
+(:func:`~joynexus.server.front.app.front_openpi_app`). It never imports torch.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import argparse
 import asyncio
 import os
 import socket
+from typing import Any
 
 import uvicorn
 
 from joynexus.server.config import ServerConfig
 from joynexus.server.connections import ConnectionLimits, install_log_limits, uvicorn_options
-from joynexus.server.front.app import HubClient, front_app
+from joynexus.server.front.app import HubClient, front_app, front_openpi_app
 from joynexus.server.front.channel import FRONT_TOKEN_ENV, SlotRing, attach
 
 __all__ = ["main"]
@@ -27,6 +30,7 @@ __all__ = ["main"]
 def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="joynexus-front", description=__doc__)
     p.add_argument("--fd", type=int, required=True, help="the public listening socket")
+    p.add_argument("--openpi-fd", type=int, default=-1, help="the openpi port's socket")
     p.add_argument("--hub", required=True, help="the model process's hub socket path")
     p.add_argument("--index", type=int, required=True)
     p.add_argument("--shm", default="", help="this front's shared-memory block")
@@ -44,21 +48,30 @@ async def _serve(args: argparse.Namespace) -> None:
     hub = HubClient(args.hub, args.index, ring)
     await hub.connect()
     install_log_limits(limits)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            front_app(config, hub, args.loopback, os.environ.get(FRONT_TOKEN_ENV, "")),
-            log_level="info",
-            **uvicorn_options(limits),
-        )
-    )
+    token = os.environ.get(FRONT_TOKEN_ENV, "")
+    apps: list[tuple[Any, int]] = [(front_app(config, hub, args.loopback, token), args.fd)]
+    if args.openpi_fd >= 0:
+        apps.append((front_openpi_app(hub, args.loopback, token), args.openpi_fd))
+    servers = [
+        uvicorn.Server(uvicorn.Config(app, log_level="info", **uvicorn_options(limits)))
+        for app, _ in apps
+    ]
 
     def lost() -> None:  # the model process is gone or restarting: stop, be replaced
-        server.should_exit = True
+        for server in servers:
+            server.should_exit = True
 
     hub.on_lost = lost
-    sock = socket.socket(fileno=args.fd)
+    serving = [
+        asyncio.create_task(server.serve(sockets=[socket.socket(fileno=fd)]))
+        for server, (_, fd) in zip(servers, apps, strict=True)
+    ]
     try:
-        await server.serve(sockets=[sock])
+        # Whichever stops first (a signal reaches the last one to install handlers)
+        # takes the other down with it.
+        await asyncio.wait(serving, return_when=asyncio.FIRST_COMPLETED)
+        lost()
+        await asyncio.gather(*serving, return_exceptions=True)
     finally:
         await hub.close()
         if ring is not None:

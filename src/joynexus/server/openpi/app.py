@@ -12,6 +12,7 @@ registry), so the per-tenant connection bound counts both doors.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import uvicorn
 from fastapi import APIRouter
@@ -24,7 +25,7 @@ from starlette.websockets import WebSocket
 from joynexus.server.openpi.gateway import OpenPIGateway
 from joynexus.server.state import ServerState
 
-__all__ = ["OPENPI", "PATH", "openpi_app", "router", "serve_together"]
+__all__ = ["OPENPI", "PATH", "openpi_app", "openpi_port_app", "router", "serve_together"]
 
 #: Registry extra: the server's :class:`OpenPIGateway`.
 OPENPI = "openpi"
@@ -48,6 +49,13 @@ def openpi_app(state: ServerState, gateway: OpenPIGateway) -> Starlette:
 
     async def endpoint(websocket: WebSocket) -> None:
         await gateway.serve(websocket, state)
+
+    return openpi_port_app(endpoint)
+
+
+def openpi_port_app(endpoint: Callable[[WebSocket], Awaitable[None]]) -> Starlette:
+    """What the openpi port serves, with ``endpoint`` answering its websocket at ``/``
+    (the model process's gateway, or a front process's decoder)."""
 
     async def healthz(_: Request) -> PlainTextResponse:
         return PlainTextResponse("OK\n")
