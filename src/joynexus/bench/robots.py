@@ -14,6 +14,11 @@ One JoyNexus (tiny backbone, in this process) serves ``tenants`` tenants, each a
 * **joynexus** — the gateway of ``joynexus serve --openpi-port``: every request awaits
   the Master's ``predict``, so requests of all robots and tenants are group-batched
   in the Inference Queue.
+* **joynexus-fronts-N** (``front_procs``, once per value) — a real ``joynexus serve
+  --front-procs N --openpi-port P`` process: the robots' frames are decoded and
+  validated, and the answers encoded, in its N front processes (none with 0), the
+  model process only batching and running the model. Its figures come from its
+  ``/metrics``.
 
 Reported per side: actions/s (actions received over the wall time from the common
 start to the last answer), requests/s, p50 / p99 latency per robot and over all, the
@@ -25,11 +30,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -40,6 +46,7 @@ import uvicorn
 from rich.console import Console
 from rich.table import Table
 
+from joynexus.bench.server_procs import free_port, running_servers
 from joynexus.interop.venvs import side_python
 from joynexus.runtime.hosting import InProcess, RuntimeConfig
 from joynexus.server.auth import TenantStore
@@ -47,6 +54,7 @@ from joynexus.server.openpi import OPENPI, OpenPIGateway, openpi_app
 from joynexus.server.openpi.app import serve_together
 from joynexus.server.serve import build_live_app, build_plane
 from joynexus.spec.workload import BaseModelSpec
+from joynexus.utils.affinity import available_cores
 
 __all__ = [
     "OPENPI_VENV_ENV",
@@ -202,8 +210,15 @@ def run_robots_bench(
     image_size: int = 224,
     model: str = "tiny:qwen2_5_vl",
     client_python: Path | None = None,
+    front_procs: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """Run both sides (see module docstring) and return the report."""
+    """Run every side (see module docstring) and return the report.
+
+    Args:
+        front_procs: One ``joynexus serve`` process per value, with that many front
+            processes; each side's ratios to the sequential server are in
+            ``by_front_procs``.
+    """
     python = client_python or openpi_python()
     if not python.is_file():
         raise RuntimeError(
@@ -246,7 +261,17 @@ def run_robots_bench(
                     }
         finally:
             live.host.close()
+        for n in front_procs:
+            sides[f"joynexus-fronts-{n}"] = _served(python, model, tenants, image_size, cfg, tmp, n)
     seq, jnx = sides["sequential"], sides["joynexus"]
+    served = {
+        str(n): {
+            "actions_per_s_ratio": sides[f"joynexus-fronts-{n}"]["actions_per_s"]
+            / seq["actions_per_s"],
+            "p99_ratio": sides[f"joynexus-fronts-{n}"]["p99_ms"] / seq["p99_ms"],
+        }
+        for n in front_procs
+    }
     return {
         "robots": robots,
         "tenants": tenants,
@@ -259,7 +284,56 @@ def run_robots_bench(
         "joynexus": jnx,
         "actions_per_s_ratio": jnx["actions_per_s"] / seq["actions_per_s"],
         "p99_ratio": jnx["p99_ms"] / seq["p99_ms"],
+        **{k: v for k, v in sides.items() if k.startswith("joynexus-fronts-")},
+        **({"by_front_procs": served} if served else {}),
     }
+
+
+def _served(
+    python: Path,
+    model: str,
+    tenants: int,
+    image_size: int,
+    cfg: dict[str, Any],
+    tmp: Path,
+    fronts: int,
+) -> dict[str, Any]:
+    """The robots against a ``joynexus serve --front-procs fronts --openpi-port`` process,
+    with every core for its model (as the in-process sides have)."""
+    port = free_port()
+    args = ["--front-procs", str(fronts), "--openpi-port", str(port)]
+    threads = len(available_cores())
+    with running_servers(tmp / f"served-f{fronts}", ["server"], model, threads, args) as (server,):
+        admin = (server.run_dir / "admin.key").read_text().strip()
+        keys = _open_tenants(server.url, admin, model, tenants, image_size)
+        before = _scraped(server.url)
+        raw = _drive(python, port, keys, cfg, tmp)
+        after = _scraped(server.url)
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    side = _side(raw, (int(delta.pop("samples", 0)), int(delta.pop("batches", 0))))
+    side["stage_s"] = {k: round(v, 4) for k, v in delta.items()}
+    side["front_procs"] = fronts
+    return side
+
+
+_STAGE = re.compile(r'^joynexus_predict_stage_seconds_total\{stage="(\w+)"\} (\S+)$')
+_BATCHES = {
+    "joynexus_system_inference_batch_size_sum": "samples",
+    "joynexus_system_inference_batch_latency_s_count": "batches",
+}
+
+
+def _scraped(url: str) -> dict[str, float]:
+    """A server's rows and batches so far, and its seconds per predict stage."""
+    out: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        stage = _STAGE.match(line)
+        name, _, value = line.rpartition(" ")
+        if stage is not None:
+            out[stage.group(1)] = float(stage.group(2))
+        elif name in _BATCHES:
+            out[_BATCHES[name]] = float(value)
+    return out
 
 
 def _batches(plane: Any) -> tuple[int, int]:
@@ -281,7 +355,12 @@ def print_report(result: dict[str, Any], console: Console) -> None:
     table = Table(
         "server", "actions/s", "requests/s", "p50 ms", "p99 ms", "worst robot p99", "mean batch"
     )
-    for name in ("sequential", "joynexus"):
+    names = [
+        "sequential",
+        "joynexus",
+        *(f"joynexus-fronts-{n}" for n in result.get("by_front_procs", {})),
+    ]
+    for name in names:
         s = result[name]
         table.add_row(
             name,
@@ -298,3 +377,8 @@ def print_report(result: dict[str, Any], console: Console) -> None:
         f"actions/s = {result['actions_per_s_ratio']:.2f}x (higher is better), "
         f"p99 = {result['p99_ratio']:.2f}x (lower is better)"
     )
+    for n, r in result.get("by_front_procs", {}).items():
+        console.print(
+            f"joynexus serve with {n} front process(es) / sequential: actions/s = "
+            f"{r['actions_per_s_ratio']:.2f}x, p99 = {r['p99_ratio']:.2f}x"
+        )

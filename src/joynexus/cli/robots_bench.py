@@ -33,6 +33,16 @@ def bench_robots(
             "make install builds).",
         ),
     ] = None,
+    front_procs: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--front-procs",
+            min=0,
+            max=64,
+            help="Also run a `joynexus serve --front-procs N --openpi-port` process per "
+            "value (repeat the option for several), its frames decoded in N front processes.",
+        ),
+    ] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write JSON here.")] = None,
 ) -> None:
     """N robots on the real openpi_client against JoyNexus's openpi endpoint (group-batched
@@ -50,6 +60,7 @@ def bench_robots(
             image_size=image_size,
             model=model,
             client_python=client_python,
+            front_procs=sorted(set(front_procs or [])),
         )
     except RuntimeError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
