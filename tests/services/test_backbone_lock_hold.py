@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,12 @@ class TimedRLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+    @contextmanager
+    def priority(self) -> Iterator[TimedRLock]:
+        """A priority acquisition (a publication, a predict batch): timed the same."""
+        with self:
+            yield self
 
 
 def _services(base: ResidentBaseModel, tmp_path: Path) -> tuple[Any, InferenceModelService]:

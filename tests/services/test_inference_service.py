@@ -214,3 +214,43 @@ def test_a_non_finite_prediction_fails_that_request_alone(base: ResidentBaseMode
         np.testing.assert_allclose(rb.actions, sb.actions, atol=1e-5)
 
     asyncio.run(main())
+
+
+def test_a_publication_goes_at_a_training_steps_next_phase_not_after_the_step(
+    base: ResidentBaseModel,
+) -> None:
+    """A step holds the backbone lock and yields to priority acquirers between phases:
+    a publication issued during the step lands at that yield, while the step still runs
+    (its commit then never delays the tenant's next step)."""
+    import threading
+
+    from joynexus.services.tenancy import backbone_lock
+
+    lock = backbone_lock(base)
+    holding, publishing, finish = threading.Event(), threading.Event(), threading.Event()
+
+    def step() -> None:  # a training step: ordinary holder, yields between its phases
+        with lock:
+            holding.set()
+            publishing.wait(timeout=30)
+            while lock.priority_waiting == 0 and not finish.is_set():
+                finish.wait(0.001)
+            lock.yield_to_priority()  # its phase boundary
+            finish.wait(timeout=30)  # the rest of the step
+
+    async def main() -> None:
+        async with make_service(base, max_batch_size=1) as svc:
+            await svc.add_tenant(config("a"))
+            worker = threading.Thread(target=step)
+            worker.start()
+            try:
+                assert await asyncio.to_thread(holding.wait, 30)
+                publishing.set()
+                await asyncio.wait_for(svc.load_weights("a", 1, perturbed(svc, "a")), 10)
+                assert svc.current_policy_version("a") == 1
+                assert worker.is_alive()  # the step had not ended: the lock is still its
+            finally:
+                finish.set()
+                await asyncio.to_thread(worker.join, 30)
+
+    asyncio.run(main())

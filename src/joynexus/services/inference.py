@@ -215,6 +215,19 @@ class InferenceModelService:
         with self._lock:
             fn(*args)
 
+    def _publish(
+        self, tenant_id: str, version: int, named_tensors: Mapping[str, torch.Tensor]
+    ) -> None:
+        # A priority acquirer, like a predict batch: a training step lets it run at its
+        # next phase boundary instead of after the whole step. Otherwise an SFT tenant's
+        # publication (its commit, running behind its next update) waits out that update
+        # and then holds the lock while the update after it wants to start: the device
+        # idles between the tenant's steps. Safe between phases for the same reason a
+        # predict is: the new slot is built under its own forked RNG (the step's global
+        # RNG state is restored before it resumes) and touches no training state.
+        with self._lock.priority():
+            self.states.publish(tenant_id, version, named_tensors)
+
     async def load_weights(
         self, tenant_id: str, version: int, named_tensors: Mapping[str, torch.Tensor]
     ) -> None:
@@ -228,9 +241,7 @@ class InferenceModelService:
         """
         check_finite_tensors(named_tensors)
         start = time.perf_counter()
-        await asyncio.to_thread(
-            self._locked, self.states.publish, tenant_id, version, named_tensors
-        )
+        await asyncio.to_thread(self._publish, tenant_id, version, named_tensors)
         self._instruments.weight_sync(tenant_id, time.perf_counter() - start, version)
 
     def current_policy_version(self, tenant_id: str) -> int:
