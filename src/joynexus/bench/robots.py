@@ -308,7 +308,8 @@ def _served(
         keys = _open_tenants(server.url, admin, model, tenants, image_size)
         before = _scraped(server.url)
         raw = _drive(python, port, keys, cfg, tmp)
-        after = _scraped(server.url)
+        rows = cfg["robots"] * (cfg["requests"] + cfg["warmup"])  # one row a decision
+        after = _settled(server.url, before, rows)
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     side = _side(raw, (int(delta.pop("samples", 0)), int(delta.pop("batches", 0))))
     side["stage_s"] = {k: round(v, 4) for k, v in delta.items()}
@@ -316,11 +317,27 @@ def _served(
     return side
 
 
+#: How long a served side's batch meters may take to count its last answers.
+SETTLE_S = 30.0
 _STAGE = re.compile(r'^joynexus_predict_stage_seconds_total\{stage="(\w+)"\} (\S+)$')
 _BATCHES = {
     "joynexus_system_inference_batch_size_sum": "samples",
     "joynexus_system_inference_batch_latency_s_count": "batches",
 }
+
+
+def _settled(url: str, before: dict[str, float], rows: int) -> dict[str, float]:
+    """The server's figures once its batch meters count ``rows`` more rows than
+    ``before`` (they reach ``/metrics`` through the Metrics Service's delivery thread, a
+    moment after the answers), or as they are after ``SETTLE_S``."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        after = _scraped(url)
+        if after.get("samples", 0.0) - before.get("samples", 0.0) >= rows:
+            return after
+        if time.monotonic() > deadline:
+            return after
+        time.sleep(0.1)
 
 
 def _scraped(url: str) -> dict[str, float]:
