@@ -353,18 +353,22 @@ class TrainingQueue:
     ) -> list[int]:
         return await asyncio.to_thread(self.queue_put, partition_id, data, metadata)
 
-    async def _on_loop(self, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    async def _on_loop(
+        self, fn: Callable[..., _T], *args: Any, inline: Callable[[], bool] | None = None
+    ) -> _T:
         # Metadata calls (no sample data copied) answer on the caller's event loop when
         # the lock is free: they take microseconds, a worker-thread hop about a
         # millisecond on a busy core, several per training job (the demo's profile,
-        # RESULTS §1.2). When another thread holds the lock (a producer's put), the call
+        # RESULTS §1.2). When another thread holds the lock (a producer's put), or
+        # ``inline`` (asked under the lock) says the call is too big for the loop, it
         # goes to a worker thread instead, so the loop never blocks on it.
         if self._lock.acquire(blocking=False):
             try:
-                return fn(*args, **kwargs)
+                if inline is None or inline():
+                    return fn(*args)
             finally:
                 self._lock.release()
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        return await asyncio.to_thread(fn, *args)
 
     async def async_get_meta(
         self, partition_id: str, data_fields: Sequence[str], batch_size: int, task_name: str
@@ -380,16 +384,13 @@ class TrainingQueue:
     async def async_get_data(self, meta: BatchMeta) -> dict[str, Array]:
         # A small read (an SFT microbatch of small images) is copied on the loop too:
         # the copy takes less than the hop. A large one, or a busy lock, goes to a thread.
-        if self._lock.acquire(blocking=False):
-            try:
-                known = self._storage.exists(meta.partition_id)
-                if known and self.read_nbytes(meta.partition_id, meta.fields, meta.size) <= (
-                    INLINE_READ_BYTES
-                ):
-                    return self.get_data(meta)
-            finally:
-                self._lock.release()
-        return await asyncio.to_thread(self.get_data, meta)
+        def small() -> bool:
+            if not self._storage.exists(meta.partition_id):
+                return False  # get_data's own error, raised in the thread
+            nbytes = self.read_nbytes(meta.partition_id, meta.fields, meta.size)
+            return nbytes <= INLINE_READ_BYTES
+
+        return await self._on_loop(self.get_data, meta, inline=small)
 
     async def async_put(self, data: Mapping[str, Array], metadata: BatchMeta) -> None:
         await asyncio.to_thread(self.put, data, metadata)

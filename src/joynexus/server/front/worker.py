@@ -23,6 +23,7 @@ from joynexus.server.config import ServerConfig
 from joynexus.server.connections import ConnectionLimits, install_log_limits, uvicorn_options
 from joynexus.server.front.app import HubClient, front_app, front_openpi_app
 from joynexus.server.front.channel import FRONT_TOKEN_ENV, SlotRing, attach
+from joynexus.server.openpi.app import serve_together
 
 __all__ = ["main"]
 
@@ -62,16 +63,8 @@ async def _serve(args: argparse.Namespace) -> None:
             server.should_exit = True
 
     hub.on_lost = lost
-    serving = [
-        asyncio.create_task(server.serve(sockets=[socket.socket(fileno=fd)]))
-        for server, (_, fd) in zip(servers, apps, strict=True)
-    ]
     try:
-        # Whichever stops first (a signal reaches the last one to install handlers)
-        # takes the other down with it.
-        await asyncio.wait(serving, return_when=asyncio.FIRST_COMPLETED)
-        lost()
-        await asyncio.gather(*serving, return_exceptions=True)
+        await serve_together(*servers, sockets=[[socket.socket(fileno=fd)] for _, fd in apps])
     finally:
         await hub.close()
         if ring is not None:

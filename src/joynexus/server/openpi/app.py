@@ -12,7 +12,8 @@ registry), so the per-tenant connection bound counts both doors.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import Awaitable, Callable, Sequence
 
 import uvicorn
 from fastapi import APIRouter
@@ -65,12 +66,19 @@ def openpi_port_app(endpoint: Callable[[WebSocket], Awaitable[None]]) -> Starlet
     )
 
 
-async def serve_together(*servers: uvicorn.Server) -> None:
+async def serve_together(
+    *servers: uvicorn.Server, sockets: Sequence[list[socket.socket]] | None = None
+) -> None:
     """Run uvicorn servers in one event loop until one of them stops, then stop all.
 
     Only one of them receives SIGINT / SIGTERM (each installs the handlers in turn, the
-    last one wins); whichever stops first takes the others down with it."""
-    tasks = [asyncio.create_task(s.serve()) for s in servers]
+    last one wins); whichever stops first takes the others down with it.
+
+    Args:
+        sockets: Per server, the listening sockets it serves (default: it binds its own).
+    """
+    bound = sockets if sockets is not None else [None] * len(servers)
+    tasks = [asyncio.create_task(s.serve(sockets=b)) for s, b in zip(servers, bound, strict=True)]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
