@@ -34,5 +34,4 @@ def test_front_procs_add_a_served_side_decoded_in_its_fronts(tmp_path: Path) -> 
     assert zero.get("openpi_decode", 0) > 0 and not zero.get("openpi_decode_front")
     assert one.get("openpi_decode_front", 0) > 0 and not one.get("openpi_decode")
     # The served processes (model and fronts) are gone.
-    left = {p.pid for p in psutil.Process().children(recursive=True)} - before
-    assert not [p for p in psutil.Process().children(recursive=True) if p.pid in left]
+    assert not {p.pid for p in psutil.Process().children(recursive=True)} - before
