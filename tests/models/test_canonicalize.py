@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from joynexus.models import canonicalize as canon
 from joynexus.models.batch import ObservationBatch
@@ -85,3 +86,25 @@ def test_prompts_are_rendered_once_per_instruction(
     )
     third = base.canonicalize([("p", schema, other)])
     assert not torch.equal(first.model_inputs["input_ids"], third.model_inputs["input_ids"])
+
+
+@pytest.mark.parametrize(
+    "shape", [(3, 24, 40, 3), (2, 480, 640, 3), (2, 17, 31, 1), (2, 50, 64, 4)]
+)
+def test_the_resize_is_within_one_level_of_the_float_resize(shape: tuple[int, ...]) -> None:
+    # The canonical resize runs torch's uint8 kernel; the same resize done in floats and
+    # rounded is the reference it must stay within one intensity level of.
+    imgs = np.random.default_rng(1).integers(0, 256, size=shape, dtype=np.uint8)
+    size = 56
+    got = canon.resize_with_pad(imgs, size)
+    x = torch.from_numpy(imgs).permute(0, 3, 1, 2)
+    x = x[:, :1].expand(-1, 3, -1, -1) if shape[-1] < 3 else x[:, :3]
+    h, w = shape[1:3]
+    new_h, new_w = round(h * size / max(h, w)), round(w * size / max(h, w))
+    ref = F.interpolate(
+        x.float(), size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True
+    )
+    top, left = (size - new_h) // 2, (size - new_w) // 2
+    inner = got[:, :, top : top + new_h, left : left + new_w].int()
+    assert int((inner - ref.round().int()).abs().max()) <= 1
+    assert got.shape == (shape[0], 3, size, size) and got.is_contiguous()

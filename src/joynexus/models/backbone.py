@@ -21,6 +21,7 @@ from typing import Any, Literal
 import torch
 
 from joynexus.errors import InvalidRequestError, ModelNotFoundError
+from joynexus.models import vision_share
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.canon_tensor import TensorCanonicalizer
 from joynexus.models.canonicalize import BatchEncoder, CanonicalSpec, canonicalize
@@ -154,6 +155,9 @@ class ResidentBaseModel:
         # The LoRA hooks go on once, here: installing them later could race a forward
         # running in another thread. Without a published row assignment they are no-ops.
         self.lora = LoRAHost(model)
+        #: Whether blank camera slots share one pass through the vision tower and the
+        #: patch embedding is a matrix product (:mod:`joynexus.models.vision_share`).
+        self.shares_blanks = pi0 is None and smolvla is None and vision_share.install(model, arch)
 
     @classmethod
     def from_pretrained(
@@ -407,6 +411,9 @@ class ResidentBaseModel:
                 value = value.to(self.dtype)
             inputs[key] = value.to(self.device)
         feature.model_inputs = inputs
+        if self.shares_blanks:
+            # Planned here, from the CPU mask: no device-to-host copy in the forward.
+            feature.blank_plan = vision_share.blank_plan(feature.camera_mask)
         feature.state = feature.state.to(self.device)
         feature.state_mask = feature.state_mask.to(self.device)
         feature.camera_mask = feature.camera_mask.to(self.device)
@@ -441,7 +448,7 @@ class ResidentBaseModel:
             with torch.set_grad_enabled(grad):
                 return replace(self.smolvla.encode(feature.model_inputs), images=feature.images)
         want_layers = bool(self.output_layers)
-        with torch.set_grad_enabled(grad):
+        with torch.set_grad_enabled(grad), vision_share.shared_blanks(feature.blank_plan):
             out = self.model(
                 **feature.model_inputs,
                 output_hidden_states=want_layers,

@@ -62,10 +62,16 @@ def resize_with_pad(images: np.ndarray, size: int) -> torch.Tensor:
     scale = size / max(h, w)
     new_h, new_w = max(1, round(h * scale)), max(1, round(w * scale))
     if (new_h, new_w) != (h, w):
-        resized = F.interpolate(
-            x.float(), size=(new_h, new_w), mode="bilinear", align_corners=False, antialias=True
+        # torch's uint8 kernel (the one torchvision resizes uint8 images with), on the
+        # channels-last layout the images arrive in: 4-8x faster than resizing them as
+        # floats (the float result, rounded, differs by at most 1 of 255).
+        x = F.interpolate(
+            x.contiguous(memory_format=torch.channels_last),
+            size=(new_h, new_w),
+            mode="bilinear",
+            align_corners=False,
+            antialias=True,
         )
-        x = resized.round().clamp_(0, 255).to(torch.uint8)
     out = torch.zeros((n, 3, size, size), dtype=torch.uint8)
     top, left = (size - new_h) // 2, (size - new_w) // 2
     out[:, :, top : top + new_h, left : left + new_w] = x

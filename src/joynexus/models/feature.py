@@ -48,6 +48,9 @@ class VLAFeature:
         slices: The slice table, in row order, one entry per tenant.
         images: The canonical camera images ``uint8 [B, slots, 3, S, S]`` the inputs
             were laid out from (heads with an image encoder of their own read them).
+        blank_plan: Which images the vision tower encodes when blank slots share one
+            pass, set by the backbone that canonicalized the batch
+            (:func:`joynexus.models.vision_share.blank_plan`); ``None``: every image.
     """
 
     model_inputs: dict[str, torch.Tensor]
@@ -56,6 +59,7 @@ class VLAFeature:
     camera_mask: torch.Tensor
     slices: list[SliceEntry] = field(default_factory=list)
     images: torch.Tensor | None = None
+    blank_plan: tuple[list[int], list[int]] | None = None
 
     @property
     def batch_size(self) -> int:

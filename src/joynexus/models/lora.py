@@ -412,6 +412,11 @@ def lora_rows(assignment: LoRARows | None) -> Iterator[None]:
         _ACTIVE.reset(token)
 
 
+def active_rows() -> LoRARows | None:
+    """The row assignment published for the forward in progress in this thread/task."""
+    return _ACTIVE.get()
+
+
 class LoRAHost:
     """Forward hooks on a backbone's targetable linear layers (installed once).
 

@@ -1,0 +1,128 @@
+"""The Qwen-VL vision tower, without work it repeats.
+
+Two savings, each exact up to float rounding (the same products, summed in another order):
+
+* **One blank per forward.** A row whose tenant shows fewer cameras than the backbone has
+  slots fills the others with the blank canonical image, and every blank gives the same
+  vision features unless a tenant's LoRA adapts the tower. A group batch of n one-camera
+  rows on a two-slot backbone would encode n identical blanks; with :func:`shared_blanks`
+  it encodes one and hands its features to every blank slot. That is about half of the
+  tower, and the tower is about half of a small backbone's forward. A single-policy
+  server answering one row at a time has nothing to share, so this is a saving of group
+  batching.
+* **The patch embedding as one matrix product.** Qwen-VL embeds patches with a
+  ``Conv3d`` whose kernel equals its stride, which is a linear map of each flattened
+  patch; oneDNN's 3-D convolution is several times slower on CPU than the product.
+
+Both are installed on the model instance by :func:`install` (the class is untouched).
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+import torch
+
+from joynexus.models.lora import active_rows
+
+#: Per forward: the images the tower encodes (indices into the flattened row-major
+#: ``[rows, slots]`` images) and, per image, which of those it takes its features from.
+_PLAN: ContextVar[tuple[list[int], list[int]] | None] = ContextVar(
+    "joynexus_vision_share", default=None
+)
+
+QWEN_ARCHES = frozenset({"qwen2_5_vl", "qwen3_vl"})
+
+
+def install(model: torch.nn.Module, arch: str) -> bool:
+    """Give a Qwen-VL base ``model`` both savings; ``False`` (nothing changed) for
+    another architecture or a layout this module does not know."""
+    visual = getattr(model, "visual", None)
+    original = getattr(model, "get_image_features", None)
+    if arch not in QWEN_ARCHES or visual is None or original is None:
+        return False
+    proj = getattr(getattr(visual, "patch_embed", None), "proj", None)
+    if isinstance(proj, torch.nn.Conv3d) and tuple(proj.kernel_size) == tuple(proj.stride):
+        visual.patch_embed.forward = types.MethodType(_patch_embed_forward, visual.patch_embed)
+
+    def get_image_features(
+        pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | None = None, **kwargs: Any
+    ) -> Any:
+        plan = _PLAN.get()
+        if plan is None or image_grid_thw is None or active_rows_see_images():
+            return original(pixel_values, image_grid_thw, **kwargs)
+        keep, source = plan
+        images = int(image_grid_thw.shape[0])
+        if len(source) != images or pixel_values.shape[0] % images:
+            return original(pixel_values, image_grid_thw, **kwargs)
+        per = pixel_values.shape[0] // images  # canonical images: one patch count
+        index = torch.tensor(keep, device=pixel_values.device)
+        kept = pixel_values.view(images, per, -1).index_select(0, index).flatten(0, 1)
+        out = original(kept, image_grid_thw.index_select(0, index.to(image_grid_thw.device)))
+        out.pooler_output = tuple(out.pooler_output[j] for j in source)
+        deepstack = getattr(out, "deepstack_features", None)
+        if deepstack is not None:  # Qwen3-VL: the same images' features at earlier layers
+            out.deepstack_features = [tuple(f[j] for j in source) for f in deepstack]
+        return out
+
+    # An attribute of this instance shadows the class's method for this model only.
+    model.get_image_features = get_image_features  # type: ignore[assignment]
+    return True
+
+
+def active_rows_see_images() -> bool:
+    """Whether the forward in progress has a LoRA adapter on the vision tower (then each
+    row's blank goes through its own adapter and is not shared)."""
+    rows = active_rows()
+    return rows is not None and bool(rows.image_segments)
+
+
+def blank_plan(camera_mask: torch.Tensor) -> tuple[list[int], list[int]] | None:
+    """For ``bool [rows, slots]`` (True: a present camera), the images to encode and each
+    image's source among them, or ``None`` when fewer than two slots are blank."""
+    present = camera_mask.reshape(-1).tolist()
+    if len(present) - sum(present) < 2:
+        return None
+    keep: list[int] = []
+    source: list[int] = []
+    blank = -1
+    for i, shown in enumerate(present):
+        if shown:
+            source.append(len(keep))
+            keep.append(i)
+        else:
+            if blank < 0:
+                blank = len(keep)
+                keep.append(i)
+            source.append(blank)
+    return keep, source
+
+
+@contextmanager
+def shared_blanks(plan: Sequence[Sequence[int]] | None) -> Iterator[None]:
+    """Encode each blank slot of the next forward(s) in this context once
+    (:func:`blank_plan`); ``None`` encodes every image."""
+    token = _PLAN.set(None if plan is None else (list(plan[0]), list(plan[1])))
+    try:
+        yield
+    finally:
+        _PLAN.reset(token)
+
+
+def _patch_embed_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+    # The Conv3d's kernel covers exactly one patch (kernel == stride), so its output is
+    # the product of each flattened (C, T, P, P) patch with the flattened kernel.
+    proj = self.proj
+    weight = proj.weight
+    flat = hidden_states.reshape(-1, weight[0].numel()).to(weight.dtype)
+    out: torch.Tensor = flat @ weight.reshape(weight.shape[0], -1).t()
+    if proj.bias is not None:
+        out = out + proj.bias
+    return out.view(-1, int(self.embed_dim))
+
+
+__all__ = ["QWEN_ARCHES", "blank_plan", "install", "shared_blanks"]

@@ -1,0 +1,120 @@
+"""The Qwen-VL vision tower without repeated work: one pass for the blank slots of a
+forward, the patch embedding as a matrix product; both equal to the plain forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from joynexus.models.backbone import ResidentBaseModel
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.grouped import GroupedExecutor
+from joynexus.models.lora import LoRAConfig
+from joynexus.models.policies import OFTHeadConfig
+from joynexus.models.schema import PUSHT, CameraSpec, DataSchema
+from joynexus.models.slots import TenantSlot
+from joynexus.models.vision_share import blank_plan, shared_blanks
+from tests.models.conftest import TinyBackbone
+
+QWEN = ["qwen2_5_vl", "qwen3_vl"]
+ONE_CAMERA = DataSchema(
+    name="one-cam", cameras={"top": CameraSpec(height=24, width=20)}, state_dim=3, action_dim=2
+)
+
+
+def _groups(n: int) -> list[tuple[str, DataSchema, ObservationBatch]]:
+    return [
+        (f"t{i}", ONE_CAMERA, ObservationBatch.synthetic(ONE_CAMERA, 1 + i % 2, seed=i))
+        for i in range(n)
+    ]
+
+
+class _ImagesSeen:
+    """Counts the images the vision tower encodes (its ``grid_thw`` rows)."""
+
+    def __init__(self, base: ResidentBaseModel) -> None:
+        self.images = 0
+        self._handle = base.model.visual.register_forward_pre_hook(self._count, with_kwargs=True)
+
+    def _count(self, _module: object, args: tuple, kwargs: dict) -> None:
+        grid = kwargs.get("grid_thw", args[1] if len(args) > 1 else None)
+        self.images += int(grid.shape[0])
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
+def test_the_plan_encodes_one_blank_and_maps_every_blank_slot_to_it() -> None:
+    mask = torch.tensor([[True, False], [True, False], [False, False]])
+    keep, source = blank_plan(mask) or ([], [])
+    assert keep == [0, 1, 2]  # the first image, the first blank, the second image
+    assert source == [0, 1, 2, 1, 1, 1]
+    assert blank_plan(torch.tensor([[True, False], [True, True]])) is None  # one blank
+
+
+@pytest.mark.parametrize("arch", QWEN)
+def test_blank_slots_are_encoded_once_and_the_features_are_unchanged(
+    arch: str, tiny_backbone: TinyBackbone
+) -> None:
+    base = tiny_backbone(arch)
+    assert base.shares_blanks and base.num_camera_slots >= 2
+    feature = base.canonicalize(_groups(4), validated=False)
+    rows = feature.batch_size
+    assert feature.blank_plan is not None
+    seen = _ImagesSeen(base)
+    try:
+        with torch.no_grad():
+            shared = base.encode(feature)
+            encoded_shared = seen.images
+            feature.blank_plan = None
+            plain = base.encode(feature)
+    finally:
+        seen.close()
+    slots = base.num_camera_slots
+    assert encoded_shared == rows + 1  # each row's camera, one blank for the rest
+    assert seen.images - encoded_shared == rows * slots
+    torch.testing.assert_close(shared.hidden_states, plain.hidden_states, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", QWEN)
+def test_the_patch_embedding_equals_its_convolution(arch: str, tiny_backbone: TinyBackbone) -> None:
+    embed = tiny_backbone(arch).model.visual.patch_embed
+    patches = torch.randn(
+        37, embed.proj.weight[0].numel(), generator=torch.Generator().manual_seed(0)
+    )
+    conv = embed.proj(patches.view(-1, *embed.proj.weight.shape[1:])).view(-1, embed.embed_dim)
+    torch.testing.assert_close(embed(patches), conv, rtol=0, atol=1e-5)
+
+
+def test_rows_with_a_vision_adapter_encode_every_blank(tiny_backbone: TinyBackbone) -> None:
+    base = tiny_backbone("qwen2_5_vl")
+    lora = LoRAConfig(rank=2, alpha=4.0, targets=("q_proj",), vision=True)
+    slots = [
+        TenantSlot("v", ONE_CAMERA, base, OFTHeadConfig(hidden_dim=16, lora=lora), seed=1),
+        TenantSlot("p", PUSHT, base, OFTHeadConfig(hidden_dim=16), seed=2),
+    ]
+    executor = GroupedExecutor(base, slots)
+    batches = {
+        "v": ObservationBatch.synthetic(ONE_CAMERA, 2, seed=1),
+        "p": ObservationBatch.synthetic(PUSHT, 2, seed=2),
+    }
+    seen = _ImagesSeen(base)
+    try:
+        executor.shared_forward(batches)
+    finally:
+        seen.close()
+    # Each tenant's blank goes through that tenant's own adapter: nothing is shared.
+    assert seen.images == 4 * base.num_camera_slots
+
+
+def test_without_a_plan_every_image_is_encoded(tiny_backbone: TinyBackbone) -> None:
+    base = tiny_backbone("qwen2_5_vl")
+    feature = base.canonicalize(_groups(3), validated=False)
+    seen = _ImagesSeen(base)
+    try:
+        with torch.no_grad(), shared_blanks(None):
+            feature.blank_plan = None
+            base.encode(feature)
+    finally:
+        seen.close()
+    assert seen.images == feature.batch_size * base.num_camera_slots
