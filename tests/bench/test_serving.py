@@ -59,6 +59,10 @@ def test_tiny_run_reports_ratios_and_leaves_no_process(tmp_path: Path) -> None:
         for stage in ("http_decode", "admission", "queue_wait", "backbone", "head"):
             assert st["per_request"][f"{stage}_ms"] > 0, (side, stage, st)
         assert 0 < st["overhead_ms"] < st["client_mean_ms"], st
+        # Then requests that have the server to themselves, metered the same way.
+        alone = r["alone"]
+        assert alone["requests"] > 0 and alone["requests_metered"] >= alone["requests"], alone
+        assert 0 < alone["overhead_ms"] < alone["client_mean_ms"], alone
     # Two backbone copies take more memory than one.
     assert data["memory_ratio"] > 1.2
     assert _children() <= before, "a server the bench started is still running"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from joynexus.models import qwen_positions, vision_share
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.grouped import GroupedExecutor
@@ -118,3 +119,64 @@ def test_without_a_plan_every_image_is_encoded(tiny_backbone: TinyBackbone) -> N
     finally:
         seen.close()
     assert seen.images == feature.batch_size * base.num_camera_slots
+
+
+@pytest.mark.parametrize("arch", QWEN)
+def test_cached_rope_positions_equal_the_models_own(arch: str, tiny_backbone: TinyBackbone) -> None:
+    base = tiny_backbone(arch)
+    assert base.caches_positions
+    model = base.model
+    texts = ["", "reach", "pick up the red block and put it in the bowl"]
+    groups = [
+        (
+            f"t{i}",
+            ONE_CAMERA,
+            _with_instruction(ObservationBatch.synthetic(ONE_CAMERA, 2, seed=i), t),
+        )
+        for i, t in enumerate(texts)
+    ]
+    for _ in range(2):  # the second pass answers from the cache
+        inputs = base.canonicalize(groups).model_inputs
+        kwargs = {
+            "input_ids": inputs["input_ids"],
+            "mm_token_type_ids": inputs["mm_token_type_ids"],
+            "image_grid_thw": inputs["image_grid_thw"],
+            "attention_mask": inputs["attention_mask"],
+        }
+        want, _ = model.get_rope_index(**kwargs)
+        got = model.compute_3d_position_ids(
+            **kwargs, video_grid_thw=None, inputs_embeds=None, cache=None
+        )
+        assert torch.equal(got, want)
+    with torch.no_grad():
+        cached = base.encode(base.canonicalize(groups)).hidden_states
+        del model.compute_3d_position_ids  # the class's own method again
+        try:
+            plain = base.encode(base.canonicalize(groups)).hidden_states
+        finally:
+            qwen_positions.install(model, arch)
+    torch.testing.assert_close(cached, plain, rtol=0, atol=0)
+
+
+def _with_instruction(batch: ObservationBatch, text: str) -> ObservationBatch:
+    return ObservationBatch(
+        cameras=batch.cameras, state=batch.state, instructions=[text] * batch.batch_size
+    )
+
+
+@pytest.mark.parametrize("arch", QWEN)
+def test_the_towers_precomputed_layout_gives_the_models_own_features(
+    arch: str, tiny_backbone: TinyBackbone
+) -> None:
+    base = tiny_backbone(arch)
+    model = base.model
+    feature = base.canonicalize(_groups(3), validated=False)
+    feature.blank_plan = None  # every image, so only the layout differs
+    with torch.no_grad():
+        ours = base.encode(feature).hidden_states
+        del model.get_image_features  # the class's own method: the tower derives it all
+        try:
+            own = base.encode(feature).hidden_states
+        finally:
+            vision_share.install(model, arch)
+    torch.testing.assert_close(ours, own, rtol=0, atol=0)

@@ -253,6 +253,7 @@ def _side(
     time.sleep(0.2)  # the Metrics Service delivers its events asynchronously
     after = _scrape(servers)
     pss = sum(s.pss() for s in servers)
+    alone = _alone(servers, targets[0], after)
     lat = np.asarray([x for t in targets for x in t.latencies], dtype=np.float64)
     n = int(lat.size)
     return {
@@ -268,10 +269,28 @@ def _side(
         "rss_peak_mb": rss.peak / 2**20,
         "pss_after_mb": pss / 2**20,
         "stages": _stages(before, after, lat, len(servers), elapsed),
+        "alone": alone,
         "per_tenant_req_per_s": {
             t.tenant: len(t.latencies) / elapsed if elapsed > 0 else 0.0 for t in targets
         },
     }
+
+
+#: Requests one client sends one after another after the timed load (:func:`_alone`).
+ALONE_REQUESTS = 40
+
+
+def _alone(servers: Sequence[Server], target: _Target, before: dict[str, float]) -> dict[str, Any]:
+    """The stages of requests that have the server to themselves: one client, one tenant,
+    one request at a time (batches of one row). Under load, every stage's wall time
+    also holds the time its process waited for a core the clients and the other
+    processes were using; alone, it is the service's own work."""
+    probe = _Target(target.tenant, target.url, target.key)
+    elapsed = asyncio.run(_drive([probe], 1, 3600.0, ALONE_REQUESTS))
+    time.sleep(0.2)  # the batch figures reach /metrics through the delivery thread
+    after = _scrape(servers)
+    lat = np.asarray(probe.latencies, dtype=np.float64)
+    return {"requests": int(lat.size), **_stages(before, after, lat, len(servers), elapsed)}
 
 
 def _ratio(a: float, b: float) -> float:

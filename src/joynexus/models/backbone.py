@@ -21,7 +21,7 @@ from typing import Any, Literal
 import torch
 
 from joynexus.errors import InvalidRequestError, ModelNotFoundError
-from joynexus.models import vision_share
+from joynexus.models import qwen_positions, vision_share
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.canon_tensor import TensorCanonicalizer
 from joynexus.models.canonicalize import BatchEncoder, CanonicalSpec, canonicalize
@@ -157,7 +157,11 @@ class ResidentBaseModel:
         self.lora = LoRAHost(model)
         #: Whether blank camera slots share one pass through the vision tower and the
         #: patch embedding is a matrix product (:mod:`joynexus.models.vision_share`).
-        self.shares_blanks = pi0 is None and smolvla is None and vision_share.install(model, arch)
+        own_encoder = pi0 is not None or smolvla is not None
+        self.shares_blanks = not own_encoder and vision_share.install(model, arch)
+        #: Whether Qwen-VL's rope positions are kept per prompt row
+        #: (:mod:`joynexus.models.qwen_positions`).
+        self.caches_positions = not own_encoder and qwen_positions.install(model, arch)
 
     @classmethod
     def from_pretrained(

@@ -26,6 +26,7 @@ from contextvars import ContextVar
 from typing import Any
 
 import torch
+from transformers import vision_utils
 
 from joynexus.models.lora import active_rows
 
@@ -36,6 +37,7 @@ _PLAN: ContextVar[tuple[list[int], list[int]] | None] = ContextVar(
 )
 
 QWEN_ARCHES = frozenset({"qwen2_5_vl", "qwen3_vl"})
+_MAX_LAYOUTS = 64
 
 
 def install(model: torch.nn.Module, arch: str) -> bool:
@@ -49,20 +51,38 @@ def install(model: torch.nn.Module, arch: str) -> bool:
     if isinstance(proj, torch.nn.Conv3d) and tuple(proj.kernel_size) == tuple(proj.stride):
         visual.patch_embed.forward = types.MethodType(_patch_embed_forward, visual.patch_embed)
 
+    layouts: dict[bytes, dict[str, torch.Tensor]] = {}
+
+    def layout(grid: torch.Tensor) -> dict[str, torch.Tensor]:
+        key = grid.cpu().numpy().tobytes()
+        found = layouts.get(key)
+        if found is None:
+            found = _tower_layout(visual, grid)
+            if len(layouts) >= _MAX_LAYOUTS:
+                layouts.clear()
+            layouts[key] = found
+        return found
+
     def get_image_features(
         pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | None = None, **kwargs: Any
     ) -> Any:
+        if image_grid_thw is None:
+            return original(pixel_values, image_grid_thw, **kwargs)
         plan = _PLAN.get()
-        if plan is None or image_grid_thw is None or active_rows_see_images():
-            return original(pixel_values, image_grid_thw, **kwargs)
-        keep, source = plan
         images = int(image_grid_thw.shape[0])
-        if len(source) != images or pixel_values.shape[0] % images:
-            return original(pixel_values, image_grid_thw, **kwargs)
+        if (
+            plan is None
+            or active_rows_see_images()
+            or len(plan[1]) != images
+            or pixel_values.shape[0] % images
+        ):
+            return original(pixel_values, image_grid_thw, **{**layout(image_grid_thw), **kwargs})
+        keep, source = plan
         per = pixel_values.shape[0] // images  # canonical images: one patch count
         index = torch.tensor(keep, device=pixel_values.device)
         kept = pixel_values.view(images, per, -1).index_select(0, index).flatten(0, 1)
-        out = original(kept, image_grid_thw.index_select(0, index.to(image_grid_thw.device)))
+        grid = image_grid_thw.index_select(0, index.to(image_grid_thw.device))
+        out = original(kept, grid, **{**layout(grid), **kwargs})
         out.pooler_output = tuple(out.pooler_output[j] for j in source)
         deepstack = getattr(out, "deepstack_features", None)
         if deepstack is not None:  # Qwen3-VL: the same images' features at earlier layers
@@ -111,6 +131,27 @@ def shared_blanks(plan: Sequence[Sequence[int]] | None) -> Iterator[None]:
         yield
     finally:
         _PLAN.reset(token)
+
+
+def _tower_layout(visual: Any, grid: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What the tower derives from its images' grids alone (rotary positions, attention
+    segments, Qwen2.5-VL's window order), by the functions it would call itself, in the
+    names it accepts them precomputed under."""
+    merge = int(visual.spatial_merge_size)
+    out = {
+        "position_ids": vision_utils.get_vision_position_ids(grid, merge),
+        "cu_seqlens": vision_utils.get_vision_cu_seqlens(grid),
+    }
+    if hasattr(visual, "window_size") and hasattr(visual, "patch_size"):
+        window_index, cu_window_seqlens = vision_utils.get_vision_window_index(
+            grid,
+            spatial_merge_size=merge,
+            window_size=int(visual.window_size),
+            patch_size=int(visual.patch_size),
+        )
+        out["window_index"] = window_index.to(grid.device)
+        out["cu_window_seqlens"] = cu_window_seqlens
+    return out
 
 
 def _patch_embed_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
