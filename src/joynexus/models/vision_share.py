@@ -1,6 +1,7 @@
 """The Qwen-VL vision tower, without work it repeats.
 
-Two savings, each exact up to float rounding (the same products, summed in another order):
+Three savings, each exact up to float rounding (the same products, summed in another
+order), or exact:
 
 * **One blank per forward.** A row whose tenant shows fewer cameras than the backbone has
   slots fills the others with the blank canonical image, and every blank gives the same
@@ -13,8 +14,13 @@ Two savings, each exact up to float rounding (the same products, summed in anoth
 * **The patch embedding as one matrix product.** Qwen-VL embeds patches with a
   ``Conv3d`` whose kernel equals its stride, which is a linear map of each flattened
   patch; oneDNN's 3-D convolution is several times slower on CPU than the product.
+* **The grid's layout, once per grid.** The tower derives its rotary positions, attention
+  segments and (Qwen2.5-VL) window order from the images' grids in Python on every
+  forward; canonical images share one grid, so :func:`install` computes them once, with
+  the tower's own functions, and passes them in the names the tower accepts them
+  precomputed under (exact).
 
-Both are installed on the model instance by :func:`install` (the class is untouched).
+All are installed on the model instance by :func:`install` (the class is untouched).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ _MAX_LAYOUTS = 64
 
 
 def install(model: torch.nn.Module, arch: str) -> bool:
-    """Give a Qwen-VL base ``model`` both savings; ``False`` (nothing changed) for
+    """Give a Qwen-VL base ``model`` these savings; ``False`` (nothing changed) for
     another architecture or a layout this module does not know."""
     visual = getattr(model, "visual", None)
     original = getattr(model, "get_image_features", None)
