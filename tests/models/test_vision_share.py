@@ -1,5 +1,6 @@
-"""The Qwen-VL vision tower without repeated work: one pass for the blank slots of a
-forward, the patch embedding as a matrix product; both equal to the plain forward."""
+"""A Qwen-VL forward without repeated work: one pass for the blank slots of a forward,
+the patch embedding as a matrix product, the tower's grid layout and the prompt rows'
+rope positions computed once; each equal to the model's own path."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def install(model: torch.nn.Module, arch: str) -> bool:
             row_ids, row_types = ids_c[b][keep_c[b]], types_c[b][keep_c[b]]
             row_grid = grid_c[first : first + images]
             first += images
-            key = row_ids.numpy().tobytes() + b"|" + row_grid.numpy().tobytes()
+            key = b"|".join(t.numpy().tobytes() for t in (row_ids, row_types, row_grid))
             pos = rows.get(key)
             if pos is None:
                 with torch.no_grad():
