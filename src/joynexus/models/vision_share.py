@@ -26,7 +26,7 @@ All are installed on the model instance by :func:`install` (the class is untouch
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
@@ -78,7 +78,7 @@ def install(model: torch.nn.Module, arch: str) -> bool:
         images = int(image_grid_thw.shape[0])
         if (
             plan is None
-            or active_rows_see_images()
+            or _rows_adapt_the_tower()
             or len(plan[1]) != images
             or pixel_values.shape[0] % images
         ):
@@ -100,7 +100,7 @@ def install(model: torch.nn.Module, arch: str) -> bool:
     return True
 
 
-def active_rows_see_images() -> bool:
+def _rows_adapt_the_tower() -> bool:
     """Whether the forward in progress has a LoRA adapter on the vision tower (then each
     row's blank goes through its own adapter and is not shared)."""
     rows = active_rows()
@@ -129,10 +129,10 @@ def blank_plan(camera_mask: torch.Tensor) -> tuple[list[int], list[int]] | None:
 
 
 @contextmanager
-def shared_blanks(plan: Sequence[Sequence[int]] | None) -> Iterator[None]:
+def shared_blanks(plan: tuple[list[int], list[int]] | None) -> Iterator[None]:
     """Encode each blank slot of the next forward(s) in this context once
     (:func:`blank_plan`); ``None`` encodes every image."""
-    token = _PLAN.set(None if plan is None else (list(plan[0]), list(plan[1])))
+    token = _PLAN.set(plan)
     try:
         yield
     finally:
