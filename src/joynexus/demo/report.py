@@ -198,7 +198,7 @@ def _success_row(trace: PhaseTrace, tenant: str) -> dict[str, Any]:
 def _phase(trace: PhaseTrace) -> dict[str, Any]:
     return {
         "name": trace.name,
-        "window_s": _r(trace.window_s, 2),
+        "window_s": _r(trace.window_s, 3),
         "wall_s": _r(trace.wall_s, 2),
         "training_utilization": _r(trace.utilization("training")),
         "inference_utilization": _r(trace.utilization("inference")),
@@ -267,7 +267,7 @@ def build_report(
         "aggregate_inference_utilization": _r(
             sum(tr.busy_seconds("inference") for tr in isolated) / max(iso_window, 1e-9)
         ),
-        "window_s": _r(iso_window, 2),
+        "window_s": _r(iso_window, 3),
         "wall_s": _r(sum(tr.wall_s for tr in isolated), 2),
         "replays": replays,
     }
