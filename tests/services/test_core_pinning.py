@@ -4,10 +4,12 @@ this process (the model services) and to a simulator worker process."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from typer.testing import CliRunner
 from joynexus.cli.main import app
 from joynexus.envs import EnvSpec
 from joynexus.errors import InvalidRequestError
+from joynexus.models.backbone import ResidentBaseModel
 from joynexus.services.environment import EnvironmentService, EnvironmentServiceConfig
 from joynexus.utils import affinity
 from joynexus.utils.affinity import CorePlan, parse_core_list, pin_device, plan_cores
@@ -93,31 +96,49 @@ def test_without_sched_setaffinity_it_says_so_and_runs_unpinned(
 
 @needs_pinning
 @pytest.mark.usefixtures("restore_affinity")
-def test_device_pinning_applies_to_every_thread_and_is_restored() -> None:
+def test_device_pinning_splits_host_threads_from_device_work_and_is_restored() -> None:
     before = set(os.sched_getaffinity(0))
     threads_before = torch.get_num_threads()
     device = min(before)
-    plan = CorePlan(mode=str(device), device=frozenset({device}), workers=frozenset(before))
+    host = before  # the host keeps every core; the workers get the others
+    plan = CorePlan(
+        mode=str(device), device=frozenset({device}), workers=frozenset(before - {device})
+    )
     seen: dict[str, set[int]] = {}
     go, done = threading.Event(), threading.Event()
 
-    def older_thread() -> None:  # started before the pinning: pinned all the same
+    def older_thread() -> None:  # a Python thread started before the pinning: host
         go.wait(10)
         seen["older"] = set(os.sched_getaffinity(0))
+        with affinity.on_device():
+            seen["older on device"] = set(os.sched_getaffinity(0))
+        seen["older after"] = set(os.sched_getaffinity(0))
         done.set()
 
     thread = threading.Thread(target=older_thread)
     thread.start()
     with pin_device(plan):
-        assert os.sched_getaffinity(0) == {device}
+        # This thread (the event loop's) is host: it keeps every core.
+        assert os.sched_getaffinity(0) == host
         assert torch.get_num_threads() == 1
-        assert affinity.current_affinity() == [device]
+        with affinity.on_device():
+            assert affinity.current_affinity() == [device]
+            assert torch.get_num_threads() == 1
+        assert os.sched_getaffinity(0) == host
+        # Threads that are not Python's (torch's intra-op workers) stay on the device.
+        python_ids = {t.native_id for t in threading.enumerate()}
+        others = [int(t) for t in os.listdir("/proc/self/task") if int(t) not in python_ids]
+        for tid in others:
+            with contextlib.suppress(ProcessLookupError):  # one that ended meanwhile
+                assert os.sched_getaffinity(tid) == {device}, tid
         go.set()
         assert done.wait(10)
-        assert seen["older"] == {device}
+        assert seen == {"older": host, "older on device": {device}, "older after": host}
     thread.join(10)
     assert os.sched_getaffinity(0) == before
     assert torch.get_num_threads() == threads_before
+    with affinity.on_device():  # no pinning in force: nothing moves
+        assert os.sched_getaffinity(0) == before
 
 
 @needs_pinning
@@ -163,3 +184,56 @@ def test_run_pins_only_the_embedded_runtime(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert "--runtime embedded only" in result.output
     assert f"model services (the device) on cores {device}" in result.output
+
+
+@needs_pinning
+@pytest.mark.usefixtures("restore_affinity")
+def test_training_steps_and_inference_batches_run_on_the_device_cores(
+    base: ResidentBaseModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pinned, the services' device work runs on the device's cores; the event loop
+    that drives them keeps every core (the host)."""
+    from joynexus.models.batch import ObservationBatch
+    from joynexus.queues.training import TrainingQueue
+    from joynexus.services import training as training_module
+    from joynexus.services.inference import InferenceModelService
+    from joynexus.services.training import TrainBatch, TrainingModelService
+    from tests.services.test_training_service import SCHEMA, config
+
+    before = set(os.sched_getaffinity(0))
+    device = min(before)
+    plan = CorePlan(
+        mode=str(device), device=frozenset({device}), workers=frozenset(before - {device})
+    )
+    seen: dict[str, list[set[int]]] = {"step": [], "batch": []}
+    real_step = training_module.grouped_step
+
+    def step_spy(*args: Any, **kwargs: Any) -> Any:
+        seen["step"].append(set(os.sched_getaffinity(0)))
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(training_module, "grouped_step", step_spy)
+    obs = ObservationBatch.synthetic(SCHEMA, 2, seed=0)
+
+    async def main() -> set[int]:
+        training = TrainingModelService(base, TrainingQueue(), output_dir=tmp_path)
+        await training.add_tenant(config("a", tmp_path))
+        await training.train_batch("a", TrainBatch(observations=obs, loss="sft"))
+        inference = InferenceModelService(base, EnvironmentService(), TrainingQueue())
+        real_batch = inference._executor.run_requests
+
+        def batch_spy(*args: Any, **kwargs: Any) -> Any:
+            seen["batch"].append(set(os.sched_getaffinity(0)))
+            return real_batch(*args, **kwargs)
+
+        monkeypatch.setattr(inference._executor, "run_requests", batch_spy)
+        async with inference:
+            await inference.add_tenant(config("a", tmp_path))
+            query = ObservationBatch.synthetic(SCHEMA, 1, seed=0, with_actions=False)
+            await inference.predict(query, "a")
+        return set(os.sched_getaffinity(0))
+
+    with pin_device(plan):
+        host = asyncio.run(main())
+    assert seen == {"step": [{device}], "batch": [{device}]}
+    assert host == before

@@ -254,3 +254,63 @@ def test_a_publication_goes_at_a_training_steps_next_phase_not_after_the_step(
                 await asyncio.to_thread(worker.join, 30)
 
     asyncio.run(main())
+
+
+def test_a_publication_reuses_the_freed_slot_unless_something_still_holds_it(
+    base: ResidentBaseModel,
+) -> None:
+    """The version freed by a publication is written by the next one, without the
+    backbone lock; a slot a batch or rollout still holds is never written."""
+    import threading
+    import weakref
+
+    from joynexus.services.tenancy import backbone_lock
+
+    lock = backbone_lock(base)
+
+    async def main() -> None:
+        async with make_service(base, max_batch_size=1) as svc:
+            await svc.add_tenant(config("a"))
+            v0 = svc.serving_slot("a")
+            v0_weights = {n: t.clone() for n, t in v0.state_tensors().items()}
+            held = v0  # a queued request that resolved version 0 keeps it
+            await svc.load_weights("a", 1, perturbed(svc, "a"))
+            v1 = svc.serving_slot("a")
+            assert v1 is not v0
+            payload2 = perturbed(svc, "a")
+            await svc.load_weights("a", 2, payload2)
+            v2 = svc.serving_slot("a")
+            assert v2 is not held, "a slot still held was written"
+            for name, t in held.state_tensors().items():
+                assert torch.equal(t, v0_weights[name]), name
+            assert held.policy_version == 0
+            del held, v0
+            # Version 1 was freed with nothing else holding it: version 3 goes into it,
+            # while a training step holds the backbone lock (no lock is taken).
+            v1_ref = weakref.ref(v1)
+            del v1
+            payload3 = perturbed(svc, "a")
+            stepping, done = threading.Event(), threading.Event()
+
+            def step() -> None:
+                with lock:
+                    stepping.set()
+                    done.wait(30)
+
+            worker = threading.Thread(target=step)
+            worker.start()
+            try:
+                assert await asyncio.to_thread(stepping.wait, 30)
+                await asyncio.wait_for(svc.load_weights("a", 3, payload3), 10)
+            finally:
+                done.set()
+                await asyncio.to_thread(worker.join, 30)
+            v3 = svc.serving_slot("a")
+            assert v3 is v1_ref() and v3.policy_version == 3
+            for name, t in v3.state_tensors().items():
+                assert torch.equal(t, payload3[name]), name
+            # It serves what was published, in the same units as a fresh slot.
+            obs = ObservationBatch.synthetic(SCHEMA, 2, seed=0, with_actions=False)
+            assert (await svc.predict(obs, "a")).policy_version == 3
+
+    asyncio.run(main())

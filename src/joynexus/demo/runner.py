@@ -51,7 +51,7 @@ from joynexus.demo.report import (
 from joynexus.runtime.hosting import RuntimeConfig
 from joynexus.services.environment import EnvironmentServiceConfig
 from joynexus.spec.workload import WorkloadSpec
-from joynexus.utils.affinity import CorePlan, current_affinity, pin_device
+from joynexus.utils.affinity import CorePlan, current_affinity, on_device, pin_device
 from joynexus.workflows.summary import TenantProgress
 
 __all__ = ["PLAIN_PROGRESS_EVERY_S", "DemoResult", "PlainProgress", "run_demo"]
@@ -283,7 +283,9 @@ async def run_demo(
     with pin_device(plan):
         pinning = plan.to_json()
         # Read back from the kernel: what is really applied, not what was asked.
-        pinning["device_affinity"] = current_affinity() if plan.pinned else None
+        pinning["host_affinity"] = current_affinity() if plan.pinned else None
+        with on_device():  # what a training step or inference batch runs on
+            pinning["device_affinity"] = current_affinity() if plan.pinned else None
         config = (
             RuntimeConfig(env=EnvironmentServiceConfig(worker_cores=plan.worker_cores))
             if plan.pinned

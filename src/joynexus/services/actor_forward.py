@@ -30,6 +30,7 @@ from joynexus.services.samples import (
     observation_batch,
     observation_fields,
 )
+from joynexus.utils.affinity import on_device
 
 __all__ = ["ACTOR_FORWARD_TASK", "actor_forward"]
 
@@ -90,7 +91,7 @@ def _evaluate_actions(
     assert batch.actions is not None  # read with actions
     actions = torch.from_numpy(batch.actions).to(device)
     flow_chain = None if chain is None else float_tensor(chain, device)
-    with lock, torch.no_grad():
+    with on_device(), lock, torch.no_grad():
         start = time.perf_counter()
         features = forward({slot.tenant_id: batch}, grad=False, validated=True)[slot.tenant_id]
         slot.action_module.eval()

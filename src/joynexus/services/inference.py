@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import TracebackType
 from typing import Literal
 
@@ -64,6 +64,7 @@ from joynexus.services.rollout import (
 from joynexus.services.samples import env_actions, in_model_units
 from joynexus.services.serving import ServingStates
 from joynexus.services.tenancy import TenantConfig, backbone_lock
+from joynexus.utils.affinity import on_device
 from joynexus.utils.clock import Clock
 
 __all__ = [
@@ -150,8 +151,8 @@ class InferenceModelService:
         self.queue = queue
         self._instruments = Instruments(metrics, usage)
         self._in_flight = 0
-        self.states = ServingStates(base)
         self._lock = backbone_lock(base)
+        self.states = ServingStates(base, build_guard=self._build_guard)
         # One lock per batch: the executor takes the backbone's own lock.
         self._executor = GroupedExecutor(base, lock=self._lock)
         self._compat_key = base.prefix_key()
@@ -215,18 +216,18 @@ class InferenceModelService:
         with self._lock:
             fn(*args)
 
-    def _publish(
-        self, tenant_id: str, version: int, named_tensors: Mapping[str, torch.Tensor]
-    ) -> None:
-        # A priority acquirer, like a predict batch: a training step lets it run at its
-        # next phase boundary instead of after the whole step. Otherwise an SFT tenant's
-        # publication (its commit, running behind its next update) waits out that update
-        # and then holds the lock while the update after it wants to start: the device
-        # idles between the tenant's steps. Safe between phases for the same reason a
-        # predict is: the new slot is built under its own forked RNG (the step's global
-        # RNG state is restored before it resumes) and touches no training state.
-        with self._lock.priority():
-            self.states.publish(tenant_id, version, named_tensors)
+    @contextmanager
+    def _build_guard(self) -> Iterator[None]:
+        # A new slot's initialisation forks the process's RNG: never beside a step. A
+        # priority acquirer, like a predict batch: a training step lets it in at its
+        # next phase boundary instead of after the whole step (otherwise an SFT
+        # tenant's publication, running behind its next update, waits that update out
+        # and then holds the lock when the one after wants to start). Safe between
+        # phases for the same reason a predict is: the fork restores the step's RNG
+        # state and the build touches no training state. A publication that writes
+        # into a freed slot takes no lock at all (ServingStates.publish).
+        with on_device(), self._lock.priority():
+            yield
 
     async def load_weights(
         self, tenant_id: str, version: int, named_tensors: Mapping[str, torch.Tensor]
@@ -241,7 +242,7 @@ class InferenceModelService:
         """
         check_finite_tensors(named_tensors)
         start = time.perf_counter()
-        await asyncio.to_thread(self._publish, tenant_id, version, named_tensors)
+        await asyncio.to_thread(self.states.publish, tenant_id, version, named_tensors)
         self._instruments.weight_sync(tenant_id, time.perf_counter() - start, version)
 
     def current_policy_version(self, tenant_id: str) -> int:
@@ -377,7 +378,10 @@ class InferenceModelService:
     def _run(self, serve: list[ServeRequest]) -> list[InferenceResult]:
         times = StageTimes()
         try:
-            return self._executor.run_requests(serve, resolve_slot=self.states.slot, times=times)
+            with on_device():
+                return self._executor.run_requests(
+                    serve, resolve_slot=self.states.slot, times=times
+                )
         finally:
             if self._instruments.enabled:
                 rows: dict[str, int] = {}

@@ -2,9 +2,13 @@
 
 Per tenant it keeps the latest published version plus every version pinned by a
 running evaluation or rollout; an older version is freed as soon as nobody pins it and
-a newer one is published. Each version is its own :class:`TenantSlot` object that is
-never written after publication (a publication builds a new slot), so a batch that
-resolved a slot keeps consistent weights even if a newer version lands meanwhile. All
+a newer one is published. Each version is its own :class:`TenantSlot` object, never
+written while anything but these states holds it, so a batch that resolved a slot keeps
+consistent weights even if a newer version lands meanwhile. A publication writes into
+the tenant's last freed slot when nothing else holds it any more (its reference count
+says so), else it builds a new slot: a tenant published after every SFT update would
+otherwise build (and randomly initialise, under the backbone lock) a whole slot each
+time, 1.6 of 1.8 ms per publication in the demo's profile. All
 versions of a tenant share one inference generator, so sampling noise does not
 restart at every publication. A tenant's normalization stats (from its config or the
 payload it was added with) are set on every version's slot: a publication carries only
@@ -13,9 +17,10 @@ tensors, and the stats never change while the tenant trains.
 
 from __future__ import annotations
 
+import sys
 import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +33,9 @@ from joynexus.services.tenancy import TenantConfig, build_slot
 
 __all__ = ["ServingStates"]
 
+#: ``sys.getrefcount`` of a slot only a local name holds (the name, the argument).
+_SOLE_REFERENCE = 2
+
 
 @dataclass
 class _Tenant:
@@ -37,6 +45,8 @@ class _Tenant:
     generator: torch.Generator
     normalization: NormalizationStats | None = None
     pins: dict[int, int] = field(default_factory=dict)
+    #: The last version's slot freed, kept for the next publication to write into.
+    spare: TenantSlot | None = None
 
 
 class ServingStates:
@@ -44,10 +54,17 @@ class ServingStates:
 
     Args:
         base: The resident base model the slots attach to.
+        build_guard: Held while a new slot is built (its initialisation draws from the
+            process's RNG; the Inference Model Service passes the backbone lock).
     """
 
-    def __init__(self, base: BaseModelRef) -> None:
+    def __init__(
+        self,
+        base: BaseModelRef,
+        build_guard: Callable[[], AbstractContextManager[object]] = nullcontext,
+    ) -> None:
         self.base = base
+        self._build_guard = build_guard
         self._tenants: dict[str, _Tenant] = {}
         self._lock = threading.Lock()
 
@@ -149,7 +166,13 @@ class ServingStates:
                     latest=tenant.latest,
                 )
             config = tenant.config
-        slot = build_slot(config, self.base)
+            spare, tenant.spare = tenant.spare, None
+        # Held by nothing but this frame and getrefcount's argument: no batch or rollout
+        # resolved it, and none can now (it is in no version table), so writing it is safe.
+        if spare is None or sys.getrefcount(spare) > _SOLE_REFERENCE:
+            with self._build_guard():
+                spare = build_slot(config, self.base)
+        slot = spare
         slot.inference_generator = tenant.generator
         slot.normalization = tenant.normalization
         load_weights(
@@ -173,9 +196,9 @@ class ServingStates:
             self._free_unpinned(tenant)
 
     def _free_unpinned(self, tenant: _Tenant) -> None:
-        for v in list(tenant.versions):
+        for v in sorted(tenant.versions):
             if v != tenant.latest and tenant.pins.get(v, 0) == 0:
-                del tenant.versions[v]
+                tenant.spare = tenant.versions.pop(v)
 
     @contextmanager
     def pinned(self, tenant_id: str, version: int | None = None) -> Iterator[int]:

@@ -17,11 +17,11 @@ leased Training Queue partitions:
 
 Public async methods are the API; the class holds no globals beyond its constructor
 arguments, so the same class can be hosted as a Ray actor. Torch work runs in a worker
-thread under the backbone's lock (:func:`~joynexus.services.tenancy.backbone_lock`):
-each step is :func:`~joynexus.models.grouped_step.grouped_step` (the one definition of
-the grouped step; losses in :mod:`joynexus.services.train_batch`), a checkpoint only
-snapshots tensors under the lock and writes its files after releasing it. Nothing is
-ever averaged across tenants: each tenant's loss, clipping, AdamW step, version are its own.
+thread under the backbone's lock (:func:`~joynexus.services.tenancy.backbone_lock`), on
+the device's cores (:func:`~joynexus.utils.affinity.on_device`): each step is
+:func:`~joynexus.models.grouped_step.grouped_step` (losses in
+:mod:`joynexus.services.train_batch`); a checkpoint snapshots tensors under the lock and
+writes its files after. Each tenant's loss, clipping, AdamW step, version are its own.
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ from joynexus.services.job_plan import (
 from joynexus.services.samples import FLOW_CHAIN
 from joynexus.services.tenancy import TenantConfig, TenantInfo, backbone_lock, build_slot
 from joynexus.services.train_batch import TrainBatch, microbatch_loss
+from joynexus.utils.affinity import on_device
 from joynexus.utils.clock import Clock, SystemClock
 
 __all__ = ["TrainBatch", "TrainJobResult", "TrainingModelService"]
@@ -114,8 +115,7 @@ class TrainingModelService:
         self._executor = GroupedExecutor(base, tenant_memory_budget=tenant_memory_budget)
         self._configs: dict[str, TenantConfig] = {}
         self._lock = backbone_lock(base)
-        # Saves snapshotted by stage_save and not yet written: token → (step, the
-        # slots' snapshots, the ledger).
+        # Saves snapshotted by stage_save, not yet written: token → (step, snapshots, ledger).
         self._staged: dict[str, tuple[int, list[SlotSnapshot], dict[str, Any] | None]] = {}
         self._staged_seq = 0
 
@@ -350,15 +350,16 @@ class TrainingModelService:
         """The microbatches' grouped step (:func:`~joynexus.models.grouped_step.grouped_step`)
         under the backbone lock, then its metering."""
         times = StepTimes()
-        outcomes = grouped_step(
-            self._tenant_steps(items),
-            forward=self._executor.shared_forward,
-            lock=self._lock,
-            reduce=self._gradient_reduce(),
-            isolate=isolate,
-            times=times,
-            sync=self._sync_for_timing,
-        )
+        with on_device():
+            outcomes = grouped_step(
+                self._tenant_steps(items),
+                forward=self._executor.shared_forward,
+                lock=self._lock,
+                reduce=self._gradient_reduce(),
+                isolate=isolate,
+                times=times,
+                sync=self._sync_for_timing,
+            )
         if self._instruments.enabled:
             self._instruments.training_step(times.rows, times.shared_s, times.own_s)
             for it, outcome in zip(items, outcomes, strict=True):
@@ -379,8 +380,7 @@ class TrainingModelService:
         return None
 
     def _sync_for_timing(self) -> None:
-        # CUDA kernels run asynchronously: without a sync, one tenant's queued work
-        # would be timed (and billed) in the next tenant's interval.
+        # Async CUDA kernels: else one tenant's queued work is billed to the next one.
         if self._instruments.enabled and self.base.device.type == "cuda":
             torch.cuda.synchronize(self.base.device)
 
@@ -450,7 +450,7 @@ class TrainingModelService:
         slot = self._executor.slot(tenant_id)
 
         def snap() -> TenantPayload:
-            with self._lock:
+            with on_device(), self._lock:
                 return export_params(slot)
 
         return await asyncio.to_thread(snap)
@@ -504,7 +504,7 @@ class TrainingModelService:
         def snap() -> list[SlotSnapshot]:
             # In-memory copies under the lock; the files are written after it is
             # released, so no tenant's predict or step waits for the disk.
-            with self._lock:
+            with on_device(), self._lock:
                 return [snapshot_slot(s, include_optim=include_optim) for s in slots]
 
         snapshots = await asyncio.to_thread(snap)

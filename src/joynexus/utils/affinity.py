@@ -15,12 +15,24 @@ usable core). :func:`plan_cores` turns the option into a :class:`CorePlan`;
 themselves with :func:`pin_this_process` at start (the Environment Service passes the
 worker cores in its config). Where ``os.sched_setaffinity`` does not exist
 (non-Linux) the plan says so and nothing is pinned.
+
+Within the pinned process, device work runs on the device's cores only: a thread doing
+it — a training step, an inference batch, a slot snapshot — moves onto them for exactly
+that work (:func:`on_device`), and torch's intra-op worker threads (not Python threads)
+stay there. The process's Python threads (the event loop, executor and metrics threads:
+the host) keep every core the process had, so the kernel runs host work wherever a core
+is free: on the device's core while it waits between steps, beside the simulators while
+a step runs. Pinned to the device's core instead, the host's own Python (committing,
+checkpoint writes, rollout bookkeeping, metrics) always took its time from the steps;
+pinned to the simulators' cores, it waited behind the simulators between two steps
+(RESULTS §1.2 measures both).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +44,7 @@ __all__ = [
     "available_cores",
     "can_pin",
     "current_affinity",
+    "on_device",
     "parse_core_list",
     "pin_device",
     "pin_this_process",
@@ -225,14 +238,52 @@ def pin_this_process(cores: Iterable[int]) -> None:
             os.sched_setaffinity(tid, wanted)
 
 
+#: The device cores of the pinning in force (:func:`pin_device`); None: not pinned.
+_device_cores: frozenset[int] | None = None
+
+
+def _pin_python_threads(cores: Iterable[int]) -> None:
+    """Pin this process's Python threads (not torch's intra-op workers) to ``cores``."""
+    wanted = set(cores)
+    for thread in threading.enumerate():
+        if thread.native_id is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+                os.sched_setaffinity(thread.native_id, wanted)
+
+
+@contextlib.contextmanager
+def on_device() -> Iterator[None]:
+    """Run the enclosed device work on the device's cores (see the module docstring).
+
+    The calling thread moves onto the device cores of the pinning in force and back to
+    the cores it had on exit; threads torch starts meanwhile inherit the device cores.
+    Without a pinning (or where the platform cannot pin) it changes nothing.
+    """
+    device = _device_cores
+    if device is None or not can_pin():
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, device)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, before)
+
+
 @contextlib.contextmanager
 def pin_device(plan: CorePlan) -> Iterator[CorePlan]:
-    """Pin this process (the model services) to the plan's device cores, with torch's
-    intra-op threads set to as many; both restored on exit. Yields the plan.
+    """Pin this process (the model services) to the plan's cores, with torch's
+    intra-op threads set to as many as the device has; restored on exit. Yields the plan.
 
-    A plan that pins nothing changes nothing.
+    torch's intra-op workers get the device cores; every Python thread (the host: event
+    loop, executors, metrics) keeps this process's cores, and device work moves onto the
+    device cores while it runs (:func:`on_device`). A plan that pins nothing changes
+    nothing.
     """
-    if plan.device is None or not can_pin():
+    global _device_cores
+    if plan.device is None or plan.workers is None or not can_pin():
         yield plan
         return
     import torch
@@ -241,6 +292,7 @@ def pin_device(plan: CorePlan) -> Iterator[CorePlan]:
     previous_threads = torch.get_num_threads()
     try:
         pin_this_process(plan.device)
+        _pin_python_threads(previous_cores)
     except OSError as exc:
         pin_this_process(previous_cores)
         raise InvalidRequestError(
@@ -248,8 +300,10 @@ def pin_device(plan: CorePlan) -> Iterator[CorePlan]:
             field="device_cores",
         ) from None
     torch.set_num_threads(len(plan.device))
+    previous_device, _device_cores = _device_cores, plan.device
     try:
         yield plan
     finally:
+        _device_cores = previous_device
         torch.set_num_threads(previous_threads)
         pin_this_process(previous_cores)
