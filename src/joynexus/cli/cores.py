@@ -12,9 +12,9 @@ from joynexus.utils.affinity import CorePlan, plan_cores
 __all__ = ["DEVICE_CORES_HELP", "core_plan_or_exit"]
 
 DEVICE_CORES_HELP = (
-    "Pin the model services (the device: this process's training / inference threads, "
-    "torch threads matched) to these cores and the simulator worker processes to the "
-    "others, so the device idles while simulators step as a GPU would: a core list "
+    "Run the device work (training steps, inference batches; torch threads matched) on "
+    "these cores and the simulator worker processes on the others, so the device idles "
+    "while simulators step as a GPU would; the service's Python keeps every core: a core list "
     "(0, 0-1, 0,2-3), auto (first half of the cores for the device, the rest for the "
     "simulators) or none."
 )

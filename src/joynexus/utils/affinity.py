@@ -3,15 +3,15 @@
 On one machine without an accelerator the model services and the simulator worker
 processes otherwise share every core, so an isolated tenant's "device" never idles
 while its simulator steps — it just loses cores to it — and multiplexing has no idle
-device time to recover. Pinning the main process (its training / inference threads,
-with torch's intra-op thread count matched to the cores) to one set and every
-simulator worker to the other reproduces a GPU that waits on CPU simulators.
+device time to recover. Running the device work (training steps, inference batches,
+with torch's intra-op thread count matched to the cores) on one set and every
+simulator worker on the other reproduces a GPU that waits on CPU simulators.
 
 ``--device-cores`` takes ``auto`` (on a machine with at least 2 usable cores, the first
 half for the device, the rest for the workers), ``none`` (no pinning), or a core list
 such as ``0``, ``0-1`` or ``0,2-3`` (the device's cores; the workers get every other
 usable core). :func:`plan_cores` turns the option into a :class:`CorePlan`;
-:func:`pin_device` applies its device half to this process; simulator workers pin
+:func:`pin_device` applies it to this process; simulator workers pin
 themselves with :func:`pin_this_process` at start (the Environment Service passes the
 worker cores in its config). Where ``os.sched_setaffinity`` does not exist
 (non-Linux) the plan says so and nothing is pinned.
