@@ -166,13 +166,12 @@ class ServingStates:
                     latest=tenant.latest,
                 )
             config = tenant.config
-            spare, tenant.spare = tenant.spare, None
+            slot, tenant.spare = tenant.spare, None
         # Held by nothing but this frame and getrefcount's argument: no batch or rollout
         # resolved it, and none can now (it is in no version table), so writing it is safe.
-        if spare is None or sys.getrefcount(spare) > _SOLE_REFERENCE:
+        if slot is None or sys.getrefcount(slot) > _SOLE_REFERENCE:
             with self._build_guard():
-                spare = build_slot(config, self.base)
-        slot = spare
+                slot = build_slot(config, self.base)
         slot.inference_generator = tenant.generator
         slot.normalization = tenant.normalization
         load_weights(

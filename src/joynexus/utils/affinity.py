@@ -231,9 +231,14 @@ def pin_this_process(cores: Iterable[int]) -> None:
     """
     if not can_pin():
         return
+    os.sched_setaffinity(0, set(cores))
+    _pin_threads(_threads(), cores)
+
+
+def _pin_threads(thread_ids: Iterable[int], cores: Iterable[int]) -> None:
+    """Pin each thread to ``cores``; one that ended meanwhile is skipped."""
     wanted = set(cores)
-    os.sched_setaffinity(0, wanted)
-    for tid in _threads():
+    for tid in thread_ids:
         with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
             os.sched_setaffinity(tid, wanted)
 
@@ -244,11 +249,7 @@ _device_cores: frozenset[int] | None = None
 
 def _pin_python_threads(cores: Iterable[int]) -> None:
     """Pin this process's Python threads (not torch's intra-op workers) to ``cores``."""
-    wanted = set(cores)
-    for thread in threading.enumerate():
-        if thread.native_id is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
-                os.sched_setaffinity(thread.native_id, wanted)
+    _pin_threads((t.native_id for t in threading.enumerate() if t.native_id is not None), cores)
 
 
 @contextlib.contextmanager
