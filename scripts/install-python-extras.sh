@@ -53,6 +53,10 @@ fi
 OPENPI_CLIENT_VERSION=0.1.2
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SIDE="${JOYNEXUS_OPENPI_VENV:-$ROOT/.venv-openpi}"
+# A link to a venv that is gone (a checkout moved between machines) would make
+# `venv --clear` fail with "File exists": drop it, so the venv is built in its place.
+drop_dangling_link() { if [ -L "$1" ] && [ ! -e "$1" ]; then rm -f "$1"; fi; }
+drop_dangling_link "$SIDE"
 # openpi-client imports typing_extensions without declaring it.
 if ! "$SIDE/bin/python" -c "import importlib.metadata as m, sys
 import openpi_client.websocket_client_policy
@@ -79,6 +83,7 @@ fi
 LEROBOT_VERSION=0.4.4
 LEROBOT_SIDE="${JOYNEXUS_LEROBOT_VENV:-$ROOT/.venv-lerobot}"
 LEROBOT_PYTHON="${JOYNEXUS_LEROBOT_BASE_PYTHON:-$PY}"
+drop_dangling_link "$LEROBOT_SIDE"
 if ! "$LEROBOT_SIDE/bin/python" -c "import importlib.metadata as m, sys
 sys.exit(m.version('lerobot') != '${LEROBOT_VERSION}')" 2>/dev/null; then
   echo "building the LeRobot venv ${LEROBOT_SIDE} (lerobot ${LEROBOT_VERSION})"

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 from joynexus.errors import InvalidRequestError, ModelNotFoundError, SchemaMismatchError
+from joynexus.models import backbone as backbone_module
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.canonicalize import resize_with_pad
 from joynexus.models.schema import LIBERO, PUSHT, CameraSpec, DataSchema, schema_signature
+from joynexus.utils.intra_op import thread_intra_op_threads
 from tests.models.conftest import TinyBackbone, TinyModelDir
 
 
@@ -116,6 +119,16 @@ def test_signatures_are_deterministic(
         LIBERO, base_model_id=base.model_id, canonical_image_size=56
     )
     assert base.signature_for(LIBERO) != base.signature_for(PUSHT)
+    # Asked again (from the backbone's table), every field the signature reads still counts
+    # and the tenant-facing ones still do not.
+    for _ in range(2):
+        assert base.signature_for(PUSHT) == schema_signature(
+            PUSHT, base_model_id=base.model_id, canonical_image_size=56
+        )
+        chunked = PUSHT.model_copy(update={"action_chunk": PUSHT.action_chunk + 1})
+        assert base.signature_for(chunked) != base.signature_for(PUSHT)
+        renamed = PUSHT.model_copy(update={"name": "other", "fps": 3.0})
+        assert base.signature_for(renamed) == base.signature_for(PUSHT)
     assert base.prefix_key() == again.prefix_key()
     other = tiny_backbone("qwen3_vl")
     assert other.prefix_key() != base.prefix_key()
@@ -141,6 +154,44 @@ def test_save_then_reload_gives_identical_features(
     for key in f1.model_inputs:
         assert torch.equal(f1.model_inputs[key], f2.model_inputs[key]), key
     assert torch.equal(base.encode(f1).hidden_states, reloaded.encode(f2).hidden_states)
+
+
+def test_small_canonicalizations_run_serially_and_equal_the_parallel_ones(
+    tiny_backbone: TinyBackbone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = tiny_backbone("qwen2_5_vl")
+    threads: list[int] = []
+    inner = backbone_module.canonicalize
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        threads.append(thread_intra_op_threads())
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(backbone_module, "canonicalize", recording)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        one = [("a", LIBERO, ObservationBatch.synthetic(LIBERO, 1, seed=3))]
+        many = [("a", LIBERO, ObservationBatch.synthetic(LIBERO, 4, seed=3))]
+        serial = base.canonicalize(one)
+        parallel = base.canonicalize(many)  # 4 rows x 2 slots: above the serial limit
+        monkeypatch.setattr(backbone_module, "SERIAL_CANONICALIZE_IMAGES", 0)
+        one_parallel = base.canonicalize(one)
+    finally:
+        torch.set_num_threads(before)
+    assert threads == [1, 2, 2]
+    assert parallel.batch_size == 4
+    for key, value in serial.model_inputs.items():
+        assert torch.equal(value, one_parallel.model_inputs[key]), key
+
+
+def test_resize_with_pad_into_a_zeroed_slot_writes_only_the_image() -> None:
+    wide = np.full((2, 20, 40, 3), 200, np.uint8)
+    images = torch.zeros((2, 2, 3, 40, 40), dtype=torch.uint8)
+    out = resize_with_pad(wide, 40, into=images[:, 1])
+    assert out.data_ptr() == images[:, 1].data_ptr()
+    assert torch.equal(images[:, 1], resize_with_pad(wide, 40))
+    assert int(images[:, 0].max()) == 0
 
 
 def test_resize_with_pad_keeps_aspect_and_centres() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -444,5 +445,76 @@ def test_resume_from_checkpoint_reproduces_next_losses(
         assert await resumed.restore("fm") == 4
         tail = await losses(resumed, sig, 2, 2)
         np.testing.assert_allclose(head + tail, full, rtol=0, atol=1e-6)
+
+    asyncio.run(main())
+
+
+def test_the_next_microbatch_is_read_while_a_step_runs(
+    base: ResidentBaseModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from joynexus.services import job_plan
+
+    read = job_plan.read_microbatch
+    read_done = {k: threading.Event() for k in range(3)}
+    overlapped: list[bool] = []
+
+    async def reading(queue: Any, plan: Any, k: int) -> Any:
+        out = await read(queue, plan, k)
+        read_done[k].set()
+        return out
+
+    monkeypatch.setattr(job_plan, "read_microbatch", reading)
+
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        step = svc._grouped_step
+
+        def stepping(items: Any, isolate: bool = False) -> Any:
+            k = len(overlapped)
+            if k + 1 in read_done:  # the read of microbatch k + 1 finishes during step k
+                overlapped.append(read_done[k + 1].wait(timeout=30))
+            else:
+                overlapped.append(True)
+            return step(items, isolate)
+
+        svc._grouped_step = stepping
+        sig = (await svc.add_tenant(config("a", tmp_path))).schema_signature
+        put_sft(svc.queue, "p", "a", sig, 12)
+        result = await svc.train_job(make_job("a", "p", 12, sig))
+        assert result.num_microbatches == 3 and result.policy_version == 3
+
+    asyncio.run(main())
+    assert overlapped == [True, True, True]
+
+
+def test_a_failed_step_drops_the_jobs_microbatch_read_ahead(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        step = svc._grouped_step
+        seen: list[list[str]] = []
+
+        def failing_a(items: Any, isolate: bool = False) -> Any:
+            seen.append([it.slot.tenant_id for it in items])
+            outcomes = step(items, isolate)
+            return [
+                ValueError("a broke") if it.slot.tenant_id == "a" else out
+                for it, out in zip(items, outcomes, strict=True)
+            ]
+
+        svc._grouped_step = failing_a
+        sig = (await svc.add_tenant(config("a", tmp_path))).schema_signature
+        await svc.add_tenant(config("b", tmp_path))
+        put_sft(svc.queue, "pa", "a", sig, 12)
+        put_sft(svc.queue, "pb", "b", sig, 12, seed=1)
+        jobs = [
+            make_job("a", "pa", 12, sig, job_id="ja"),
+            make_job("b", "pb", 12, sig, job_id="jb"),
+        ]
+        a, b = await svc.train_jobs_isolated(jobs)
+        assert isinstance(a, ValueError) and str(a) == "a broke"
+        assert not isinstance(b, Exception) and b.num_microbatches == 3
+        assert seen == [["a", "b"], ["b"], ["b"]]
 
     asyncio.run(main())

@@ -37,6 +37,7 @@ from joynexus.models.policies.smolvla_expert.resident import (
 from joynexus.models.schema import DataSchema, prefix_key, schema_signature
 from joynexus.models.tiny import SIDECAR, quiet_transformers
 from joynexus.models.types import BackboneOutput
+from joynexus.utils.intra_op import serial_intra_op
 
 # transformers model_type → the arch name JoyNexus uses.
 SUPPORTED_ARCHES: dict[str, str] = {
@@ -53,6 +54,10 @@ DEFAULT_NUM_CAMERA_SLOTS = 2
 #: Hugging Face processor per image on CPU (the reference the tensor path equals).
 Canonicalizer = Literal["tensor", "processor"]
 CANONICALIZERS: tuple[Canonicalizer, ...] = ("tensor", "processor")
+#: Canonical images (rows × camera slots) up to which a CPU canonicalization runs its
+#: ops in the calling thread alone: waking torch's sleeping intra-op threads for each op
+#: costs more than the work of a few images (RESULTS §8.1.4).
+SERIAL_CANONICALIZE_IMAGES = 4
 _log = logging.getLogger(__name__)
 # StarVLA-style Qwen backbones see 224-px cameras; it is a multiple of 28 and of 32.
 _QWEN_DEFAULT_SIZE = 224
@@ -147,6 +152,7 @@ class ResidentBaseModel:
         self._spec = CanonicalSpec(arch, num_camera_slots, canonical_image_size)
         self._check_canonical_size()
         self._tensor: BatchEncoder | None = None
+        self._signatures: dict[tuple[int, ...], str] = {}
         #: Why the tensor path was asked for but is not used (its load-time check).
         self.canonicalizer_fallback: str | None = None
         self.use_canonicalizer(canonicalizer)
@@ -371,11 +377,18 @@ class ResidentBaseModel:
 
     def signature_for(self, schema: DataSchema) -> str:
         """The schema signature of ``schema`` served on this backbone."""
-        return schema_signature(
-            schema,
-            base_model_id=self.model_id,
-            canonical_image_size=self.canonical_image_size,
-        )
+        # Every canonicalization asks, and hashing the canonical JSON costs a tenth of a
+        # one-row canonicalization; the signature reads only these fields.
+        key = (len(schema.cameras), schema.state_dim, schema.action_dim, schema.action_chunk)
+        hit = self._signatures.get(key)
+        if hit is None:
+            hit = schema_signature(
+                schema,
+                base_model_id=self.model_id,
+                canonical_image_size=self.canonical_image_size,
+            )
+            self._signatures[key] = hit
+        return hit
 
     def parameter_bytes(self) -> int:
         """Bytes held by the backbone's parameters (shared once by all tenants)."""
@@ -400,15 +413,18 @@ class ResidentBaseModel:
             InvalidRequestError: No groups, or a tenant appears twice.
         """
         signatures = [self.signature_for(schema) for _, schema, _ in groups]
-        feature = canonicalize(
-            self.processor,
-            self._spec,
-            groups,
-            signatures=signatures,
-            validated=validated,
-            encoder=self._tensor,
-            device=self.device,
-        )
+        rows = sum(batch.batch_size for _, _, batch in groups)
+        images = rows * self._spec.num_camera_slots
+        with serial_intra_op(self.device.type == "cpu" and images <= SERIAL_CANONICALIZE_IMAGES):
+            feature = canonicalize(
+                self.processor,
+                self._spec,
+                groups,
+                signatures=signatures,
+                validated=validated,
+                encoder=self._tensor,
+                device=self.device,
+            )
         inputs = {}
         for key, value in feature.model_inputs.items():
             if value.is_floating_point():

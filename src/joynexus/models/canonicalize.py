@@ -46,14 +46,23 @@ CHAT_TEMPLATE_ARCHES = frozenset({"qwen2_5_vl", "qwen3_vl", "smolvlm"})
 _DROP_KEYS = frozenset({"labels"})
 
 
-def resize_with_pad(images: np.ndarray, size: int) -> torch.Tensor:
+def resize_with_pad(
+    images: np.ndarray, size: int, *, into: torch.Tensor | None = None
+) -> torch.Tensor:
     """Resize ``uint8 [N, H, W, C]`` images into ``size × size`` keeping aspect ratio.
 
     The longer side becomes ``size``; the shorter side is centred and padded with black.
     Grey (1–2 channel) images are replicated to RGB, an alpha channel is dropped.
 
+    Args:
+        images: The camera frames.
+        size: The canonical square's side.
+        into: An all-zero ``uint8 [N, 3, size, size]`` tensor (a view of the batch's
+            image tensor) to write the result into instead of a new one: the padding is
+            already there, so only the image's own pixels are written.
+
     Returns:
-        ``uint8 [N, 3, size, size]``.
+        ``uint8 [N, 3, size, size]`` (``into`` when given).
     """
     x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
     c = int(x.shape[1])
@@ -72,7 +81,7 @@ def resize_with_pad(images: np.ndarray, size: int) -> torch.Tensor:
             align_corners=False,
             antialias=True,
         )
-    out = torch.zeros((n, 3, size, size), dtype=torch.uint8)
+    out = torch.zeros((n, 3, size, size), dtype=torch.uint8) if into is None else into
     top, left = (size - new_h) // 2, (size - new_w) // 2
     out[:, :, top : top + new_h, left : left + new_w] = x
     return out
@@ -183,9 +192,11 @@ def canonicalize(
     total = sum(b.batch_size for _, _, b in groups)
     max_state = max(s.state_dim for _, s, _ in groups)
     images = torch.zeros((total, slots, 3, size, size), dtype=torch.uint8)
-    camera_mask = torch.zeros((total, slots), dtype=torch.bool)
-    state = torch.zeros((total, max_state), dtype=torch.float32)
-    state_mask = torch.zeros((total, max_state), dtype=torch.bool)
+    # The small per-row tables are filled in numpy (an indexed write there costs a
+    # fraction of a torch op's dispatch) and shared with torch at the end.
+    camera_mask = np.zeros((total, slots), dtype=np.bool_)
+    state = np.zeros((total, max_state), dtype=np.float32)
+    state_mask = np.zeros((total, max_state), dtype=np.bool_)
     instructions: list[str] = []
     slices: list[SliceEntry] = []
     # Cameras of one source shape are resized in one call whatever tenant they belong
@@ -198,30 +209,32 @@ def canonicalize(
             img = batch.cameras[name]
             by_shape.setdefault(tuple(img.shape[1:]), []).append((row, n, slot, img))
             camera_mask[row : row + n, slot] = True
-        state[row : row + n, : schema.state_dim] = torch.from_numpy(batch.state)
+        state[row : row + n, : schema.state_dim] = batch.state
         state_mask[row : row + n, : schema.state_dim] = True
         instructions.extend(batch.instructions)
         slices.append(SliceEntry(tenant_id, signature, row, row + n))
         row += n
     for parts in by_shape.values():
-        arrays = [img for _, _, _, img in parts]
-        resized = resize_with_pad(arrays[0] if len(arrays) == 1 else np.concatenate(arrays), size)
+        if len(parts) == 1:  # one tenant's camera: resized straight into its slot
+            start, n, slot, img = parts[0]
+            resize_with_pad(img, size, into=images[start : start + n, slot])
+            continue
+        resized = resize_with_pad(np.concatenate([img for _, _, _, img in parts]), size)
         offset = 0
         for start, n, slot, _ in parts:
             images[start : start + n, slot] = resized[offset : offset + n]
             offset += n
+    mask = torch.from_numpy(camera_mask)
 
     if encoder is None:
-        model_inputs = processor_inputs(processor, spec, images, camera_mask, instructions)
+        model_inputs = processor_inputs(processor, spec, images, mask, instructions)
     else:
-        model_inputs = encoder.encode(
-            images, camera_mask, instructions, device or torch.device("cpu")
-        )
+        model_inputs = encoder.encode(images, mask, instructions, device or torch.device("cpu"))
     return VLAFeature(
         model_inputs=model_inputs,
-        state=state,
-        state_mask=state_mask,
-        camera_mask=camera_mask,
+        state=torch.from_numpy(state),
+        state_mask=torch.from_numpy(state_mask),
+        camera_mask=mask,
         slices=slices,
         images=images,
     )
