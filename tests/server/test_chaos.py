@@ -53,9 +53,9 @@ from tests.server.subproc import (
 
 SEED = 20250607
 # RL_TARGET leaves room past the last kill cap (10): the resumed RL trains on while the
-# evaluation's session restarts, and with 18 it once finished its last jobs before the
-# third kill could find it running (the next microbatch read while a step runs). The
-# evaluation's fourth run keeps it live until kill 1 while bob's SFT starts.
+# evaluation's session restarts, and with 18 it still once finished its last jobs before
+# the third kill could find it running. The evaluation's fourth run keeps it live until
+# kill 1 while bob's SFT starts (with three it once completed first).
 RL_TARGET, SFT_TARGET, EVAL_RUNS = 26, 10, 4
 #: horizon 16 x 2 envs = 32 samples per RL job, microbatches of 16: two optimizer steps
 #: (two versions) per job; SFT jobs of 48 samples: three.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -449,45 +448,7 @@ def test_resume_from_checkpoint_reproduces_next_losses(
     asyncio.run(main())
 
 
-def test_the_next_microbatch_is_read_while_a_step_runs(
-    base: ResidentBaseModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from joynexus.services import job_plan
-
-    read = job_plan.read_microbatch
-    read_done = {k: threading.Event() for k in range(3)}
-    overlapped: list[bool] = []
-
-    async def reading(queue: Any, plan: Any, k: int) -> Any:
-        out = await read(queue, plan, k)
-        read_done[k].set()
-        return out
-
-    monkeypatch.setattr(job_plan, "read_microbatch", reading)
-
-    async def main() -> None:
-        svc = service(base, tmp_path)
-        step = svc._grouped_step
-
-        def stepping(items: Any, isolate: bool = False) -> Any:
-            k = len(overlapped)
-            if k + 1 in read_done:  # the read of microbatch k + 1 finishes during step k
-                overlapped.append(read_done[k + 1].wait(timeout=30))
-            else:
-                overlapped.append(True)
-            return step(items, isolate)
-
-        svc._grouped_step = stepping
-        sig = (await svc.add_tenant(config("a", tmp_path))).schema_signature
-        put_sft(svc.queue, "p", "a", sig, 12)
-        result = await svc.train_job(make_job("a", "p", 12, sig))
-        assert result.num_microbatches == 3 and result.policy_version == 3
-
-    asyncio.run(main())
-    assert overlapped == [True, True, True]
-
-
-def test_a_failed_step_drops_the_jobs_microbatch_read_ahead(
+def test_a_job_whose_step_fails_leaves_the_group_the_others_go_on(
     base: ResidentBaseModel, tmp_path: Path
 ) -> None:
     async def main() -> None:

@@ -425,19 +425,22 @@ class ResidentBaseModel:
                 encoder=self._tensor,
                 device=self.device,
             )
-        inputs = {}
-        for key, value in feature.model_inputs.items():
-            if value.is_floating_point():
-                value = value.to(self.dtype)
-            inputs[key] = value.to(self.device)
-        feature.model_inputs = inputs
+        feature.model_inputs = {k: self._placed(v) for k, v in feature.model_inputs.items()}
         if self.shares_blanks:
             # Planned here, from the CPU mask: no device-to-host copy in the forward.
             feature.blank_plan = vision_share.blank_plan(feature.camera_mask)
-        feature.state = feature.state.to(self.device)
-        feature.state_mask = feature.state_mask.to(self.device)
-        feature.camera_mask = feature.camera_mask.to(self.device)
+        feature.state = self._placed(feature.state)
+        feature.state_mask = self._placed(feature.state_mask)
+        feature.camera_mask = self._placed(feature.camera_mask)
         return feature
+
+    def _placed(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` on this backbone's device, floats in its dtype. A tensor already
+        there is returned as it is, without a call into torch (a one-row predict makes a
+        dozen of these, each a dispatch)."""
+        if value.is_floating_point() and value.dtype != self.dtype:
+            value = value.to(self.dtype)
+        return value if value.device == self.device else value.to(self.device)
 
     def images_per_row(self, feature: VLAFeature) -> list[int]:
         """How many images each row of ``feature`` feeds the vision tower, in row order

@@ -188,7 +188,10 @@ class TensorCanonicalizer:
             self._prompt_row(t, int(counts[i]) if counts is not None else slots)
             for i, t in enumerate(texts)
         ]
-        width = max(int(r["input_ids"].shape[0]) for r in rows)
+        widths = [int(r["input_ids"].shape[0]) for r in rows]
+        width = max(widths)
+        if min(widths) == width:  # one prompt length (a policy's one instruction): no pad
+            return {key: torch.stack([r[key] for r in rows]) for key in rows[0]}
         out: dict[str, torch.Tensor] = {}
         for key, first in rows[0].items():
             fill = self._pad_id if key == "input_ids" else 0
@@ -208,9 +211,14 @@ class TensorCanonicalizer:
     ) -> dict[str, torch.Tensor]:
         """Every model input of a batch: images uploaded once as ``uint8`` (a quarter of
         the float bytes) and laid out on ``device``; text from the prompt cache."""
-        inputs = {k: v.to(device) for k, v in self.text(texts, camera_mask).items()}
-        inputs.update(self.pixels(images.to(device), camera_mask))
+        inputs = {k: _on(v, device) for k, v in self.text(texts, camera_mask).items()}
+        inputs.update(self.pixels(_on(images, device), camera_mask))
         return inputs
+
+
+def _on(value: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``value`` on ``device``; one already there without a call into torch."""
+    return value if value.device == device else value.to(device)
 
 
 def mismatch(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor]) -> str | None:

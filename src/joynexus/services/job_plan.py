@@ -10,7 +10,7 @@ into the tenant's :class:`~joynexus.models.batch.ObservationBatch`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -40,7 +40,6 @@ __all__ = [
     "job_seed",
     "plan_job",
     "read_microbatch",
-    "read_wave",
 ]
 
 TRAIN_TASK = "train"
@@ -212,27 +211,6 @@ async def read_microbatch(queue: TrainingQueue, plan: JobPlan, k: int) -> Microb
     # Before the shared forward, so a bad batch fails its own job, not the group.
     batch.validate(plan.slot.schema)
     return Microbatch(plan.loss, plan.config, plan.slot, batch, data)
-
-
-async def read_wave(
-    queue: TrainingQueue, wave: Sequence[JobPlan], k: int, *, isolate: bool
-) -> list[tuple[JobPlan, Microbatch]]:
-    """Microbatch ``k`` of every plan of ``wave`` that has one and has not failed.
-
-    With ``isolate`` a plan whose read fails keeps the error (``plan.error``) and is left
-    out; without it the error propagates.
-    """
-    out: list[tuple[JobPlan, Microbatch]] = []
-    for plan in wave:
-        if k >= plan.num_microbatches or plan.error is not None:
-            continue
-        try:
-            out.append((plan, await read_microbatch(queue, plan, k)))
-        except Exception as error:
-            if not isolate:
-                raise
-            plan.error = error
-    return out
 
 
 def check_annotations(plan: JobPlan, meta: BatchMeta) -> None:

@@ -69,7 +69,7 @@ from joynexus.services.job_plan import (
     Microbatch,
     TrainJobResult,
     plan_job,
-    read_wave,
+    read_microbatch,
 )
 from joynexus.services.samples import FLOW_CHAIN
 from joynexus.services.tenancy import TenantConfig, TenantInfo, backbone_lock, build_slot
@@ -312,39 +312,39 @@ class TrainingModelService:
         heartbeats: Mapping[str, Callable[[], None]],
         isolate: bool = False,
     ) -> None:
-        # Microbatch k + 1 is read on the loop while step k runs in its thread: the
-        # device does not wait for the Training Queue between two steps of a job.
-        steps = max(p.num_microbatches for p in wave)
-        reads = asyncio.create_task(read_wave(self.queue, wave, 0, isolate=isolate))
-        try:
-            for k in range(steps):
-                # A plan whose step k - 1 failed drops the microbatch read meanwhile.
-                ready = [(p, it) for p, it in await reads if p.error is None]
-                if k + 1 < steps:
-                    reads = asyncio.create_task(read_wave(self.queue, wave, k + 1, isolate=isolate))
-                if not ready:
+        for k in range(max(p.num_microbatches for p in wave)):
+            active: list[JobPlan] = []
+            items: list[Microbatch] = []
+            for plan in wave:
+                if k >= plan.num_microbatches or plan.error is not None:
                     continue
-                items = [it for _, it in ready]
-                outcomes = await asyncio.to_thread(self._grouped_step, items, isolate)
-                for (plan, item), outcome in zip(ready, outcomes, strict=True):
-                    if isinstance(outcome, Exception):
-                        plan.error = outcome
-                        continue
-                    result, stats = outcome
-                    plan.losses.append(result.loss)
-                    plan.samples += item.batch.batch_size
-                    plan.stats.setdefault("grad_norm", []).append(result.grad_norm)
-                    for name, value in stats.items():
-                        plan.stats.setdefault(name, []).append(value)
-                if heartbeat is not None:
-                    heartbeat()
-                for plan, _ in ready:
-                    beat = heartbeats.get(plan.job.job_id)
-                    if beat is not None:
-                        beat()
-        finally:  # after a step that raised, the read ahead is not wanted
-            reads.cancel()
-            await asyncio.gather(reads, return_exceptions=True)
+                try:
+                    items.append(await read_microbatch(self.queue, plan, k))
+                except Exception as error:
+                    if not isolate:
+                        raise
+                    plan.error = error
+                    continue
+                active.append(plan)
+            if not items:
+                continue
+            outcomes = await asyncio.to_thread(self._grouped_step, items, isolate)
+            for plan, item, outcome in zip(active, items, outcomes, strict=True):
+                if isinstance(outcome, Exception):
+                    plan.error = outcome
+                    continue
+                result, stats = outcome
+                plan.losses.append(result.loss)
+                plan.samples += item.batch.batch_size
+                plan.stats.setdefault("grad_norm", []).append(result.grad_norm)
+                for name, value in stats.items():
+                    plan.stats.setdefault(name, []).append(value)
+            if heartbeat is not None:
+                heartbeat()
+            for plan in active:
+                beat = heartbeats.get(plan.job.job_id)
+                if beat is not None:
+                    beat()
 
     def _grouped_step(self, items: list[Microbatch], isolate: bool = False) -> list[Outcome]:
         """The microbatches' grouped step (:func:`~joynexus.models.grouped_step.grouped_step`)
