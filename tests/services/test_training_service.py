@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,12 @@ import pytest
 import torch
 
 from joynexus.control.job import JobState, JobTimestamps, TaskType, TrainingJob
-from joynexus.errors import InvalidRequestError, PermissionDeniedError, SchemaMismatchError
+from joynexus.errors import (
+    InvalidRequestError,
+    PermissionDeniedError,
+    SchemaMismatchError,
+    StaleLeaseError,
+)
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig
@@ -479,3 +485,99 @@ def test_a_job_whose_step_fails_leaves_the_group_the_others_go_on(
         assert seen == [["a", "b"], ["b"], ["b"]]
 
     asyncio.run(main())
+
+
+def test_a_waves_steps_run_in_one_thread_reading_ahead(
+    base: ResidentBaseModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from joynexus.services import wave
+
+    read = wave.read_microbatch
+    read_done = {k: threading.Event() for k in range(3)}
+    overlapped: list[bool] = []
+    threads: set[int] = set()
+
+    async def reading(queue: Any, plan: Any, k: int) -> Any:
+        out = await read(queue, plan, k)
+        read_done[k].set()
+        return out
+
+    monkeypatch.setattr(wave, "read_microbatch", reading)
+
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        step = svc._grouped_step
+
+        def stepping(items: Any, isolate: bool = False) -> Any:
+            threads.add(threading.get_ident())
+            k = len(overlapped)
+            # The read of microbatch k + 1 finishes while step k runs.
+            overlapped.append(read_done[k + 1].wait(timeout=30) if k + 1 in read_done else True)
+            return step(items, isolate)
+
+        svc._grouped_step = stepping
+        sig = (await svc.add_tenant(config("a", tmp_path))).schema_signature
+        put_sft(svc.queue, "p", "a", sig, 12)
+        beats: list[int] = []
+        result = await svc.train_job(make_job("a", "p", 12, sig), heartbeat=lambda: beats.append(1))
+        assert result.num_microbatches == 3 and result.policy_version == 3
+        assert beats == [1, 1, 1]
+
+    asyncio.run(main())
+    assert overlapped == [True, True, True]
+    assert len(threads) == 1 and threading.get_ident() not in threads
+
+
+def test_a_lost_lease_stops_the_job_one_step_later(base: ResidentBaseModel, tmp_path: Path) -> None:
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        sig = (await svc.add_tenant(config("a", tmp_path))).schema_signature
+        put_sft(svc.queue, "p", "a", sig, 16)
+        beats: list[int] = []
+
+        def beat() -> None:
+            beats.append(1)
+            if len(beats) == 2:
+                raise StaleLeaseError("lease lost")
+
+        with pytest.raises(StaleLeaseError, match="lease lost"):
+            await svc.train_job(make_job("a", "p", 16, sig), heartbeat=beat)
+        # Step 2's beat runs on the loop while step 3 runs; step 4 never starts.
+        assert svc.policy_version("a") == 3 and len(beats) == 2
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_job_stops_after_the_running_step(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    entered, release = threading.Event(), threading.Event()
+    calls: list[int] = []
+    versions: list[int] = []
+
+    async def main() -> None:
+        svc = service(base, tmp_path)
+        step = svc._grouped_step
+
+        def stepping(items: Any, isolate: bool = False) -> Any:
+            calls.append(1)
+            if len(calls) == 2:
+                entered.set()
+                release.wait(30)
+            out = step(items, isolate)
+            versions.append(svc.policy_version("a"))
+            return out
+
+        svc._grouped_step = stepping
+        sig = (await svc.add_tenant(config("a", tmp_path))).schema_signature
+        put_sft(svc.queue, "p", "a", sig, 16)
+        task = asyncio.create_task(svc.train_job(make_job("a", "p", 16, sig)))
+        assert await asyncio.to_thread(entered.wait, 30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        release.set()
+
+    # asyncio.run returns once the worker threads have finished.
+    asyncio.run(main())
+    assert len(calls) == 2 and versions == [1, 2]

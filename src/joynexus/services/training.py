@@ -64,16 +64,11 @@ from joynexus.models.payload import (
 from joynexus.models.slots import StepResult, TenantSlot
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.actor_forward import actor_forward
-from joynexus.services.job_plan import (
-    JobPlan,
-    Microbatch,
-    TrainJobResult,
-    plan_job,
-    read_microbatch,
-)
+from joynexus.services.job_plan import JobPlan, Microbatch, TrainJobResult, plan_job
 from joynexus.services.samples import FLOW_CHAIN
 from joynexus.services.tenancy import TenantConfig, TenantInfo, backbone_lock, build_slot
 from joynexus.services.train_batch import TrainBatch, microbatch_loss
+from joynexus.services.wave import run_wave
 from joynexus.utils.affinity import on_device
 from joynexus.utils.clock import Clock, SystemClock
 
@@ -312,39 +307,15 @@ class TrainingModelService:
         heartbeats: Mapping[str, Callable[[], None]],
         isolate: bool = False,
     ) -> None:
-        for k in range(max(p.num_microbatches for p in wave)):
-            active: list[JobPlan] = []
-            items: list[Microbatch] = []
-            for plan in wave:
-                if k >= plan.num_microbatches or plan.error is not None:
-                    continue
-                try:
-                    items.append(await read_microbatch(self.queue, plan, k))
-                except Exception as error:
-                    if not isolate:
-                        raise
-                    plan.error = error
-                    continue
-                active.append(plan)
-            if not items:
-                continue
-            outcomes = await asyncio.to_thread(self._grouped_step, items, isolate)
-            for plan, item, outcome in zip(active, items, outcomes, strict=True):
-                if isinstance(outcome, Exception):
-                    plan.error = outcome
-                    continue
-                result, stats = outcome
-                plan.losses.append(result.loss)
-                plan.samples += item.batch.batch_size
-                plan.stats.setdefault("grad_norm", []).append(result.grad_norm)
-                for name, value in stats.items():
-                    plan.stats.setdefault(name, []).append(value)
+        def beat(active: list[JobPlan]) -> None:
             if heartbeat is not None:
                 heartbeat()
             for plan in active:
-                beat = heartbeats.get(plan.job.job_id)
-                if beat is not None:
-                    beat()
+                one = heartbeats.get(plan.job.job_id)
+                if one is not None:
+                    one()
+
+        await run_wave(self.queue, wave, self._grouped_step, beat, isolate=isolate)
 
     def _grouped_step(self, items: list[Microbatch], isolate: bool = False) -> list[Outcome]:
         """The microbatches' grouped step (:func:`~joynexus.models.grouped_step.grouped_step`)
