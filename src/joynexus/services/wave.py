@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
@@ -109,14 +110,15 @@ async def run_wave(
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
 
         def settle(task: asyncio.Task[T]) -> None:
-            if future.cancelled():
-                return
             if task.cancelled():
                 future.cancel()
-            elif (error := task.exception()) is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(task.result())
+                return
+            # The waiting thread may have cancelled the future meanwhile (a stop).
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                if (error := task.exception()) is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(task.result())
 
         def start() -> None:
             if stop.is_set() or future.cancelled():
