@@ -23,7 +23,7 @@ import torch
 from joynexus.errors import InvalidRequestError, ModelNotFoundError
 from joynexus.models import qwen_positions, vision_share
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.canon_tensor import TensorCanonicalizer
+from joynexus.models.canon_tensor import TensorCanonicalizer, moved_to
 from joynexus.models.canonicalize import BatchEncoder, CanonicalSpec, canonicalize
 from joynexus.models.feature import VLAFeature
 from joynexus.models.lora import LoRAHost
@@ -440,7 +440,7 @@ class ResidentBaseModel:
         dozen of these, each a dispatch)."""
         if value.is_floating_point() and value.dtype != self.dtype:
             value = value.to(self.dtype)
-        return value if value.device == self.device else value.to(self.device)
+        return moved_to(value, self.device)
 
     def images_per_row(self, feature: VLAFeature) -> list[int]:
         """How many images each row of ``feature`` feeds the vision tower, in row order

@@ -211,12 +211,12 @@ class TensorCanonicalizer:
     ) -> dict[str, torch.Tensor]:
         """Every model input of a batch: images uploaded once as ``uint8`` (a quarter of
         the float bytes) and laid out on ``device``; text from the prompt cache."""
-        inputs = {k: _on(v, device) for k, v in self.text(texts, camera_mask).items()}
-        inputs.update(self.pixels(_on(images, device), camera_mask))
+        inputs = {k: moved_to(v, device) for k, v in self.text(texts, camera_mask).items()}
+        inputs.update(self.pixels(moved_to(images, device), camera_mask))
         return inputs
 
 
-def _on(value: torch.Tensor, device: torch.device) -> torch.Tensor:
+def moved_to(value: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``value`` on ``device``; one already there without a call into torch."""
     return value if value.device == device else value.to(device)
 
@@ -252,4 +252,4 @@ def max_abs_difference(ref: dict[str, torch.Tensor], got: dict[str, torch.Tensor
     return worst
 
 
-__all__ = ["EQUAL_ATOL", "TensorCanonicalizer", "max_abs_difference", "mismatch"]
+__all__ = ["EQUAL_ATOL", "TensorCanonicalizer", "max_abs_difference", "mismatch", "moved_to"]

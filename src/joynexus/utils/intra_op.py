@@ -4,7 +4,7 @@ torch parallelises a CPU op over its intra-op threads once the op has more than 
 of elements (32,768). Between two requests those threads go to sleep, so each parallel
 op of the next request first wakes them: for a one-row canonicalization (a dozen ops of
 a few tens of thousands of elements) that wake-up costs more than the work itself
-(RESULTS §8.1.4: 1.2 → 0.6 ms per request). :func:`serial_intra_op` runs the enclosed
+(RESULTS §8.1.4: 1.4 → 0.7 ms for one row, by a script). :func:`serial_intra_op` runs the enclosed
 ops in the calling thread alone.
 
 With the OpenMP backend (torch's default on Linux) an intra-op team's size is the
@@ -35,11 +35,10 @@ def _openmp() -> Any | None:
         return None
     try:
         lib = ctypes.CDLL(None)
-        set_threads, get_threads = lib.omp_set_num_threads, lib.omp_get_max_threads
+        set_threads = lib.omp_set_num_threads
     except (OSError, AttributeError):
         return None
     set_threads.argtypes, set_threads.restype = [ctypes.c_int], None
-    get_threads.argtypes, get_threads.restype = [], ctypes.c_int
     return lib
 
 
