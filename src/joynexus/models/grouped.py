@@ -23,6 +23,7 @@ import torch
 
 from joynexus.errors import CapacityError, ConflictError, InvalidRequestError, NotFoundError
 from joynexus.models.batch import ObservationBatch
+from joynexus.models.decode import Decoded, DecodeGroup, decode_groups, decode_slot
 from joynexus.models.feature import VLAFeature
 from joynexus.models.grouped_step import sft_step
 from joynexus.models.lora import LoRAAdapter, LoRARows, LoRASegment, lora_rows
@@ -270,6 +271,26 @@ class GroupedExecutor:
         t0 = time.perf_counter()
         if feature is None:
             feature = self.base.canonicalize(groups, validated=validated)
+        if times is not None:
+            times.canonicalize_s += time.perf_counter() - t0
+        out = self._encode(feature, adapters=adapters, grad=grad, times=times)
+        result: dict[str, BackboneOutput] = {}
+        for tid in batches:
+            entry = feature.slice_of(tid)
+            result[tid] = out.rows(entry.start, entry.stop)
+        return result
+
+    def _encode(
+        self,
+        feature: VLAFeature,
+        *,
+        adapters: Mapping[str, LoRAAdapter | None] | None,
+        grad: bool,
+        times: StageTimes | None,
+    ) -> BackboneOutput:
+        """The backbone forward of a canonicalized batch, each tenant's rows through its
+        adapter (see :meth:`shared_forward`): every row of the output, in ``feature``'s
+        order."""
         t1 = time.perf_counter()
         segments: list[LoRASegment] = []
         for entry in feature.slices:
@@ -296,13 +317,8 @@ class GroupedExecutor:
             with torch.no_grad():
                 out = self.base.encode(feature).detach()
         if times is not None:
-            times.canonicalize_s += t1 - t0
             times.backbone_s += time.perf_counter() - t1
-        result: dict[str, BackboneOutput] = {}
-        for tid in batches:
-            entry = feature.slice_of(tid)
-            result[tid] = out.rows(entry.start, entry.stop)
-        return result
+        return out
 
     def serial_forward(self, batches: Mapping[str, ObservationBatch]) -> dict[str, BackboneOutput]:
         """One backbone forward per tenant (the serial baseline)."""
@@ -368,7 +384,7 @@ class GroupedExecutor:
             slot = self.slot(tid)
             state = _to_tensor(batch.state, device)
             gen = (generators or {}).get(tid, slot.inference_generator)
-            out[tid] = _decode_slot(slot, features[tid], state, mode, gen)
+            out[tid] = decode_slot(slot, features[tid], state, mode, gen)
         return out
 
     def predict(
@@ -456,7 +472,6 @@ class GroupedExecutor:
         # Forward groups: a tenant's rows share the forward across versions, unless the
         # slot has a LoRA adapter (then the version's adapter shapes the features).
         per_tenant: dict[str, list[int]] = {}
-        group_tenant: dict[str, str] = {}
         slots: list[TenantSlot] = []
         modes: list[Literal["mean", "sample"]] = []
         for i, req in enumerate(requests):
@@ -469,7 +484,6 @@ class GroupedExecutor:
             key = req.tenant_id
             if slot.lora is not None:
                 key = f"{req.tenant_id}@v{slot.policy_version}#{id(slot)}"
-            group_tenant[key] = req.tenant_id
             per_tenant.setdefault(key, []).append(i)
         # Within a tenant, order rows by (version, mode) so each decode group is one
         # contiguous slice of the tenant's backbone rows.
@@ -490,48 +504,43 @@ class GroupedExecutor:
         feature = self.base.canonicalize(
             [(tid, schemas[tid], b) for tid, b in batches.items()], validated=True
         )
+        # The decode plan, before the lock: within a tenant, each run of requests with
+        # one slot and mode is one group of rows of the backbone output.
+        plan: list[tuple[list[int], DecodeGroup]] = []
+        for key, idx in per_tenant.items():
+            start = feature.slice_of(key).start
+            state = _to_tensor(batches[key].state, device)
+            row = 0
+            k = 0
+            while k < len(idx):
+                slot, req_mode = slots[idx[k]], modes[idx[k]]
+                end = k
+                while end < len(idx) and slots[idx[end]] is slot and modes[idx[end]] == req_mode:
+                    end += 1
+                rows = sum(requests[i].observation.batch_size for i in idx[k:end])
+                planned = DecodeGroup(
+                    slot, req_mode, start + row, start + row + rows, state[row : row + rows]
+                )
+                plan.append((idx[k:end], planned))
+                row += rows
+                k = end
         locked = time.perf_counter()
-        decoded_groups: list[tuple[list[int], str, int, Decoded]] = []
         # A serving batch: before any training waiting for the lock, and a running step
         # yields to it between its phases (joynexus.utils.priority_lock).
         with self._lock.priority():
             if times is not None:
                 times.canonicalize_s += locked - waited
                 times.lock_wait_s += time.perf_counter() - locked
-            features = self.shared_forward(
-                batches, schemas=schemas, adapters=adapters, times=times, feature=feature
-            )
+            out = self._encode(feature, adapters=adapters, grad=False, times=times)
             heads = time.perf_counter()
-            for key, idx in per_tenant.items():
-                tid = group_tenant[key]
-                state = _to_tensor(batches[key].state, device)
-                row = 0
-                k = 0
-                while k < len(idx):
-                    slot, req_mode = slots[idx[k]], modes[idx[k]]
-                    end = k
-                    while (
-                        end < len(idx) and slots[idx[end]] is slot and modes[idx[end]] == req_mode
-                    ):
-                        end += 1
-                    group = idx[k:end]
-                    rows = sum(requests[i].observation.batch_size for i in group)
-                    decoded = _decode_slot(
-                        slot,
-                        features[key].rows(row, row + rows),
-                        state[row : row + rows],
-                        req_mode,
-                        slot.inference_generator,
-                    )
-                    decoded_groups.append((group, tid, slot.policy_version, decoded))
-                    row += rows
-                    k = end
+            decoded_groups = decode_groups([planned for _, planned in plan], out)
             copies = time.perf_counter()
             if times is not None:
                 times.head_s += copies - heads
         # Device-to-host copies after the lock: the decoded tensors are this batch's own
         # (a later step on the device's stream cannot overwrite them before they are read).
-        for group, tid, version, decoded in decoded_groups:
+        for (group, planned), decoded in zip(plan, decoded_groups, strict=True):
+            tid, version = requests[group[0]].tenant_id, planned.slot.policy_version
             # One host copy per decode group; each request gets a view of it.
             actions_np = _numpy(decoded.actions)
             assert actions_np is not None
@@ -554,32 +563,6 @@ class GroupedExecutor:
         if times is not None:
             times.head_s += time.perf_counter() - copies
         return [r for r in results if r is not None]
-
-
-@dataclass(frozen=True)
-class Decoded:
-    """One slot's decode of its rows (tensors; ``InferenceResult`` holds numpy)."""
-
-    actions: torch.Tensor
-    log_probs: torch.Tensor | None
-    values: torch.Tensor | None
-    chain: torch.Tensor | None = None
-
-
-def _decode_slot(
-    slot: TenantSlot,
-    features: BackboneOutput,
-    state: torch.Tensor,
-    mode: Literal["mean", "sample"],
-    generator: torch.Generator | None,
-) -> Decoded:
-    """One slot decodes its rows: actions, log-probs and chain in ``"sample"`` mode,
-    values with a critic."""
-    if mode == "sample":
-        drawn = slot.sample(features, state, generator=generator)
-        return Decoded(drawn.actions, drawn.log_probs, slot.value(features, state), drawn.chain)
-    actions = slot.predict(features, state, generator=generator)
-    return Decoded(actions, None, slot.value(features, state))
 
 
 def resident_bytes(base_parameters: Iterable[torch.Tensor], slots: Iterable[TenantSlot]) -> int:

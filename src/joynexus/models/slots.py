@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -340,8 +340,45 @@ class TenantSlot:
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """The action chunk ``[B, chunk, A]`` for each row."""
-        self.action_module.eval()
+        self._serving_mode()
         return self.action_module.predict(features, self._state_tensor(state), generator=generator)
+
+    def group_key(self) -> Hashable | None:
+        """Slots with equal keys predict in one pass (:meth:`predict_group`); ``None``:
+        this slot's head predicts alone (:meth:`PolicyHead.group_key`)."""
+        return self.action_module.group_key()
+
+    @staticmethod
+    def predict_group(
+        slots: Sequence[TenantSlot],
+        features: BackboneOutput,
+        state: torch.Tensor,
+        owner: Sequence[int],
+    ) -> torch.Tensor:
+        """:meth:`predict` of several slots of one :meth:`group_key` at once.
+
+        Args:
+            slots: The slots.
+            features: Every row of every slot.
+            state: ``[R, state_dim]``.
+            owner: For each row, the index of its slot in ``slots``.
+
+        Returns:
+            ``[R, chunk, A]``: row ``r`` as ``slots[owner[r]].predict`` gives it.
+        """
+        for slot in slots:
+            slot._serving_mode()
+        lead = slots[0]
+        heads = [slot.action_module for slot in slots]
+        return type(lead.action_module).predict_group(
+            heads, features, lead._state_tensor(state), owner
+        )
+
+    def _serving_mode(self) -> None:
+        # Only the whole module is ever switched (train() for a step, eval() here), so
+        # the root's flag speaks for every submodule: skip the tree walk when it is set.
+        if self.action_module.training:
+            self.action_module.eval()
 
     @torch.no_grad()
     def sample(
@@ -354,7 +391,7 @@ class TenantSlot:
         """Stochastic actions for RL rollouts with their log-probs (see
         :meth:`PolicyHead.sample`: a Gaussian head samples its policy, a flow head a
         Flow-SDE chain it also returns, a head without a density its prediction)."""
-        self.action_module.eval()
+        self._serving_mode()
         return self.action_module.sample(features, self._state_tensor(state), generator=generator)
 
     @torch.no_grad()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -54,6 +55,23 @@ class BackboneOutput:
             layers=layers,
             prefix_kv=kv,
             images=None if self.images is None else self.images[start:stop],
+        )
+
+    def take(self, rows: Sequence[int]) -> BackboneOutput:
+        """The rows ``rows``, in that order (a copy)."""
+        index = torch.tensor(rows, dtype=torch.long, device=self.hidden_states.device)
+        layers = None
+        if self.layers is not None:
+            layers = {k: v[index] for k, v in self.layers.items()}
+        kv = None
+        if self.prefix_kv is not None:
+            kv = tuple((k[index], v[index]) for k, v in self.prefix_kv)
+        return BackboneOutput(
+            hidden_states=self.hidden_states[index],
+            attention_mask=self.attention_mask[index],
+            layers=layers,
+            prefix_kv=kv,
+            images=None if self.images is None else self.images[index.to(self.images.device)],
         )
 
     def detach(self) -> BackboneOutput:

@@ -18,7 +18,7 @@ families are found by ``type`` in :mod:`joynexus.models.policies.registry`.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Generic, NamedTuple, TypeVar
 
@@ -28,6 +28,7 @@ from torch import nn
 
 from joynexus.errors import SchemaMismatchError
 from joynexus.models.lora import LoRAAdapter, LoRAConfig
+from joynexus.models.policies.layers import module_layers, residual_mlp
 from joynexus.models.schema import DataSchema
 from joynexus.models.types import BackboneOutput
 
@@ -98,6 +99,34 @@ class PolicyHead(nn.Module, abc.ABC):
     rl_fields: ClassVar[tuple[str, ...]] = ()
     """Partition fields :meth:`rl_log_prob` needs besides observations and actions (a
     rollout records them from :meth:`sample`)."""
+
+    def group_key(self) -> Hashable | None:
+        """Heads with equal keys decode their rows in one pass (:meth:`predict_group`):
+        the same family and layer shapes on the same device and dtype. ``None`` (the
+        default): this head predicts alone."""
+        return None
+
+    @classmethod
+    def predict_group(
+        cls,
+        heads: Sequence[PolicyHead],
+        features: BackboneOutput,
+        state: torch.Tensor,
+        owner: Sequence[int],
+    ) -> torch.Tensor:
+        """:meth:`predict` of several tenants' heads of one :meth:`group_key` at once.
+
+        Args:
+            heads: The heads (equal, non-``None`` group keys).
+            features: Every row of every head, ``[R, L, D]``.
+            state: ``[R, state_dim]``, in the heads' device and dtype.
+            owner: For each row, the index of the head that decodes it.
+
+        Returns:
+            ``[R, chunk, action_dim]``, row ``r`` equal to ``heads[owner[r]].predict``
+            of it.
+        """
+        raise NotImplementedError(f"{cls.__name__} has no group_key: it predicts alone")
 
     def use_lora(self, adapter: LoRAAdapter | None) -> None:
         """The tenant's backbone adapter, for a head that runs backbone layers itself
@@ -331,9 +360,7 @@ class ResidualMLPBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h: torch.Tensor = self.fc2(nn.functional.gelu(self.fc1(self.norm(x))))
-        dropped: torch.Tensor = self.dropout(h)
-        return x + dropped
+        return residual_mlp(module_layers(self), "", x)
 
 
 def features_as(features: BackboneOutput, module: nn.Module) -> BackboneOutput:

@@ -20,7 +20,7 @@ is ~0 and the first updates are not dominated by a random offset.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -37,6 +37,12 @@ from joynexus.models.policies.base import (
     masked_reduce,
 )
 from joynexus.models.policies.image_encoder import SpatialSoftmaxEncoder
+from joynexus.models.policies.layers import (
+    LayerReader,
+    StackedLayers,
+    module_layers,
+    residual_mlp,
+)
 from joynexus.models.policies.oft.config import OFTHeadConfig
 from joynexus.models.schema import DataSchema
 from joynexus.models.types import BackboneOutput
@@ -202,14 +208,63 @@ class OFTHead(PolicyHead):
         features = features_as(features, self)
         hs, mask = features.hidden_states, features.attention_mask
         pooled = masked_mean(hs, mask) if self.pool is None else self.pool(hs, mask)
-        x = self.input_proj(self.input_norm(pooled))
+        images = None if self.image_encoder is None else self.image_encoder(features.images)
+        return self._chunk(module_layers(self), pooled, state, images)
+
+    def _chunk(
+        self,
+        layers: LayerReader,
+        pooled: torch.Tensor,
+        state: torch.Tensor,
+        images: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Pooled features (+ state, + the image read-out) → ``[R, chunk, A]``, through
+        ``layers`` (this head's own, or a group's stacked per row)."""
+        x = layers.linear("input_proj", layers.layer_norm("input_norm", pooled))
         if self.state_proj is not None:
-            x = x + self.state_proj(state.to(pooled))
-        if self.image_encoder is not None:
-            x = x + self.image_encoder(features.images)
-        h = self.out_norm(self.blocks(x))
-        out: torch.Tensor = self.out_proj(h)
+            x = x + layers.linear("state_proj", state.to(pooled))
+        if images is not None:
+            x = x + images
+        for i in range(len(self.blocks)):
+            x = residual_mlp(layers, f"blocks.{i}.", x)
+        out = layers.linear("out_proj", layers.layer_norm("out_norm", x))
         return out.view(-1, self.action_chunk, self.action_dim)
+
+    def group_key(self) -> Hashable | None:
+        """OFT heads with mean pooling and no image encoder of their own group by their
+        layer shapes (the pooling and encoder modules would each be another per-tenant
+        pass)."""
+        if self.pool is not None or self.image_encoder is not None:
+            return None
+        weight = self.out_proj.weight
+        return (
+            "oft",
+            self.hidden_size,
+            self.state_dim,
+            self.action_dim,
+            self.action_chunk,
+            self.config.hidden_dim,
+            len(self.blocks),
+            weight.dtype,
+            weight.device,
+        )
+
+    @classmethod
+    @torch.no_grad()
+    def predict_group(
+        cls,
+        heads: Sequence[PolicyHead],
+        features: BackboneOutput,
+        state: torch.Tensor,
+        owner: Sequence[int],
+    ) -> torch.Tensor:
+        """The policy means of several tenants' heads (see :meth:`group_key`) at once."""
+        lead = heads[0]
+        assert isinstance(lead, OFTHead) and lead.group_key() is not None
+        lead.check_inputs(features, state)
+        features = features_as(features, lead)
+        pooled = masked_mean(features.hidden_states, features.attention_mask)
+        return lead._chunk(StackedLayers(heads, owner), pooled, state, None)
 
     def loss(
         self,
