@@ -68,6 +68,9 @@ class CountingBase:
     def parameter_bytes(self) -> int:
         return self.inner.parameter_bytes()
 
+    def forward_splits(self, feature: VLAFeature) -> bool:
+        return self.inner.forward_splits(feature)
+
 
 def _executor(base: object, heads: dict[str, tuple[DataSchema, object]]) -> GroupedExecutor:
     slots = [
@@ -248,3 +251,37 @@ def test_a_predict_holds_the_lock_for_the_forward_and_heads_only(
     assert seen["canonicalize"] == [False]
     assert seen["encode"] == [True]
     assert seen["to_host"] and not any(seen["to_host"])
+
+
+def test_a_small_serving_batch_runs_its_forward_in_one_thread(
+    base: ResidentBaseModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Below SERIAL_FORWARD_MACS the batch's forward and heads run in the calling
+    thread alone; above it, with torch's intra-op threads (the answers are the same)."""
+    from joynexus.models import backbone as backbone_module
+    from joynexus.utils.intra_op import thread_intra_op_threads
+
+    counting = CountingBase(base)
+    threads: list[int] = []
+    inner = counting.encode
+
+    def encode(feature: VLAFeature) -> BackboneOutput:
+        threads.append(thread_intra_op_threads())
+        return inner(feature)
+
+    monkeypatch.setattr(counting, "encode", encode)
+    ex = _executor(counting, {"lib": (LIB, OFT), "pt": (PT, OFT)})
+    obs = ObservationBatch.synthetic(LIB, 2, seed=1, with_actions=False)
+    feature = base.canonicalize([("lib", LIB, obs)])
+    assert not base.forward_splits(feature)  # the tiny model: a few thousand MACs per op
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        (small,) = ex.run_requests([ServeRequest("lib", obs)])
+        monkeypatch.setattr(backbone_module, "SERIAL_FORWARD_MACS", 1)
+        assert base.forward_splits(feature)
+        (split,) = ex.run_requests([ServeRequest("lib", obs)])
+    finally:
+        torch.set_num_threads(before)
+    assert threads == [1, 2]
+    np.testing.assert_allclose(small.actions, split.actions, rtol=1e-5, atol=1e-6)

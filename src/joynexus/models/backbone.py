@@ -58,6 +58,13 @@ CANONICALIZERS: tuple[Canonicalizer, ...] = ("tensor", "processor")
 #: ops in the calling thread alone: waking torch's sleeping intra-op threads for each op
 #: costs more than the work of a few images (RESULTS §8.1.4).
 SERIAL_CANONICALIZE_IMAGES = 4
+#: Tokens × hidden² (the multiply-accumulates of one token-wise projection of the batch)
+#: below which a CPU forward gains nothing from splitting each op over torch's intra-op
+#: threads. Measured on a quiet 2-core CPU, 2 threads against 1: the tiny Qwen-VL
+#: (hidden 128) at 8 rows 5.3 against 5.5 ms; the small one (hidden 512) at 1 row 30.1
+#: against 30.2 ms, at 4 rows 61-66 against 73-76 ms. Under a serving load the second
+#: thread's share of each op waits for a core the front processes use.
+SERIAL_FORWARD_MACS = 1 << 23
 _log = logging.getLogger(__name__)
 # StarVLA-style Qwen backbones see 224-px cameras; it is a multiple of 28 and of 32.
 _QWEN_DEFAULT_SIZE = 224
@@ -441,6 +448,16 @@ class ResidentBaseModel:
         if value.is_floating_point() and value.dtype != self.dtype:
             value = value.to(self.dtype)
         return moved_to(value, self.device)
+
+    def forward_splits(self, feature: VLAFeature) -> bool:
+        """Whether the forward of ``feature`` is enough work per op to split it over
+        torch's intra-op threads (always, off the CPU); see
+        :data:`SERIAL_FORWARD_MACS`."""
+        if self.device.type != "cpu":
+            return True
+        ids = feature.model_inputs.get("input_ids")
+        tokens = feature.batch_size if ids is None else int(ids.numel())
+        return tokens * self.hidden_size**2 >= SERIAL_FORWARD_MACS
 
     def images_per_row(self, feature: VLAFeature) -> list[int]:
         """How many images each row of ``feature`` feeds the vision tower, in row order

@@ -30,6 +30,7 @@ from joynexus.models.lora import LoRAAdapter, LoRARows, LoRASegment, lora_rows
 from joynexus.models.schema import DataSchema
 from joynexus.models.slots import BaseModelRef, StepResult, TenantSlot, unique_parameter_bytes
 from joynexus.models.types import BackboneOutput
+from joynexus.utils.intra_op import serial_intra_op
 from joynexus.utils.priority_lock import PriorityRLock
 
 
@@ -51,6 +52,10 @@ class GroupableBackbone(BaseModelRef, Protocol):
 
     def images_per_row(self, feature: VLAFeature) -> list[int]:
         """Images each row feeds the vision tower (vision LoRA maps them back to rows)."""
+        ...
+
+    def forward_splits(self, feature: VLAFeature) -> bool:
+        """Whether a forward of ``feature`` is worth torch's intra-op threads."""
         ...
 
 
@@ -531,9 +536,12 @@ class GroupedExecutor:
             if times is not None:
                 times.canonicalize_s += locked - waited
                 times.lock_wait_s += time.perf_counter() - locked
-            out = self._encode(feature, adapters=adapters, grad=False, times=times)
-            heads = time.perf_counter()
-            decoded_groups = decode_groups([planned for _, planned in plan], out)
+            # A small batch runs in this thread alone: splitting its ops gains nothing,
+            # and the other threads' shares wait for cores the fronts are using.
+            with serial_intra_op(not self.base.forward_splits(feature)):
+                out = self._encode(feature, adapters=adapters, grad=False, times=times)
+                heads = time.perf_counter()
+                decoded_groups = decode_groups([planned for _, planned in plan], out)
             copies = time.perf_counter()
             if times is not None:
                 times.head_s += copies - heads
