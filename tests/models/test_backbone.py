@@ -173,9 +173,12 @@ def test_small_canonicalizations_run_serially_and_equal_the_parallel_ones(
     try:
         one = [("a", LIBERO, ObservationBatch.synthetic(LIBERO, 1, seed=3))]
         many = [("a", LIBERO, ObservationBatch.synthetic(LIBERO, 4, seed=3))]
+        size = base.canonical_image_size
+        # Between one row's pixels (2 slots) and four rows'.
+        monkeypatch.setattr(backbone_module, "SERIAL_CANONICALIZE_PIXELS", 3 * size * size)
         serial = base.canonicalize(one)
         parallel = base.canonicalize(many)  # 4 rows x 2 slots: above the serial limit
-        monkeypatch.setattr(backbone_module, "SERIAL_CANONICALIZE_IMAGES", 0)
+        monkeypatch.setattr(backbone_module, "SERIAL_CANONICALIZE_PIXELS", 0)
         one_parallel = base.canonicalize(one)
     finally:
         torch.set_num_threads(before)

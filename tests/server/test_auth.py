@@ -43,6 +43,26 @@ def test_keys_are_hashed_at_rest_and_survive_a_reopen(tmp_path: Path) -> None:
     assert [k.revoked for k in store.list_keys("alice")] == [True]
 
 
+def test_a_verified_key_and_a_tenant_are_answered_without_a_query() -> None:
+    """Per request the hub authenticates and reads the tenant's quotas: once verified,
+    neither asks the database again, and a revocation still answers the next request."""
+    store = TenantStore.in_memory()
+    store.create_tenant("alice")
+    issued = store.create_key("alice")
+    first = store.authenticate(issued.api_key)
+    assert first is not None and store.get_tenant("alice").tenant_id == "alice"
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    for _ in range(3):
+        assert store.authenticate(issued.api_key) == first
+        assert store.get_tenant("alice").quotas is None
+    assert store.authenticate(issued.api_key[:-1] + "x") is None  # wrong secret, same id
+    assert statements == []
+    store.revoke_key(issued.record.key_id)
+    assert store.authenticate(issued.api_key) is None
+    assert statements  # the revoked key went back to the database
+
+
 @pytest.mark.parametrize("bad", ["", "../etc", "a/b", ".hidden", "x" * 65, "tab\tname"])
 def test_tenant_ids_are_validated(bad: str) -> None:
     store = TenantStore.in_memory()

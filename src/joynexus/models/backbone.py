@@ -54,10 +54,11 @@ DEFAULT_NUM_CAMERA_SLOTS = 2
 #: Hugging Face processor per image on CPU (the reference the tensor path equals).
 Canonicalizer = Literal["tensor", "processor"]
 CANONICALIZERS: tuple[Canonicalizer, ...] = ("tensor", "processor")
-#: Canonical images (rows × camera slots) up to which a CPU canonicalization runs its
-#: ops in the calling thread alone: waking torch's sleeping intra-op threads for each op
-#: costs more than the work of a few images (RESULTS §8.1.4).
-SERIAL_CANONICALIZE_IMAGES = 4
+#: Canonical pixels (rows × camera slots × size²) up to which a CPU canonicalization
+#: runs its ops in the calling thread alone: waking torch's sleeping intra-op threads for
+#: each op costs more than the work of a few images (RESULTS §8.1.4: one row of two
+#: 112² slots 1.40 → 0.67 ms serial; 8 such rows 1.64 ms parallel, 2.07 ms serial).
+SERIAL_CANONICALIZE_PIXELS = 4 * 112 * 112
 #: Tokens × hidden² (the multiply-accumulates of one token-wise projection of the batch)
 #: below which a CPU forward gains nothing from splitting each op over torch's intra-op
 #: threads. Measured on a quiet 2-core CPU, 2 threads against 1: the tiny Qwen-VL
@@ -421,8 +422,9 @@ class ResidentBaseModel:
         """
         signatures = [self.signature_for(schema) for _, schema, _ in groups]
         rows = sum(batch.batch_size for _, _, batch in groups)
-        images = rows * self._spec.num_camera_slots
-        with serial_intra_op(self.device.type == "cpu" and images <= SERIAL_CANONICALIZE_IMAGES):
+        size = self._spec.canonical_image_size
+        pixels = rows * self._spec.num_camera_slots * size * size
+        with serial_intra_op(self.device.type == "cpu" and pixels <= SERIAL_CANONICALIZE_PIXELS):
             feature = canonicalize(
                 self.processor,
                 self._spec,

@@ -121,6 +121,12 @@ def _split_key(api_key: str) -> tuple[str, str] | None:
 class TenantStore:
     """Tenants and their hashed API keys in SQLite.
 
+    The server that opens the store is its only writer (its run directory's lock), tenant
+    rows never change once created, and a key changes only by this store's
+    :meth:`revoke_key`. So a verified key's principal and a tenant's record are kept in
+    memory: a predict authenticates and reads its tenant's quotas without a database
+    query (two queries on the event loop per request before).
+
     Args:
         path: The database file, or ``":memory:"`` (see :meth:`in_memory`).
         clock: Source of ``created_at`` timestamps.
@@ -133,7 +139,9 @@ class TenantStore:
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         self._pepper = secrets.token_bytes(32)
-        self._verified: dict[str, bytes] = {}
+        # key id → (keyed hash of the whole key, its principal), once verified.
+        self._verified: dict[str, tuple[bytes, Principal]] = {}
+        self._tenants: dict[str, TenantRecord] = {}
         with self._lock:
             self._db.executescript(_SCHEMA)
 
@@ -183,6 +191,9 @@ class TenantStore:
 
     def get_tenant(self, tenant_id: str) -> TenantRecord:
         """Raises NotFoundError for an unknown tenant."""
+        known = self._tenants.get(tenant_id)
+        if known is not None:
+            return known
         with self._lock:
             row = self._db.execute(
                 "SELECT tenant_id, created_at, quotas_json FROM tenants WHERE tenant_id = ?",
@@ -190,7 +201,9 @@ class TenantStore:
             ).fetchone()
         if row is None:
             raise NotFoundError(f"no tenant {tenant_id!r}", tenant_id=tenant_id)
-        return _tenant(row)
+        record = _tenant(row)
+        self._tenants[tenant_id] = record
+        return record
 
     def list_tenants(self) -> list[TenantRecord]:
         with self._lock:
@@ -250,24 +263,31 @@ class TenantStore:
         if parts is None:
             return None
         key_id, secret = parts
+        fast = hmac.new(self._pepper, api_key.encode(), hashlib.sha256).digest()
+        with self._lock:
+            cached = self._verified.get(key_id)
+        if cached is not None:
+            # A revoked key left this table in revoke_key; any other secret for this id
+            # fails the comparison.
+            return cached[1] if hmac.compare_digest(cached[0], fast) else None
         with self._lock:
             row = self._db.execute(
                 "SELECT role, tenant_id, salt, digest, revoked FROM api_keys WHERE key_id = ?",
                 (key_id,),
             ).fetchone()
-            cached = self._verified.get(key_id)
         if row is None or row[4]:
             return None
         role, tenant_id, salt, digest = row[0], row[1], row[2], row[3]
-        fast = hmac.new(self._pepper, api_key.encode(), hashlib.sha256).digest()
-        if cached is not None:
-            ok = hmac.compare_digest(cached, fast)
-        else:
-            ok = hmac.compare_digest(_digest(secret, salt), digest)
-            if ok:
-                with self._lock:
-                    self._verified[key_id] = fast
-        return Principal(role=role, key_id=key_id, tenant_id=tenant_id) if ok else None
+        if not hmac.compare_digest(_digest(secret, salt), digest):
+            return None
+        principal = Principal(role=role, key_id=key_id, tenant_id=tenant_id)
+        with self._lock:
+            revoked = self._db.execute(
+                "SELECT revoked FROM api_keys WHERE key_id = ?", (key_id,)
+            ).fetchone()
+            if revoked is not None and not revoked[0]:  # not revoked while we verified
+                self._verified[key_id] = (fast, principal)
+        return principal
 
 
 def _tenant(row: tuple[str, float, str | None]) -> TenantRecord:
