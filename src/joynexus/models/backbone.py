@@ -62,10 +62,12 @@ SERIAL_CANONICALIZE_PIXELS = 4 * 112 * 112
 #: Tokens × hidden² (the multiply-accumulates of one token-wise projection of the batch)
 #: below which a CPU forward gains nothing from splitting each op over torch's intra-op
 #: threads. Measured on a quiet 2-core CPU, 2 threads against 1: the tiny Qwen-VL
-#: (hidden 128) at 8 rows 5.3 against 5.5 ms; the small one (hidden 512) at 1 row 30.1
-#: against 30.2 ms, at 4 rows 61-66 against 73-76 ms. Under a serving load the second
-#: thread's share of each op waits for a core the front processes use.
-SERIAL_FORWARD_MACS = 1 << 23
+#: (hidden 128) at 8 rows (3.7 M) 5.3 against 5.5 ms; the small one (hidden 512) at 1 row
+#: (13.6 M) 30.1 against 30.2 ms, at 4 rows 61-66 against 73-76 ms. In a server the
+#: second thread's share of each op waits for a core the front processes use, and the
+#: sleeping threads wake for every op of a lone request: one small row answered alone
+#: took 45-49 ms in one thread against 52-53 ms in two.
+SERIAL_FORWARD_MACS = 1 << 24
 _log = logging.getLogger(__name__)
 # StarVLA-style Qwen backbones see 224-px cameras; it is a multiple of 28 and of 32.
 _QWEN_DEFAULT_SIZE = 224
