@@ -48,8 +48,8 @@ def install(model: torch.nn.Module, arch: str) -> bool:
             return plain
         mask = kwargs.get("attention_mask")
         # One host copy of the small integer inputs, walked in numpy: per row a handful
-        # of numpy ops cost ~1 µs each where torch's cost ~5-10 (measured: 8 rows,
-        # 0.48 → 0.1 ms a forward).
+        # of numpy ops cost ~1 µs each where torch's cost ~5-10 (a batch of 8 rows
+        # under the profiler: 0.48 ms walked in torch, 0.23 ms in numpy).
         ids_n = ids.cpu().numpy()
         types_n = types.cpu().numpy()
         keep_n = np.ones(ids_n.shape, dtype=bool) if mask is None else mask.cpu().numpy() != 0
