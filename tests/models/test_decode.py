@@ -129,20 +129,47 @@ def test_heads_that_cannot_stack_decode_alone_and_the_rest_still_group(
     torch.testing.assert_close(decoded[-1].values, values)
 
 
-def test_sampling_never_stacks_and_draws_from_each_slots_generator() -> None:
-    slots = [_slot("a", OFT), _slot("b", OFT)]
-    groups = _groups([(slots[0], 2, "sample"), (slots[1], 2, "sample")])
-    features = _features(4)
+def test_sampling_stacks_and_draws_from_each_slots_own_generator(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sampling group of one key draws, for each tenant's rows, exactly what that
+    tenant's slot draws alone from its inference generator (a mean decode of the same
+    tenants is a group of its own)."""
+    slots = [_slot("a", OFT), _slot("b", OFT), _slot("c", OFT)]
+    with torch.no_grad():  # another policy spread, so a mixed-up log-std shows
+        slots[1].action_module.log_std.fill_(-2.0)  # type: ignore[operator]
+    groups = _groups(
+        [
+            (slots[0], 2, "sample"),
+            (slots[1], 1, "sample"),
+            (slots[2], 3, "mean"),
+            (slots[0], 1, "mean"),
+        ]
+    )
+    features = _features(7)
+    calls: list[str] = []
+    real = OFTHead.sample_group.__func__  # type: ignore[attr-defined]
+
+    def counting(cls: type, heads: list[OFTHead], *args: object) -> object:
+        calls.append(f"sample x{len(heads)}")
+        return real(cls, heads, *args)
+
+    monkeypatch.setattr(OFTHead, "sample_group", classmethod(counting))
     for s in slots:
         s.inference_generator.manual_seed(7)
     decoded = decode_groups(groups, features)
+    assert calls == ["sample x2"]
     for s in slots:
         s.inference_generator.manual_seed(7)
     for group, got in zip(groups, decoded, strict=True):
-        drawn = group.slot.sample(
-            features.rows(group.start, group.stop),
-            group.state,
-            generator=group.slot.inference_generator,
-        )
-        torch.testing.assert_close(got.actions, drawn.actions)
-        assert got.log_probs is not None
+        rows = features.rows(group.start, group.stop)
+        if group.mode == "mean":
+            torch.testing.assert_close(got.actions, group.slot.predict(rows, group.state))
+            assert got.log_probs is None
+            continue
+        drawn = group.slot.sample(rows, group.state, generator=group.slot.inference_generator)
+        assert drawn.log_probs is not None and got.log_probs is not None
+        torch.testing.assert_close(got.actions, drawn.actions, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got.log_probs, drawn.log_probs, rtol=1e-6, atol=1e-6)
+    # The two tenants' draws differ (their own generators, their own spreads).
+    assert not torch.allclose(decoded[0].log_probs[:1], decoded[1].log_probs)  # type: ignore[index]

@@ -2,9 +2,10 @@
 tenants that share an architecture.
 
 After the one backbone forward of a serving batch, every tenant's head decodes its own
-rows. Small heads cost more in per-call Python than in arithmetic, so the deterministic
-decodes of heads with equal :meth:`TenantSlot.group_key` run as one stacked pass
-(:meth:`PolicyHead.predict_group`); sampling and heads without a key decode slot by slot.
+rows. Small heads cost more in per-call Python than in arithmetic, so the decodes of
+heads with equal :meth:`TenantSlot.group_key` run as one stacked pass per mode
+(:meth:`PolicyHead.predict_group`, :meth:`PolicyHead.sample_group`); heads without a key
+decode slot by slot.
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ def decode_slot(
 def decode_groups(groups: Sequence[DecodeGroup], features: BackboneOutput) -> list[Decoded]:
     """Decode every group's rows of ``features``.
 
-    ``"mean"`` groups whose slots share a group key (two or more) are decoded in one
-    stacked pass; each slot's critic, if any, still reads its own rows. Everything else
-    decodes slot by slot with the slot's inference generator.
+    Groups of one mode whose slots share a group key (two or more) are decoded in one
+    stacked pass, a sampling slot's rows drawn from its own inference generator; each
+    slot's critic, if any, still reads its own rows. Everything else decodes slot by
+    slot with the slot's inference generator.
 
     Returns:
         One :class:`Decoded` per group, in order.
@@ -73,11 +75,11 @@ def decode_groups(groups: Sequence[DecodeGroup], features: BackboneOutput) -> li
     stacked: dict[Hashable, list[int]] = {}
     alone: list[int] = []
     for i, group in enumerate(groups):
-        key = group.slot.group_key() if group.mode == "mean" else None
+        key = group.slot.group_key()
         if key is None:
             alone.append(i)
         else:
-            stacked.setdefault(key, []).append(i)
+            stacked.setdefault((group.mode, key), []).append(i)
     for members in stacked.values():
         if len(members) == 1:
             alone.extend(members)
@@ -90,7 +92,12 @@ def decode_groups(groups: Sequence[DecodeGroup], features: BackboneOutput) -> li
             owner.extend([k] * len(span))
         feats = features if rows == list(range(features.batch_size)) else features.take(rows)
         states = torch.cat([groups[i].state for i in members])
-        actions = TenantSlot.predict_group([groups[i].slot for i in members], feats, states, owner)
+        slots = [groups[i].slot for i in members]
+        log_probs: torch.Tensor | None = None
+        if groups[members[0]].mode == "sample":
+            actions, log_probs = TenantSlot.sample_group(slots, feats, states, owner)[:2]
+        else:
+            actions = TenantSlot.predict_group(slots, feats, states, owner)
         offset = 0
         for i in members:
             group = groups[i]
@@ -98,7 +105,10 @@ def decode_groups(groups: Sequence[DecodeGroup], features: BackboneOutput) -> li
             values = None
             if group.slot.value_head is not None:
                 values = group.slot.value(features.rows(group.start, group.stop), group.state)
-            out[i] = Decoded(actions[offset : offset + n], None, values)
+            rows_of = slice(offset, offset + n)
+            out[i] = Decoded(
+                actions[rows_of], None if log_probs is None else log_probs[rows_of], values
+            )
             offset += n
     for i in alone:
         group = groups[i]

@@ -374,6 +374,26 @@ class TenantSlot:
             heads, features, lead._state_tensor(state), owner
         )
 
+    @staticmethod
+    def sample_group(
+        slots: Sequence[TenantSlot],
+        features: BackboneOutput,
+        state: torch.Tensor,
+        owner: Sequence[int],
+    ) -> PolicySample:
+        """:meth:`sample` of several slots of one :meth:`group_key` at once, each slot's
+        rows (contiguous, in slot order) drawn from its inference generator."""
+        for slot in slots:
+            slot._serving_mode()
+        lead = slots[0]
+        return type(lead.action_module).sample_group(
+            [slot.action_module for slot in slots],
+            features,
+            lead._state_tensor(state),
+            owner,
+            [slot.inference_generator for slot in slots],
+        )
+
     def _serving_mode(self) -> None:
         # Only the whole module is ever switched (train() for a step, eval() here), so
         # the root's flag speaks for every submodule: skip the tree walk when it is set.

@@ -101,9 +101,9 @@ class PolicyHead(nn.Module, abc.ABC):
     rollout records them from :meth:`sample`)."""
 
     def group_key(self) -> Hashable | None:
-        """Heads with equal keys decode their rows in one pass (:meth:`predict_group`):
-        the same family and layer shapes on the same device and dtype. ``None`` (the
-        default): this head predicts alone."""
+        """Heads with equal keys decode their rows in one pass (:meth:`predict_group`,
+        :meth:`sample_group`): the same family and layer shapes on the same device and
+        dtype. ``None`` (the default): this head decodes alone."""
         return None
 
     @classmethod
@@ -127,6 +127,29 @@ class PolicyHead(nn.Module, abc.ABC):
             of it.
         """
         raise NotImplementedError(f"{cls.__name__} has no group_key: it predicts alone")
+
+    @classmethod
+    def sample_group(
+        cls,
+        heads: Sequence[PolicyHead],
+        features: BackboneOutput,
+        state: torch.Tensor,
+        owner: Sequence[int],
+        generators: Sequence[torch.Generator | None],
+    ) -> PolicySample:
+        """:meth:`sample` of several tenants' heads of one :meth:`group_key` at once.
+
+        Args:
+            heads, features, state, owner: As for :meth:`predict_group` (each head's
+                rows contiguous, in head order).
+            generators: Each head's generator, in head order: head ``k``'s rows draw
+                from ``generators[k]`` exactly what ``heads[k].sample`` would.
+
+        Returns:
+            The group's actions and log-probabilities, row ``r`` as
+            ``heads[owner[r]].sample`` gives it.
+        """
+        raise NotImplementedError(f"{cls.__name__} has no group_key: it samples alone")
 
     def use_lora(self, adapter: LoRAAdapter | None) -> None:
         """The tenant's backbone adapter, for a head that runs backbone layers itself

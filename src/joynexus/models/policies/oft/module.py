@@ -19,6 +19,7 @@ is ~0 and the first updates are not dominated by a random offset.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Hashable, Mapping, Sequence
 
@@ -332,11 +333,41 @@ class OFTHead(PolicyHead):
     ) -> PolicySample:
         """Draw a chunk from the policy: ``(actions [B, chunk, A], log_prob [B], None)``."""
         mu = self.mean(features, state)
-        log_std = self.clamped_log_std()
         noise = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
-        actions = mu + noise * torch.exp(log_std)
-        per_entry = -0.5 * noise.pow(2) - log_std - 0.5 * _LOG_2PI
-        return PolicySample(actions, per_entry.flatten(1).sum(dim=-1))
+        return _gaussian_draw(mu, self.clamped_log_std(), noise)
+
+    @classmethod
+    @torch.no_grad()
+    def sample_group(
+        cls,
+        heads: Sequence[PolicyHead],
+        features: BackboneOutput,
+        state: torch.Tensor,
+        owner: Sequence[int],
+        generators: Sequence[torch.Generator | None],
+    ) -> PolicySample:
+        """:meth:`sample` of several tenants' heads at once: the means in one stacked
+        pass, each head's noise drawn from its own generator for its own rows (so each
+        tenant's draws are the ones it would make alone)."""
+        # Each head's rows contiguous, in head order: its noise is one draw, as alone.
+        assert all(a <= b for a, b in itertools.pairwise(owner)), "rows out of head order"
+        mu = cls.predict_group(heads, features, state, owner)
+        own: list[torch.Tensor] = []
+        for head in heads:
+            assert isinstance(head, OFTHead)  # one group key: one family
+            own.append(head.clamped_log_std())
+        counts = [0] * len(heads)
+        for k in owner:
+            counts[k] += 1
+        shape = mu.shape[1:]
+        noise = torch.cat(
+            [
+                torch.randn((n, *shape), generator=gen, device=mu.device, dtype=mu.dtype)
+                for n, gen in zip(counts, generators, strict=True)
+            ]
+        )
+        log_std = torch.stack([own[k] for k in owner]).unsqueeze(1)  # [R, 1, A]
+        return _gaussian_draw(mu, log_std, noise)
 
     def rl_log_prob(
         self,
@@ -359,6 +390,14 @@ class OFTHead(PolicyHead):
         self.check_inputs(features, state, actions)
         mu = self.mean(features, state)
         return PolicyGaussians(actions.to(mu), mu, self.clamped_log_std().exp(), None)
+
+
+def _gaussian_draw(mu: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor) -> PolicySample:
+    """Actions ``mu + noise·σ`` and the log-density of each chunk (``log_std`` broadcast
+    to ``mu``: one head's ``[A]`` or a group's ``[R, 1, A]``)."""
+    actions = mu + noise * torch.exp(log_std)
+    per_entry = -0.5 * noise.pow(2) - log_std - 0.5 * _LOG_2PI
+    return PolicySample(actions, per_entry.flatten(1).sum(dim=-1))
 
 
 def build_oft_head(
