@@ -366,13 +366,8 @@ class TenantSlot:
         Returns:
             ``[R, chunk, A]``: row ``r`` as ``slots[owner[r]].predict`` gives it.
         """
-        for slot in slots:
-            slot._serving_mode()
-        lead = slots[0]
-        heads = [slot.action_module for slot in slots]
-        return type(lead.action_module).predict_group(
-            heads, features, lead._state_tensor(state), owner
-        )
+        family, heads, state = TenantSlot._group_heads(slots, state)
+        return family.predict_group(heads, features, state, owner)
 
     @staticmethod
     def sample_group(
@@ -383,16 +378,21 @@ class TenantSlot:
     ) -> PolicySample:
         """:meth:`sample` of several slots of one :meth:`group_key` at once, each slot's
         rows (contiguous, in slot order) drawn from its inference generator."""
+        family, heads, state = TenantSlot._group_heads(slots, state)
+        generators = [slot.inference_generator for slot in slots]
+        return family.sample_group(heads, features, state, owner, generators)
+
+    @staticmethod
+    def _group_heads(
+        slots: Sequence[TenantSlot], state: torch.Tensor
+    ) -> tuple[type[PolicyHead], list[PolicyHead], torch.Tensor]:
+        """A group's head family, its heads in serving mode, and ``state`` in their
+        device and dtype."""
         for slot in slots:
             slot._serving_mode()
         lead = slots[0]
-        return type(lead.action_module).sample_group(
-            [slot.action_module for slot in slots],
-            features,
-            lead._state_tensor(state),
-            owner,
-            [slot.inference_generator for slot in slots],
-        )
+        heads = [slot.action_module for slot in slots]
+        return type(lead.action_module), heads, lead._state_tensor(state)
 
     def _serving_mode(self) -> None:
         # Only the whole module is ever switched (train() for a step, eval() here), so
