@@ -2,7 +2,10 @@
 
 A request over HTTP passes these stages (:data:`PREDICT_STAGES`):
 
-* ``http_decode`` — the route reads the body and decodes it (msgpack / JSON, pydantic);
+* ``http_read`` — the route waits for the request body after its headers (the client's
+  and the network's time: a client that writes the headers and the body separately
+  makes the server wait between them; not the service's own work);
+* ``http_decode`` — the route decodes the body it read (msgpack / JSON, pydantic);
 * ``admission`` — the Inference Model Service resolves the tenant's slot, validates the
   observations against its schema once, normalizes them and enqueues;
 * ``queue_wait`` — queued until its group batch is dispatched (the batcher's wait T and
@@ -30,6 +33,7 @@ from collections.abc import Mapping
 __all__ = ["PER_BATCH_STAGES", "PREDICT_STAGES", "StageMeter"]
 
 PREDICT_STAGES = (
+    "http_read",
     "http_decode",
     "admission",
     "queue_wait",

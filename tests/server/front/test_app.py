@@ -8,8 +8,11 @@ status, error body and error headers from both.
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any
 
 import httpx
@@ -17,7 +20,7 @@ import numpy as np
 import pytest
 
 from joynexus.bench.server_procs import Server, running_servers
-from joynexus.bench.serving import _body, _open_tenant
+from joynexus.bench.serving import _body, _open_tenant, _scrape
 from joynexus.wire import MSGPACK_MEDIA_TYPE, packb, unpackb
 
 pytest.importorskip("psutil")
@@ -115,6 +118,45 @@ def test_other_routes_are_forwarded_unchanged(pair: dict[str, Any]) -> None:
         assert r.status_code == 404 and r.json()["code"] == "not_found"
         r = httpx.get(f"{server.url}/healthz", timeout=30)
         assert r.status_code == 200
+
+
+def _paused_predict(server: Server, key: str, pause_s: float) -> bytes:
+    """A predict whose client sends its headers, waits ``pause_s``, then its body."""
+    url = urlsplit(server.url)
+    body = _body(0)
+    head = (
+        f"POST /v1/models/alice/predict HTTP/1.1\r\nHost: {url.netloc}\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Type: {MSGPACK_MEDIA_TYPE}\r\n"
+        f"Accept: {MSGPACK_MEDIA_TYPE}\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    with socket.create_connection((url.hostname, url.port), timeout=60) as sock:
+        sock.sendall(head.encode())
+        time.sleep(pause_s)
+        sock.sendall(body)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.timeout(300)
+def test_the_wait_for_a_body_is_metered_apart_from_decoding(pair: dict[str, Any]) -> None:
+    """A client that pauses between its headers and its body: the pause is ``http_read``
+    (the client's time), never ``http_decode`` (the service's own work)."""
+    pause = 0.3
+    for name in ("plain", "front"):
+        server, keys = pair[name]
+        before = _scrape([server])
+        answer = _paused_predict(server, keys["alice"], pause)
+        assert answer.startswith(b"HTTP/1.1 200"), (name, answer[:200])
+        time.sleep(0.3)  # the front's seconds reach the meter with its frame
+        after = _scrape([server])
+        read = after["http_read_s"] - before["http_read_s"]
+        decode = after["http_decode_s"] - before["http_decode_s"]
+        assert after["http_read_n"] - before["http_read_n"] == 1, name
+        assert read >= pause * 0.9, (name, read)
+        assert 0 < decode < pause / 3, (name, decode)
 
 
 def _openpi_handshake(server: Server, headers: dict[str, str]) -> Any:

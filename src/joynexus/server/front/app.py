@@ -123,7 +123,7 @@ class HubClient:
         self._encode_n += 1
 
     async def predict(
-        self, request: Request, tenant: str, body: PredictIn, decode_s: float
+        self, request: Request, tenant: str, body: PredictIn, read_s: float, decode_s: float
     ) -> tuple[Any, ...]:
         """The hub's reply to one decoded predict: ``("ok", id, result)`` or
         ``("error", id, status, body, headers)``."""
@@ -132,6 +132,7 @@ class HubClient:
             "instructions": obs.instructions,
             "policy_version": body.policy_version,
             "mode": body.mode,
+            "read_s": read_s,
             "decode_s": decode_s,
             "encode_s": self._encode_s,
             "encode_n": self._encode_n,
@@ -250,6 +251,7 @@ def front_app(
         if not declared.isdigit() or int(declared) > config.max_body_bytes:
             return await forward(request)  # the loopback's body limits answer it
         raw = await request.body()
+        read = time.perf_counter()
         try:
             _PATH_NAME.validate_python(tenant_id)
             body = decode_bytes(
@@ -262,7 +264,9 @@ def front_app(
             body.observations.batch()  # the finite-values check, as the route does
         except (JoyNexusError, RequestValidationError, ValidationError):
             return await forward(request, raw)  # today's answer, in today's order
-        reply = await hub.predict(request, tenant_id, body, time.perf_counter() - started)
+        reply = await hub.predict(
+            request, tenant_id, body, read - started, time.perf_counter() - read
+        )
         if reply[0] == "error":
             _, _, status, content, headers = reply
             response = Response(content, status_code=status)

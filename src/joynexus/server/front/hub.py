@@ -14,8 +14,8 @@ the openpi gateway's own :meth:`~joynexus.server.openpi.gateway.OpenPIGateway.in
 
 A front that dies closes its connection: the hub forgets it, and answers of its
 requests still in flight are dropped when they complete (nobody is left to read them).
-The front's ``http_decode`` seconds ride on its predict frames and its ``http_encode``
-seconds on the next one, so the predict-stage meter keeps every stage.
+The front's ``http_read`` and ``http_decode`` seconds ride on its predict frames and its
+``http_encode`` seconds on the next one, so the predict-stage meter keeps every stage.
 """
 
 from __future__ import annotations
@@ -160,6 +160,7 @@ class FrontHub:
     ) -> None:
         stages = predict_stage_meter(self.state)
         if stages is not None:
+            stages.add("http_read", float(rest["read_s"]))
             stages.add("http_decode", float(rest["decode_s"]))
             if rest["encode_s"] > 0:  # the front's encoding of its earlier answers
                 stages.add("http_encode", float(rest["encode_s"]), count=int(rest["encode_n"]))

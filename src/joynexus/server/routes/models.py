@@ -30,7 +30,15 @@ from joynexus.server.futures import FutureRef
 from joynexus.server.names import Name, PathName
 from joynexus.server.routes.metrics import METRICS
 from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
-from joynexus.server.wire import Tensor, decode_body, respond, tensor_body, tensor_response
+from joynexus.server.wire import (
+    Tensor,
+    decode_body,
+    decode_bytes,
+    read_body,
+    respond,
+    tensor_body,
+    tensor_response,
+)
 from joynexus.wire import check_tensor
 
 if TYPE_CHECKING:  # the Master imports torch; the HTTP app must not
@@ -214,7 +222,14 @@ def _f32(value: Any) -> Any:
 async def predict(tenant: OwnSlot, request: Request, state: State) -> Any:
     """``predict``: actions (and log-probs in ``sample`` mode, values with a critic)."""
     started = time.perf_counter()
-    body: PredictIn = await _body(request, state, PredictIn)
+    raw = await read_body(request, state.config.max_body_bytes)
+    read = time.perf_counter()
+    body = decode_bytes(
+        raw,
+        request.headers.get("content-type"),
+        PredictIn,
+        max_tensor_bytes=state.config.max_tensor_bytes,
+    )
     check_predict_size(state.config, body.observations)
     observations = body.observations.batch()
     decoded = time.perf_counter()
@@ -230,7 +245,8 @@ async def predict(tenant: OwnSlot, request: Request, state: State) -> Any:
     response = respond(request, out)
     stages = stage_meter(state)
     if stages is not None:
-        stages.add("http_decode", decoded - started)
+        stages.add("http_read", read - started)
+        stages.add("http_decode", decoded - read)
         stages.add("http_encode", time.perf_counter() - answered)
     return response
 
