@@ -102,6 +102,22 @@ def test_one_tenant_one_row_equals_the_processor(tiny_backbone: TinyBackbone, ar
     _assert_equal(reference, tensor)
 
 
+def test_a_one_row_batch_reuses_its_cached_prompt_and_grid_unchanged_by_a_forward(
+    tiny_backbone: TinyBackbone,
+) -> None:
+    """A lone request's prompt tensors and image grid are built once, not per request;
+    the forward only reads them, so the next request still equals the processor."""
+    base = tiny_backbone("qwen2_5_vl")
+    schema = _schema("r", [(32, 32)])
+    first = base.canonicalize([("r", schema, _batch(schema, ["stack the cups"], seed=6))])
+    with torch.no_grad():
+        base.encode(first)
+    reference, second = _both(base, [("r", schema, _batch(schema, ["stack the cups"], seed=7))])
+    _assert_equal(reference, second)
+    for key in ("input_ids", "attention_mask", "image_grid_thw"):
+        assert second.model_inputs[key] is first.model_inputs[key], key
+
+
 def test_pi0_rows_without_a_full_camera_set(tiny_backbone: TinyBackbone) -> None:
     """π0 shows each row only its present cameras: a batch where no row fills every
     slot has fewer image columns than slots, exactly as the processor pads it."""

@@ -69,7 +69,11 @@ class TensorCanonicalizer:
             self._merge = int(ip.merge_size)
             self._temporal = int(ip.temporal_patch_size)
         self._pad_id = int(processor.tokenizer.pad_token_id or 0)
-        self._prompts: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+        # Per cached prompt: its per-token rows, and the same as a one-row batch (most
+        # serving batches of a lone policy), so neither is rebuilt per request.
+        self._prompts: dict[tuple[str, int], tuple[dict[str, torch.Tensor], ...]] = {}
+        # Qwen's ``image_grid_thw`` per image count: canonical images share one grid.
+        self._grids: dict[int, torch.Tensor] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -145,21 +149,32 @@ class TensorCanonicalizer:
             return {"pixel_values": values, "pixel_attention_mask": keep.clone()}
         flat = self._values(images.reshape(b * slots, c, h, w))
         if arch in _QWEN:
-            p = self._patch
-            grid = torch.tensor([1, h // p, w // p], dtype=torch.long)
             return {
                 "pixel_values": self._qwen_patches(flat),
-                "image_grid_thw": grid.expand(b * slots, 3).clone(),
+                "image_grid_thw": self._grid(b * slots, h, w),
             }
         if arch == "smolvlm":
             mask = torch.ones((b, slots, h, w), dtype=torch.int64, device=images.device)
             return {"pixel_values": flat.view(b, slots, c, h, w), "pixel_attention_mask": mask}
         return {"pixel_values": flat}
 
+    def _grid(self, images: int, h: int, w: int) -> torch.Tensor:
+        """``[images, 3]`` rows of ``[1, h/patch, w/patch]`` (cached; the forward only
+        reads it)."""
+        grid = self._grids.get(images)
+        if grid is None:
+            p = self._patch
+            grid = torch.tensor([[1, h // p, w // p]] * images, dtype=torch.long)
+            if len(self._grids) >= _MAX_PROMPTS:
+                self._grids.clear()
+            self._grids[images] = grid
+        return grid
+
     # -- text ---------------------------------------------------------------------
 
-    def _prompt_row(self, text: str, cameras: int) -> dict[str, torch.Tensor]:
-        """One row's per-token outputs for ``text`` with ``cameras`` images (cached)."""
+    def _prompt_row(self, text: str, cameras: int) -> tuple[dict[str, torch.Tensor], ...]:
+        """One row's per-token outputs for ``text`` with ``cameras`` images, and the
+        same as a one-row batch (cached)."""
         key = (text, cameras)
         with self._lock:
             hit = self._prompts.get(key)
@@ -173,21 +188,25 @@ class TensorCanonicalizer:
         mask[0, :cameras] = True
         out = processor_inputs(self.processor, spec, images, mask, [text])
         ids = out["input_ids"]
-        row = {k: v[0] for k, v in out.items() if v.dim() == 2 and v.shape == ids.shape}
+        batch = {k: v for k, v in out.items() if v.dim() == 2 and v.shape == ids.shape}
+        entry = ({k: v[0] for k, v in batch.items()}, batch)
         with self._lock:
             if len(self._prompts) >= _MAX_PROMPTS:
                 self._prompts.clear()
-            self._prompts[key] = row
-        return row
+            self._prompts[key] = entry
+        return entry
 
     def text(self, texts: Sequence[str], camera_mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """Left-padded per-token inputs of ``texts`` (CPU; one row per text)."""
         counts = camera_mask.sum(dim=1).tolist() if self.spec.arch == "pi0" else None
         slots = self.spec.num_camera_slots
-        rows = [
+        cached = [
             self._prompt_row(t, int(counts[i]) if counts is not None else slots)
             for i, t in enumerate(texts)
         ]
+        if len(cached) == 1:  # the prompt's own one-row batch (the forward only reads it)
+            return cached[0][1]
+        rows = [entry[0] for entry in cached]
         widths = [int(r["input_ids"].shape[0]) for r in rows]
         width = max(widths)
         if min(widths) == width:  # one prompt length (a policy's one instruction): no pad

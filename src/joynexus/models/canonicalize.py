@@ -66,7 +66,8 @@ def resize_with_pad(
     """
     x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
     c = int(x.shape[1])
-    x = x[:, :1].expand(-1, 3, -1, -1) if c < 3 else x[:, :3]
+    if c != 3:
+        x = x[:, :1].expand(-1, 3, -1, -1) if c < 3 else x[:, :3]
     n, _, h, w = (int(v) for v in x.shape)
     scale = size / max(h, w)
     new_h, new_w = max(1, round(h * scale)), max(1, round(w * scale))
@@ -191,7 +192,9 @@ def canonicalize(
     size, slots = spec.canonical_image_size, spec.num_camera_slots
     total = sum(b.batch_size for _, _, b in groups)
     max_state = max(s.state_dim for _, s, _ in groups)
-    images = torch.zeros((total, slots, 3, size, size), dtype=torch.uint8)
+    # numpy's zeroed allocation costs a fraction of torch.zeros on a cold CPU (a lone
+    # request's canonicalization follows a whole forward that evicted the caches).
+    images = torch.from_numpy(np.zeros((total, slots, 3, size, size), dtype=np.uint8))
     # The small per-row tables are filled in numpy (an indexed write there costs a
     # fraction of a torch op's dispatch) and shared with torch at the end.
     camera_mask = np.zeros((total, slots), dtype=np.bool_)

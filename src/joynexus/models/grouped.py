@@ -23,6 +23,7 @@ import torch
 
 from joynexus.errors import CapacityError, ConflictError, InvalidRequestError, NotFoundError
 from joynexus.models.batch import ObservationBatch
+from joynexus.models.canon_tensor import moved_to
 from joynexus.models.decode import Decoded, DecodeGroup, decode_groups, decode_slot
 from joynexus.models.feature import VLAFeature
 from joynexus.models.grouped_step import sft_step
@@ -135,7 +136,7 @@ def _numpy(tensor: torch.Tensor | None) -> np.ndarray | None:
 
 
 def _to_tensor(array: np.ndarray, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(array)).to(device)
+    return moved_to(torch.from_numpy(np.ascontiguousarray(array)), device)
 
 
 class GroupedExecutor:

@@ -12,8 +12,8 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
