@@ -95,12 +95,23 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__} as msgpack")
 
 
+#: Dtype strings already accepted by :func:`parse_dtype` (a handful in practice: every
+#: array of every request names one, and parsing it costs more than the rest of its
+#: header's checks).
+_PARSED_DTYPES: dict[str, np.dtype[Any]] = {}
+_MAX_PARSED_DTYPES = 256
+
+
 def parse_dtype(dtype: Any, *, name: str = "tensor") -> np.dtype[Any]:
     """The numpy dtype named by ``dtype`` if it is allowed on the wire.
 
     Raises:
         InvalidRequestError: unknown, non-native byte order, or not in the allow-list.
     """
+    if isinstance(dtype, str):
+        known = _PARSED_DTYPES.get(dtype)
+        if known is not None:
+            return known
     if not isinstance(dtype, str) or not dtype or len(dtype) > 32:
         raise InvalidRequestError(
             f"{name}: dtype must be a short string such as 'float32', got {dtype!r}", field=name
@@ -109,11 +120,11 @@ def parse_dtype(dtype: Any, *, name: str = "tensor") -> np.dtype[Any]:
         dt = np.dtype(dtype)
     except (TypeError, ValueError):
         dt = None
-    allowed = sorted(ALLOWED_DTYPES)
     if dt is None or (
         dt.name not in ALLOWED_DTYPES
         and not (dt.kind == "U" and 0 < dt.itemsize // 4 <= _MAX_UNICODE_CHARS)
     ):
+        allowed = sorted(ALLOWED_DTYPES)
         raise InvalidRequestError(
             f"{name}: dtype {dtype!r} is not allowed; expected one of {allowed} or '<U<n>'",
             field=name,
@@ -124,6 +135,9 @@ def parse_dtype(dtype: Any, *, name: str = "tensor") -> np.dtype[Any]:
             f"{name}: dtype {dtype!r} is big-endian; send little-endian data ('<' prefix)",
             field=name,
         )
+    if len(_PARSED_DTYPES) >= _MAX_PARSED_DTYPES:
+        _PARSED_DTYPES.clear()
+    _PARSED_DTYPES[dtype] = dt
     return dt
 
 
@@ -148,7 +162,7 @@ def _parse_shape(shape: Any, *, name: str) -> tuple[int, ...]:
 
 
 def array_from_bytes(
-    dtype: Any, shape: Any, data: bytes, *, name: str = "tensor"
+    dtype: Any, shape: Any, data: bytes | memoryview, *, name: str = "tensor"
 ) -> npt.NDArray[Any]:
     """Rebuild an array from its wire parts, checking that shape and byte count agree.
 
@@ -182,7 +196,8 @@ def _ext_hook(code: int, data: bytes) -> Any:
     if not isinstance(header, list | tuple) or len(header) != 2:
         raise InvalidRequestError("array header must be [dtype, shape]")
     dtype, shape = header
-    return array_from_bytes(dtype, shape, data[unpacker.tell() :], name="array")
+    # A view of the payload: array_from_bytes copies it once, into the array.
+    return array_from_bytes(dtype, shape, memoryview(data)[unpacker.tell() :], name="array")
 
 
 def packb(obj: Any) -> bytes:
