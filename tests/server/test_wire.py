@@ -82,3 +82,45 @@ def test_check_tensor_names_the_field_and_the_expectation() -> None:
         check_tensor(np.array([1.0, np.nan], np.float32), name="x", finite=True)
     with pytest.raises(InvalidRequestError, match="exceeds the limit"):
         check_tensor(arr, name="x", max_bytes=8)
+
+
+def test_an_accepted_dtype_is_remembered_and_a_refused_one_stays_refused() -> None:
+    from joynexus.wire import parse_dtype
+
+    first = parse_dtype("<f4")
+    assert parse_dtype("<f4") is first and first == np.float32
+    for _ in range(2):  # refused every time, never remembered
+        with pytest.raises(InvalidRequestError, match="big-endian"):
+            parse_dtype(">f4")
+        with pytest.raises(InvalidRequestError, match="not allowed"):
+            parse_dtype("O")
+    decoded = unpackb(packb({"a": np.arange(6, dtype=np.float32).reshape(2, 3)}))["a"]
+    decoded[0, 0] = 7.0  # a writable array of its own, not a view of the body
+    assert decoded.flags.owndata and float(decoded[0, 0]) == 7.0
+
+
+def test_answering_with_fields_gives_the_models_own_bytes() -> None:
+    from starlette.requests import Request
+
+    from joynexus.server.routes.models import PredictOut
+    from joynexus.server.wire import respond, respond_fields
+    from joynexus.wire import MSGPACK_MEDIA_TYPE
+
+    def request(accept: str) -> Request:
+        return Request({"type": "http", "headers": [(b"accept", accept.encode())]})
+
+    fields = {
+        "actions": np.arange(8, dtype=np.float32).reshape(1, 4, 2),
+        "log_probs": np.zeros(1, np.float32),
+        "values": None,
+        "policy_version": 3,
+        "flow_chain": None,
+    }
+    for accept in (MSGPACK_MEDIA_TYPE, "application/json"):
+        want = respond(request(accept), PredictOut.model_construct(**fields))
+        got = respond_fields(request(accept), PredictOut, fields)
+        assert got.body == want.body and got.media_type == want.media_type, accept
+    # Fields in another order go through the model, so the bytes stay the model's.
+    shuffled = dict(reversed(list(fields.items())))
+    want = respond(request(MSGPACK_MEDIA_TYPE), PredictOut.model_construct(**fields))
+    assert respond_fields(request(MSGPACK_MEDIA_TYPE), PredictOut, shuffled).body == want.body

@@ -44,6 +44,7 @@ __all__ = [
     "decode_bytes",
     "read_body",
     "respond",
+    "respond_fields",
     "tensor_body",
     "tensor_response",
     "wants_msgpack",
@@ -230,3 +231,13 @@ def respond(request: Request, model: BaseModel, status_code: int = 200) -> Respo
             media_type=MSGPACK_MEDIA_TYPE,
         )
     return JSONResponse(model.model_dump(mode="json"), status_code=status_code)
+
+
+def respond_fields(request: Request, model: type[BaseModel], fields: dict[str, Any]) -> Response:
+    """``respond(request, model.model_construct(**fields))`` for a model of plain fields
+    (arrays, numbers, ``None``: what its python dump gives back unchanged). A msgpack
+    answer packs ``fields`` themselves, in the model's field order, without building
+    and dumping the model: the same bytes, for a third of a cold answer's encoding."""
+    if wants_msgpack(request) and list(fields) == list(model.model_fields):
+        return Response(packb(fields), media_type=MSGPACK_MEDIA_TYPE)
+    return respond(request, model.model_construct(**fields))

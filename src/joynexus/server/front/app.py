@@ -52,7 +52,7 @@ from joynexus.server.names import PathName
 from joynexus.server.openpi.app import PATH as OPENPI_PATH
 from joynexus.server.openpi.app import openpi_port_app
 from joynexus.server.routes.models import PredictIn, PredictOut, check_predict_size
-from joynexus.server.wire import decode_bytes, respond
+from joynexus.server.wire import decode_bytes, respond_fields
 
 __all__ = ["HubClient", "front_app", "front_openpi_app", "tensors_of"]
 
@@ -275,7 +275,7 @@ def front_app(
             ] + [(b"content-length", str(len(content)).encode())]
             return response
         encoding = time.perf_counter()
-        response = respond(request, PredictOut.model_construct(**reply[2]))
+        response = respond_fields(request, PredictOut, reply[2])
         hub.encoded(time.perf_counter() - encoding)
         return response
 
