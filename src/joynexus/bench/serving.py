@@ -172,7 +172,8 @@ _SCRAPED = {
 for _stage in PREDICT_STAGES:
     _SCRAPED[f"{_stage}_s"] = f'joynexus_predict_stage_seconds_total{{stage="{_stage}"}}'
     _SCRAPED[f"{_stage}_n"] = f'joynexus_predict_stage_events_total{{stage="{_stage}"}}'
-#: Stages that are the service's own work (not the model's, not waiting).
+#: Stages that are the service's own work (not the model's, not waiting: ``http_read``,
+#: the wait for a body its client sends after the headers, is the client's time).
 OVERHEAD_STAGES = ("http_decode", "admission", "canonicalize", "http_encode")
 
 
@@ -201,9 +202,10 @@ def _stages(
     canonicalize, backbone, head) as the batch's time divided by the requests it
     answered, i.e. the device time each request costs. ``overhead_ms`` sums the
     service's own work (HTTP decode and encode, admission, canonicalize: everything but
-    the backbone, the heads and waiting); ``device_ms_per_batch`` is one grouped
-    forward (canonicalize + backbone + heads); ``other_ms`` is the rest of the mean
-    client latency (queue and lock wait, the event loop, loopback and the client).
+    the backbone, the heads and waiting, for the queue, the lock or the client's body);
+    ``device_ms_per_batch`` is one grouped forward (canonicalize + backbone + heads);
+    ``other_ms`` is the rest of the mean client latency (queue and lock wait, the event
+    loop, loopback and the client).
     """
     d = {k: after[k] - before[k] for k in _SCRAPED}
     batches = d["batches"]

@@ -83,6 +83,8 @@ def resize_with_pad(
             antialias=True,
         )
     out = torch.zeros((n, 3, size, size), dtype=torch.uint8) if into is None else into
+    if new_h == new_w == size:  # a square camera fills the square: no padding to skip
+        return out.copy_(x)
     top, left = (size - new_h) // 2, (size - new_w) // 2
     out[:, :, top : top + new_h, left : left + new_w] = x
     return out
