@@ -123,15 +123,20 @@ class TensorCanonicalizer:
         return images.to(torch.float32)
 
     def _qwen_patches(self, x: torch.Tensor) -> torch.Tensor:
-        n, c, h, w = (int(v) for v in x.shape)
+        """Contiguous ``[..., C, h, w]`` images (``n`` in all) → ``[n · gh · gw, C·T·P·P]``."""
+        c, h, w = (int(v) for v in x.shape[-3:])
+        n = x.numel() // (c * h * w)
         p, m, t = self._patch, self._merge, self._temporal
         gh, gw = h // p, w // p
-        # [n, C, gh/m, m, P, gw/m, m, P] → [n, gh/m, gw/m, m, m, C, P, P]: merge groups of
-        # patches stay contiguous (the merger reads them as one token); each patch is
-        # repeated over the temporal axis (a still image is a one-frame video).
-        x = x.reshape(n, c, gh // m, m, p, gw // m, m, p).permute(0, 2, 5, 3, 6, 1, 4, 7)
-        x = x.unsqueeze(6).expand(-1, -1, -1, -1, -1, -1, t, -1, -1)
-        return x.reshape(n * gh * gw, c * t * p * p)
+        # [n, C, gh/m, m, P, gw/m, m, P] read as [n, gh/m, gw/m, m, m, C, T, P, P]: merge
+        # groups of patches stay contiguous (the merger reads them as one token); each
+        # patch is repeated over the temporal axis (stride 0: a still image is a
+        # one-frame video). One strided view, then one copy.
+        view = x.as_strided(
+            (n, gh // m, gw // m, m, m, c, t, p, p),
+            (c * h * w, m * p * w, m * p, p * w, p, h * w, 0, w, 1),
+        )
+        return view.reshape(n * gh * gw, c * t * p * p)
 
     def pixels(self, images: torch.Tensor, camera_mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """The image inputs of ``uint8 [B, slots, 3, S, S]`` canonical images (on the
@@ -147,7 +152,9 @@ class TensorCanonicalizer:
             values = self._values(images[:, :shown].reshape(b * shown, c, h, w))
             values = values.view(b, shown, c, h, w) * keep.view(b, shown, 1, 1, 1)
             return {"pixel_values": values, "pixel_attention_mask": keep.clone()}
-        flat = self._values(images.reshape(b * slots, c, h, w))
+        # Every image in one call; the layouts below read the [B, slots, C, S, S] block
+        # as the images' sequence (one contiguous tensor either way).
+        flat = self._values(images)
         if arch in _QWEN:
             return {
                 "pixel_values": self._qwen_patches(flat),
@@ -155,8 +162,8 @@ class TensorCanonicalizer:
             }
         if arch == "smolvlm":
             mask = torch.ones((b, slots, h, w), dtype=torch.int64, device=images.device)
-            return {"pixel_values": flat.view(b, slots, c, h, w), "pixel_attention_mask": mask}
-        return {"pixel_values": flat}
+            return {"pixel_values": flat, "pixel_attention_mask": mask}
+        return {"pixel_values": flat.view(b * slots, c, h, w)}
 
     def _grid(self, images: int, h: int, w: int) -> torch.Tensor:
         """``[images, 3]`` rows of ``[1, h/patch, w/patch]`` (cached; the forward only

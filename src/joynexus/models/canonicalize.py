@@ -64,10 +64,12 @@ def resize_with_pad(
     Returns:
         ``uint8 [N, 3, size, size]`` (``into`` when given).
     """
-    x = torch.from_numpy(np.ascontiguousarray(images)).permute(0, 3, 1, 2)
+    # NHWC as an NCHW view (numpy's transpose: no torch op), channels-last in memory.
+    x = torch.from_numpy(np.ascontiguousarray(images).transpose(0, 3, 1, 2))
     c = int(x.shape[1])
     if c != 3:
         x = x[:, :1].expand(-1, 3, -1, -1) if c < 3 else x[:, :3]
+        x = x.contiguous(memory_format=torch.channels_last)
     n, _, h, w = (int(v) for v in x.shape)
     scale = size / max(h, w)
     new_h, new_w = max(1, round(h * scale)), max(1, round(w * scale))
@@ -76,7 +78,7 @@ def resize_with_pad(
         # channels-last layout the images arrive in: 4-8x faster than resizing them as
         # floats (the float result, rounded, differs by at most 1 of 255).
         x = F.interpolate(
-            x.contiguous(memory_format=torch.channels_last),
+            x,
             size=(new_h, new_w),
             mode="bilinear",
             align_corners=False,
@@ -196,7 +198,8 @@ def canonicalize(
     max_state = max(s.state_dim for _, s, _ in groups)
     # numpy's zeroed allocation costs a fraction of torch.zeros on a cold CPU (a lone
     # request's canonicalization follows a whole forward that evicted the caches).
-    images = torch.from_numpy(np.zeros((total, slots, 3, size, size), dtype=np.uint8))
+    pixels = np.zeros((total, slots, 3, size, size), dtype=np.uint8)
+    images = torch.from_numpy(pixels)
     # The small per-row tables are filled in numpy (an indexed write there costs a
     # fraction of a torch op's dispatch) and shared with torch at the end.
     camera_mask = np.zeros((total, slots), dtype=np.bool_)
@@ -222,7 +225,8 @@ def canonicalize(
     for parts in by_shape.values():
         if len(parts) == 1:  # one tenant's camera: resized straight into its slot
             start, n, slot, img = parts[0]
-            resize_with_pad(img, size, into=images[start : start + n, slot])
+            # Its slot viewed through numpy: an index there is not a torch op.
+            resize_with_pad(img, size, into=torch.from_numpy(pixels[start : start + n, slot]))
             continue
         resized = resize_with_pad(np.concatenate([img for _, _, _, img in parts]), size)
         offset = 0

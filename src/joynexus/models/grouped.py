@@ -515,7 +515,7 @@ class GroupedExecutor:
         plan: list[tuple[list[int], DecodeGroup]] = []
         for key, idx in per_tenant.items():
             start = feature.slice_of(key).start
-            state = _to_tensor(batches[key].state, device)
+            state = batches[key].state  # sliced per group in numpy (no torch op)
             row = 0
             k = 0
             while k < len(idx):
@@ -524,9 +524,8 @@ class GroupedExecutor:
                 while end < len(idx) and slots[idx[end]] is slot and modes[idx[end]] == req_mode:
                     end += 1
                 rows = sum(requests[i].observation.batch_size for i in idx[k:end])
-                planned = DecodeGroup(
-                    slot, req_mode, start + row, start + row + rows, state[row : row + rows]
-                )
+                rows_state = _to_tensor(state[row : row + rows], device)
+                planned = DecodeGroup(slot, req_mode, start + row, start + row + rows, rows_state)
                 plan.append((idx[k:end], planned))
                 row += rows
                 k = end

@@ -108,9 +108,10 @@ def _rows_adapt_the_tower() -> bool:
 
 
 def blank_plan(camera_mask: torch.Tensor) -> tuple[list[int], list[int]] | None:
-    """For ``bool [rows, slots]`` (True: a present camera), the images to encode and each
-    image's source among them, or ``None`` when fewer than two slots are blank."""
-    present = camera_mask.reshape(-1).tolist()
+    """For ``bool [rows, slots]`` on the CPU (True: a present camera), the images to
+    encode and each image's source among them, or ``None`` when fewer than two slots are
+    blank."""
+    present = camera_mask.numpy().reshape(-1).tolist()  # numpy's walk: no torch op
     if len(present) - sum(present) < 2:
         return None
     keep: list[int] = []
