@@ -228,10 +228,10 @@ def canonicalize(
             # Its slot viewed through numpy: an index there is not a torch op.
             resize_with_pad(img, size, into=torch.from_numpy(pixels[start : start + n, slot]))
             continue
-        resized = resize_with_pad(np.concatenate([img for _, _, _, img in parts]), size)
+        resized = resize_with_pad(np.concatenate([img for _, _, _, img in parts]), size).numpy()
         offset = 0
-        for start, n, slot, _ in parts:
-            images[start : start + n, slot] = resized[offset : offset + n]
+        for start, n, slot, _ in parts:  # numpy's copies: a group batch has one per tenant
+            pixels[start : start + n, slot] = resized[offset : offset + n]
             offset += n
     mask = torch.from_numpy(camera_mask)
 

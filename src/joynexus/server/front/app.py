@@ -261,7 +261,7 @@ def front_app(
                 max_tensor_bytes=config.max_tensor_bytes,
             )
             check_predict_size(config, body.observations)
-            body.observations.batch()  # the finite-values check, as the route does
+            body.observations.check_finite()  # as the route's batch() does
         except (JoyNexusError, RequestValidationError, ValidationError):
             return await forward(request, raw)  # today's answer, in today's order
         reply = await hub.predict(

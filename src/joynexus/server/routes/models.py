@@ -61,8 +61,12 @@ class ObservationsIn(BaseModel):
     instructions: list[Instruction] = Field(min_length=1, max_length=65_536)
     actions: Tensor | None = Field(default=None, description="float32 [B, chunk, action_dim]")
 
-    def batch(self) -> ObservationBatch:
-        """The batch, refused here when its state or actions hold NaN or inf (422)."""
+    def check_finite(self) -> None:
+        """Refuse state or actions that hold NaN or inf (422).
+
+        Raises:
+            SchemaMismatchError: the first such field.
+        """
         for name, arr in (("state", self.state), ("actions", self.actions)):
             if arr is not None and arr.dtype.kind == "f" and not bool(np.isfinite(arr).all()):
                 raise SchemaMismatchError(
@@ -70,6 +74,10 @@ class ObservationsIn(BaseModel):
                     "finite float32",
                     field=f"observations.{name}",
                 )
+
+    def batch(self) -> ObservationBatch:
+        """The batch, refused here when its state or actions hold NaN or inf (422)."""
+        self.check_finite()
         return ObservationBatch(
             cameras=dict(self.cameras),
             state=np.asarray(self.state),
