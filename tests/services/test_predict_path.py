@@ -124,36 +124,3 @@ def test_every_stage_is_metered_per_request_or_per_batch(base: ResidentBaseModel
     assert stages["backbone"][0] > 0.0 and stages["canonicalize"][0] > 0.0
     text = metrics.render_latest().decode()
     assert 'joynexus_predict_stage_events_total{stage="backbone"} 3.0' in text
-
-
-def test_batches_run_in_the_services_own_thread_across_a_restart(
-    base: ResidentBaseModel, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Every batch runs in one dedicated thread (not whichever pooled thread is free),
-    and a service stopped and started again gets a fresh one."""
-    threads: list[str] = []
-
-    async def main() -> None:
-        svc_cm = make_service(base, max_batch_size=1)
-        async with svc_cm as svc:
-            await svc.add_tenant(config("a"))
-            real = svc._executor.run_requests
-
-            def recording(*args: Any, **kwargs: Any) -> Any:
-                threads.append(threading.current_thread().name)
-                return real(*args, **kwargs)
-
-            monkeypatch.setattr(svc._executor, "run_requests", recording)
-            obs = ObservationBatch.synthetic(SCHEMA, 1, seed=0, with_actions=False)
-            for _ in range(3):
-                # Other work in the shared pool meanwhile does not move the batches.
-                await asyncio.gather(svc.predict(obs, "a"), asyncio.to_thread(sum, [1]))
-            first = set(threads)
-            await svc.stop()
-            await svc.start()
-            await svc.predict(obs, "a")
-            assert len(first) == 1 and next(iter(first)).startswith("joynexus-batch"), first
-            assert threads[-1].startswith("joynexus-batch")
-
-    asyncio.run(main())
-    assert len(threads) == 4

@@ -32,10 +32,8 @@ get their answers.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from types import TracebackType
 from typing import Literal
@@ -158,10 +156,6 @@ class InferenceModelService:
         # One lock per batch: the executor takes the backbone's own lock.
         self._executor = GroupedExecutor(base, lock=self._lock)
         self._compat_key = base.prefix_key()
-        # Batches run one at a time (the queue awaits each), always in this one thread:
-        # a lone request's batch finds the thread's state where the last batch left it,
-        # not in whichever of the shared pool's threads was free.
-        self._batch_thread: ThreadPoolExecutor | None = None
         self.inference_queue = InferenceQueue(
             self._run_batch,
             max_batch_size=max_batch_size,
@@ -172,15 +166,10 @@ class InferenceModelService:
     # --- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self._batch_thread is None:
-            self._batch_thread = ThreadPoolExecutor(1, thread_name_prefix="joynexus-batch")
         await self.inference_queue.start()
 
     async def stop(self) -> None:
         await self.inference_queue.stop()
-        thread, self._batch_thread = self._batch_thread, None
-        if thread is not None:
-            thread.shutdown(wait=False)
 
     async def __aenter__(self) -> InferenceModelService:
         await self.start()
@@ -384,9 +373,7 @@ class InferenceModelService:
             dispatched = time.perf_counter()
             waited = sum(dispatched - r.enqueued_at for r in serve)
             self._instruments.stage("queue_wait", waited, len(serve))
-        run = contextvars.copy_context().run  # as asyncio.to_thread does
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._batch_thread, run, self._run, serve)
+        return await asyncio.to_thread(self._run, serve)
 
     def _run(self, serve: list[ServeRequest]) -> list[InferenceResult]:
         times = StageTimes()
