@@ -39,6 +39,8 @@ from joynexus.models.canonicalize import CanonicalSpec, processor_inputs
 #: Architectures whose vision tower reads flattened Qwen-style patches.
 _QWEN = frozenset({"qwen2_5_vl", "qwen3_vl"})
 _MAX_PROMPTS = 1024
+#: A prompt's per-token inputs by name (``input_ids``, ``attention_mask``, ...).
+_Tokens = dict[str, torch.Tensor]
 #: Largest |tensor − processor| the load-time check accepts (the ops are the same, so
 #: in practice the two agree exactly).
 EQUAL_ATOL = 1e-6
@@ -71,7 +73,7 @@ class TensorCanonicalizer:
         self._pad_id = int(processor.tokenizer.pad_token_id or 0)
         # Per cached prompt: its per-token rows, and the same as a one-row batch (most
         # serving batches of a lone policy), so neither is rebuilt per request.
-        self._prompts: dict[tuple[str, int], tuple[dict[str, torch.Tensor], ...]] = {}
+        self._prompts: dict[tuple[str, int], tuple[_Tokens, _Tokens]] = {}
         # Qwen's ``image_grid_thw`` per image count: canonical images share one grid.
         self._grids: dict[int, torch.Tensor] = {}
         self._lock = threading.Lock()
@@ -179,7 +181,7 @@ class TensorCanonicalizer:
 
     # -- text ---------------------------------------------------------------------
 
-    def _prompt_row(self, text: str, cameras: int) -> tuple[dict[str, torch.Tensor], ...]:
+    def _prompt_row(self, text: str, cameras: int) -> tuple[_Tokens, _Tokens]:
         """One row's per-token outputs for ``text`` with ``cameras`` images, and the
         same as a one-row batch (cached)."""
         key = (text, cameras)
