@@ -150,7 +150,7 @@ def test_the_wait_for_a_body_is_metered_apart_from_decoding(pair: dict[str, Any]
         before = _scrape([server])
         answer = _paused_predict(server, keys["alice"], pause)
         assert answer.startswith(b"HTTP/1.1 200"), (name, answer[:200])
-        time.sleep(0.3)  # the front's seconds reach the meter with its frame
+        # Metered before the answer left: the front's seconds ride on its frame.
         after = _scrape([server])
         read = after["http_read_s"] - before["http_read_s"]
         decode = after["http_decode_s"] - before["http_decode_s"]
