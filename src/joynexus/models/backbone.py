@@ -437,10 +437,8 @@ class ResidentBaseModel:
                 device=self.device,
             )
         feature.model_inputs = {k: self._placed(v) for k, v in feature.model_inputs.items()}
-        shown = sum(len(schema.cameras) * batch.batch_size for _, schema, batch in groups)
-        if self.shares_blanks and rows * self._spec.num_camera_slots - shown >= 2:
-            # Planned here, from the CPU mask: no device-to-host copy in the forward. (A
-            # batch with fewer than two blank slots has nothing to share.)
+        if self.shares_blanks:
+            # Planned here, from the CPU mask: no device-to-host copy in the forward.
             feature.blank_plan = vision_share.blank_plan(feature.camera_mask)
         feature.state = self._placed(feature.state)
         feature.state_mask = self._placed(feature.state_mask)
