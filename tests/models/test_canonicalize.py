@@ -59,6 +59,18 @@ def test_the_batched_resize_is_the_per_image_resize() -> None:
         assert torch.equal(together[i : i + 1], canon.resize_with_pad(imgs[i : i + 1], 32))
 
 
+@pytest.mark.parametrize("src", [(32, 32), (480, 640), (17, 31), (112, 90)])
+def test_the_direct_resize_op_is_f_interpolates_antialiased_bilinear(src: tuple[int, int]) -> None:
+    # resize_with_pad calls the aten op behind F.interpolate(antialias=True) directly;
+    # both must give the same bytes, up- and downscaling, on the channels-last layout.
+    h, w = src
+    imgs = np.random.default_rng(2).integers(0, 256, size=(2, h, w, 3), dtype=np.uint8)
+    x = torch.from_numpy(imgs.transpose(0, 3, 1, 2))
+    for size in [(56, 56), (37, 61)]:
+        assert torch.equal(canon._resize_aa(x, size), canon._interpolate_aa(x, size))
+    assert canon._resize_aa is canon._aten_aa  # this torch has the op
+
+
 def test_prompts_are_rendered_once_per_instruction(
     tiny_backbone: TinyBackbone, monkeypatch: pytest.MonkeyPatch
 ) -> None:

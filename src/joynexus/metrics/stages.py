@@ -14,8 +14,9 @@ A request over HTTP passes these stages (:data:`PREDICT_STAGES`):
   processor), prompt ids, padding (per batch; before the lock);
 * ``lock_wait`` — the dispatched batch waits for the backbone lock (training holds it);
 * ``backbone`` — the one frozen forward (per batch);
-* ``head`` — every tenant's action module decodes its rows (per batch; the copy of the
-  answers to host memory after the lock);
+* ``head`` — every tenant's action module decodes its rows (per batch; with the decode
+  plan that prepares their inputs before the lock, and the copy of the answers to host
+  memory after it);
 * ``http_encode`` — the route encodes the answer.
 
 Per-request stages count one event per request, per-batch stages one per batch, so a

@@ -116,10 +116,11 @@ class TensorCanonicalizer:
         the processor's fused step)."""
         if self._normalize:
             mean, std = self._stats(images.device)
-            x = images.to(torch.float32)
             if not self._rescale:
-                return (x - mean) / std
-            return x.sub_(mean).div_(std)
+                return (images.to(torch.float32) - mean) / std
+            # uint8 minus float32 is float32: the conversion rides in the subtraction
+            # (the same values as converting first, one pass over the pixels fewer).
+            return torch.sub(images, mean).div_(std)
         if self._rescale:
             return images * self._factor
         return images.to(torch.float32)

@@ -46,6 +46,22 @@ CHAT_TEMPLATE_ARCHES = frozenset({"qwen2_5_vl", "qwen3_vl", "smolvlm"})
 _DROP_KEYS = frozenset({"labels"})
 
 
+def _interpolate_aa(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    return F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=True)
+
+
+def _aten_aa(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    out: torch.Tensor = _ATEN_AA(x, list(size), False, None)  # type: ignore[misc]
+    return out
+
+
+# ``F.interpolate``'s antialiased bilinear mode is this one aten op. Its Python argument
+# checks cost a lone request more than the uint8 kernel itself (cold, after a forward),
+# so the op is called directly where this torch has it (tests hold the two equal).
+_ATEN_AA = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
+_resize_aa = _interpolate_aa if _ATEN_AA is None else _aten_aa
+
+
 def resize_with_pad(
     images: np.ndarray, size: int, *, into: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -77,13 +93,7 @@ def resize_with_pad(
         # torch's uint8 kernel (the one torchvision resizes uint8 images with), on the
         # channels-last layout the images arrive in: 4-8x faster than resizing them as
         # floats (the float result, rounded, differs by at most 1 of 255).
-        x = F.interpolate(
-            x,
-            size=(new_h, new_w),
-            mode="bilinear",
-            align_corners=False,
-            antialias=True,
-        )
+        x = _resize_aa(x, (new_h, new_w))
     out = torch.zeros((n, 3, size, size), dtype=torch.uint8) if into is None else into
     if new_h == new_w == size:  # a square camera fills the square: no padding to skip
         return out.copy_(x)

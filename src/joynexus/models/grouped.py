@@ -510,8 +510,10 @@ class GroupedExecutor:
         feature = self.base.canonicalize(
             [(tid, schemas[tid], b) for tid, b in batches.items()], validated=True
         )
+        planning = time.perf_counter()
         # The decode plan, before the lock: within a tenant, each run of requests with
-        # one slot and mode is one group of rows of the backbone output.
+        # one slot and mode is one group of rows of the backbone output. It prepares the
+        # heads' inputs (each group's rows and state), so it is metered with the heads.
         plan: list[tuple[list[int], DecodeGroup]] = []
         for key, idx in per_tenant.items():
             start = feature.slice_of(key).start
@@ -534,7 +536,8 @@ class GroupedExecutor:
         # yields to it between its phases (joynexus.utils.priority_lock).
         with self._lock.priority():
             if times is not None:
-                times.canonicalize_s += locked - waited
+                times.canonicalize_s += planning - waited
+                times.head_s += locked - planning
                 times.lock_wait_s += time.perf_counter() - locked
             # A small batch runs in this thread alone: splitting its ops gains nothing,
             # and the other threads' shares wait for cores the fronts are using.
