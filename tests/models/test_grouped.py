@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from joynexus.models import grouped as grouped_module
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import VLAFeature
-from joynexus.models.grouped import GroupedExecutor, ServeRequest, resident_bytes
+from joynexus.models.grouped import GroupedExecutor, ServeRequest, StageTimes, resident_bytes
 from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.schema import CALVIN, LIBERO, PUSHT, CameraSpec, DataSchema
 from joynexus.models.slots import TenantSlot
@@ -285,3 +286,36 @@ def test_a_small_serving_batch_runs_its_forward_in_one_thread(
         torch.set_num_threads(before)
     assert threads == [1, 2]
     np.testing.assert_allclose(small.actions, split.actions, rtol=1e-5, atol=1e-6)
+
+
+def test_the_decode_plan_is_metered_with_the_heads_not_the_canonicalization(
+    base: ResidentBaseModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan that slices each decode group's rows and state (before the lock) is
+    head work: its time goes to ``head``, canonicalization's to ``canonicalize``."""
+    now = [0.0]
+    monkeypatch.setattr(grouped_module, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    counting = CountingBase(base)
+    inner_canon = counting.canonicalize
+
+    def canonicalize(groups: list, *, validated: bool = False) -> VLAFeature:  # type: ignore[type-arg]
+        now[0] += 10.0  # a fake clock: canonicalization takes 10 s
+        return inner_canon(groups, validated=validated)
+
+    real_to_tensor = grouped_module._to_tensor
+
+    def planned(value: np.ndarray, device: torch.device) -> torch.Tensor:
+        now[0] += 1.0  # each decode group's state takes 1 s
+        return real_to_tensor(value, device)
+
+    monkeypatch.setattr(counting, "canonicalize", canonicalize)
+    monkeypatch.setattr(grouped_module, "_to_tensor", planned)
+    ex = _executor(counting, {"lib": (LIB, OFT), "pt": (PT, OFT)})
+    obs = [
+        ObservationBatch.synthetic(LIB, 1, seed=1, with_actions=False),
+        ObservationBatch.synthetic(PT, 1, seed=2, with_actions=False),
+    ]
+    times = StageTimes()
+    ex.run_requests([ServeRequest("lib", obs[0]), ServeRequest("pt", obs[1])], times=times)
+    assert times.canonicalize_s == 10.0
+    assert times.head_s == 2.0  # two decode groups, one per tenant
