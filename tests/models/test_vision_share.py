@@ -181,3 +181,55 @@ def test_the_towers_precomputed_layout_gives_the_models_own_features(
         finally:
             vision_share.install(model, arch)
     torch.testing.assert_close(ours, own, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("arch", QWEN)
+def test_equal_attention_segments_are_one_batched_call_with_the_same_output(
+    arch: str, tiny_backbone: TinyBackbone, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    attn = tiny_backbone(arch).model.visual.blocks[0].attn
+    assert "forward" in vars(attn)  # installed on the instance
+    gen = torch.Generator().manual_seed(0)
+    length, segments = 6, 4
+    total = length * segments
+    hidden = torch.randn(total, attn.qkv.in_features, generator=gen)
+    head_dim = attn.qkv.in_features // attn.num_heads
+    cos, sin = (torch.randn(total, head_dim, generator=gen) for _ in range(2))
+    rope = (cos, sin)
+    calls: list[int] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def counting(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        calls.append(int(q.shape[0]))
+        return sdpa(q, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", counting)
+    for bounds, batched in (
+        (list(range(0, total + 1, length)), [segments]),  # equal: one call, a batch of 4
+        ([0, 5, total], [1, 1]),  # unequal: the module's own loop
+    ):
+        cu = torch.tensor(bounds, dtype=torch.int32)
+        calls.clear()
+        with torch.no_grad():
+            ours = attn(hidden, cu, position_embeddings=rope)
+            assert calls == batched
+            own = type(attn).forward(attn, hidden, cu, position_embeddings=rope)
+        torch.testing.assert_close(ours, own, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", QWEN)
+def test_the_batched_tower_attention_gives_the_models_own_features(
+    arch: str, tiny_backbone: TinyBackbone
+) -> None:
+    base = tiny_backbone(arch)
+    feature = base.canonicalize(_groups(3), validated=False)
+    blocks = base.model.visual.blocks
+    with torch.no_grad():
+        ours = base.encode(feature).hidden_states
+        saved = [vars(block.attn).pop("forward") for block in blocks]  # the class's own
+        try:
+            own = base.encode(feature).hidden_states
+        finally:
+            for block, forward in zip(blocks, saved, strict=True):
+                block.attn.forward = forward
+    torch.testing.assert_close(ours, own, rtol=0, atol=1e-5)

@@ -19,20 +19,28 @@ order), or exact:
   forward; canonical images share one grid, so :func:`install` computes them once, with
   the tower's own functions, and passes them in the names the tower accepts them
   precomputed under (exact).
+* **Equal attention segments as one batched call.** Without flash attention the tower
+  attends segment by segment (an image, or a window of one) in a Python loop: one
+  attention call per segment and layer. Canonical images cut into segments of one
+  length, so the segments are the batch of ONE call instead (the same products per
+  segment); segments of different lengths keep the loop.
 
 All are installed on the model instance by :func:`install` (the class is untouched).
 """
 
 from __future__ import annotations
 
+import itertools
+import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 import torch
 from transformers import vision_utils
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from joynexus.models.lora import active_rows
 
@@ -56,6 +64,10 @@ def install(model: torch.nn.Module, arch: str) -> bool:
     proj = getattr(getattr(visual, "patch_embed", None), "proj", None)
     if isinstance(proj, torch.nn.Conv3d) and tuple(proj.kernel_size) == tuple(proj.stride):
         visual.patch_embed.forward = types.MethodType(_patch_embed_forward, visual.patch_embed)
+    for block in getattr(visual, "blocks", ()):
+        attn = getattr(block, "attn", None)
+        if attn is not None and _segment_attention_applies(attn):
+            attn.forward = types.MethodType(_make_segment_attention(attn.forward), attn)
 
     layouts: dict[bytes, dict[str, torch.Tensor]] = {}
 
@@ -159,6 +171,78 @@ def _tower_layout(visual: Any, grid: torch.Tensor) -> dict[str, torch.Tensor]:
         out["window_index"] = window_index.to(grid.device)
         out["cu_window_seqlens"] = cu_window_seqlens
     return out
+
+
+def _segment_attention_applies(attn: Any) -> bool:
+    """Whether ``attn`` is a Qwen-VL vision attention whose module has the helpers the
+    batched forward calls (the tower's own rotary, eager attention and flash check)."""
+    module = sys.modules.get(type(attn).__module__)
+    return (
+        module is not None
+        and all(hasattr(attn, name) for name in ("qkv", "proj", "num_heads", "scaling", "config"))
+        and all(
+            callable(getattr(module, name, None))
+            for name in (
+                "apply_rotary_pos_emb_vision",
+                "eager_attention_forward",
+                "is_flash_attention_requested",
+            )
+        )
+    )
+
+
+def _make_segment_attention(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """A vision attention forward that runs equal-length segments as one batch and
+    leaves anything else (flash attention's varlen kernel, unequal segments) to
+    ``original``, the module's own forward."""
+
+    def forward(
+        self: Any,
+        hidden_states: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        max_seqlen: int | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        tower = sys.modules[type(self).__module__]
+        if position_embeddings is None or tower.is_flash_attention_requested(self.config):
+            return original(hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
+        bounds = cu_seqlens.tolist()  # the per-segment loop reads these lengths too
+        lengths = {b - a for a, b in itertools.pairwise(bounds)}
+        if len(lengths) != 1:
+            return original(hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
+        (length,) = lengths
+        total = int(hidden_states.shape[0])
+        heads = int(self.num_heads)
+        # [tokens, 3, heads, head_dim] → q, k, v of [tokens, heads, head_dim], q and k rotated.
+        q, k, v = self.qkv(hidden_states).view(total, 3, heads, -1).unbind(1)
+        cos, sin = position_embeddings
+        q, k = tower.apply_rotary_pos_emb_vision(q, k, cos, sin)
+        # Token t of segment s is row s·length + t: [segments, heads, length, head_dim].
+        segments = total // length
+
+        def batched(x: torch.Tensor) -> torch.Tensor:
+            return x.reshape(segments, length, heads, -1).transpose(1, 2)
+
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, tower.eager_attention_forward
+        )
+        out, _ = attend(
+            self,
+            batched(q),
+            batched(k),
+            batched(v),
+            attention_mask=None,
+            scaling=self.scaling,
+            dropout=float(getattr(self, "attention_dropout", 0.0)) if self.training else 0.0,
+            is_causal=False,
+            **kwargs,
+        )
+        # The interface answers [segments, length, heads, head_dim]: rows in token order.
+        projected: torch.Tensor = self.proj(out.reshape(total, -1))
+        return projected
+
+    return forward
 
 
 def _patch_embed_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
