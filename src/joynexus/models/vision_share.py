@@ -209,10 +209,11 @@ def _make_segment_attention(original: Callable[..., torch.Tensor]) -> Callable[.
             return original(hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
         bounds = cu_seqlens.tolist()  # the per-segment loop reads these lengths too
         lengths = {b - a for a, b in itertools.pairwise(bounds)}
-        if len(lengths) != 1:
+        total = int(hidden_states.shape[0])
+        # One length, and the segments tile the sequence from its first token to its last.
+        if len(lengths) != 1 or 0 in lengths or bounds[0] != 0 or bounds[-1] != total:
             return original(hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
         (length,) = lengths
-        total = int(hidden_states.shape[0])
         heads = int(self.num_heads)
         # [tokens, 3, heads, head_dim] → q, k, v of [tokens, heads, head_dim], q and k rotated.
         q, k, v = self.qkv(hidden_states).view(total, 3, heads, -1).unbind(1)
