@@ -111,7 +111,10 @@ def test_every_joynexus_error_maps_to_its_status() -> None:
     raised: list[type[JoyNexusError]] = []
 
     def walk(cls: type[JoyNexusError]) -> None:
-        raised.append(cls)
+        # The hierarchy of joynexus/errors.py, not the classes Ray derives at run time
+        # to re-raise a task's error (an earlier Ray test in this process makes them).
+        if cls.__module__.partition(".")[0] == "joynexus":
+            raised.append(cls)
         for sub in cls.__subclasses__():
             walk(sub)
 
