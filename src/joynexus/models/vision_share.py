@@ -216,7 +216,7 @@ def _make_segment_attention(original: Callable[..., torch.Tensor]) -> Callable[.
         (length,) = lengths
         heads = int(self.num_heads)
         # [tokens, 3, heads, head_dim] → q, k, v of [tokens, heads, head_dim], q and k rotated.
-        q, k, v = self.qkv(hidden_states).view(total, 3, heads, -1).unbind(1)
+        q, k, v = self.qkv(hidden_states).reshape(total, 3, heads, -1).unbind(1)
         cos, sin = position_embeddings
         q, k = tower.apply_rotary_pos_emb_vision(q, k, cos, sin)
         # Token t of segment s is row s·length + t: [segments, heads, length, head_dim].
