@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -435,3 +436,41 @@ def test_metadata_calls_answer_on_the_loop_and_never_block_it(
     assert asyncio.run(contended()) == 5
     thread.join()
     assert hops == ["info"]
+
+
+def test_a_cancelled_write_lands_before_the_cancellation_reaches_its_caller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A thread cannot be stopped: the caller's cleanup (clear the partition) must run
+    # after the write, or the write lands afterwards and leaks the partition.
+    q = TrainingQueue()
+    started, gate = threading.Event(), threading.Event()
+    real = q.queue_put
+
+    def slow_put(*args: Any) -> list[int]:
+        started.set()
+        gate.wait(10)
+        return real(*args)
+
+    monkeypatch.setattr(q, "queue_put", slow_put)
+    seen_at_cancel: list[bool] = []
+
+    async def producer() -> None:
+        try:
+            await q.async_queue_put("p", rollout(3), META)
+        except asyncio.CancelledError:
+            seen_at_cancel.append(any(i.partition_id == "p" for i in q.partitions()))
+            await q.async_clear("p")
+            raise
+
+    async def main() -> None:
+        task = asyncio.create_task(producer())
+        await asyncio.to_thread(started.wait, 10)
+        task.cancel()
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert seen_at_cancel == [True]  # the write had landed when the caller saw the cancel
+    assert q.partitions() == []

@@ -351,7 +351,7 @@ class TrainingQueue:
         data: Mapping[str, Array],
         metadata: SampleMeta | Sequence[SampleMeta],
     ) -> list[int]:
-        return await asyncio.to_thread(self.queue_put, partition_id, data, metadata)
+        return await _written(self.queue_put, partition_id, data, metadata)
 
     async def _on_loop(
         self, fn: Callable[..., _T], *args: Any, inline: Callable[[], bool] | None = None
@@ -393,7 +393,7 @@ class TrainingQueue:
         return await self._on_loop(self.get_data, meta, inline=small)
 
     async def async_put(self, data: Mapping[str, Array], metadata: BatchMeta) -> None:
-        await asyncio.to_thread(self.put, data, metadata)
+        await _written(self.put, data, metadata)
 
     async def async_clear(self, partition_id: str, *, missing_ok: bool = True) -> None:
         await asyncio.to_thread(self.clear, partition_id, missing_ok=missing_ok)
@@ -517,3 +517,20 @@ def _check_specs(
                 got_shape=[-1, *got.sample_shape],
                 got_dtype=got.dtype,
             )
+
+
+async def _written(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` (a write) in a worker thread, finished even when the caller is
+    cancelled meanwhile.
+
+    A thread cannot be stopped: a cancelled caller that went on at once would run its
+    cleanup (``async_clear`` of the partition) while the write was still landing, and
+    the write would then leave a partition nobody clears. So the cancellation is
+    re-raised once the write is done, and the cleanup sees it.
+    """
+    write = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(write)
+    except asyncio.CancelledError:
+        await asyncio.wait([write])
+        raise
