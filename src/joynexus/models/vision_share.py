@@ -66,8 +66,9 @@ def install(model: torch.nn.Module, arch: str) -> bool:
         visual.patch_embed.forward = types.MethodType(_patch_embed_forward, visual.patch_embed)
     for block in getattr(visual, "blocks", ()):
         attn = getattr(block, "attn", None)
-        if attn is not None and _segment_attention_applies(attn):
-            attn.forward = types.MethodType(_make_segment_attention(attn.forward), attn)
+        tower = None if attn is None else _attention_helpers(attn)
+        if tower is not None:
+            attn.forward = types.MethodType(_make_segment_attention(attn.forward, tower), attn)
 
     layouts: dict[bytes, dict[str, torch.Tensor]] = {}
 
@@ -173,28 +174,28 @@ def _tower_layout(visual: Any, grid: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
-def _segment_attention_applies(attn: Any) -> bool:
-    """Whether ``attn`` is a Qwen-VL vision attention whose module has the helpers the
-    batched forward calls (the tower's own rotary, eager attention and flash check)."""
+def _attention_helpers(attn: Any) -> Any | None:
+    """The module defining ``attn`` when it is a Qwen-VL vision attention whose module
+    has the helpers the batched forward calls (the tower's own rotary, eager attention
+    and flash check); else ``None``."""
     module = sys.modules.get(type(attn).__module__)
-    return (
-        module is not None
-        and all(hasattr(attn, name) for name in ("qkv", "proj", "num_heads", "scaling", "config"))
-        and all(
-            callable(getattr(module, name, None))
-            for name in (
-                "apply_rotary_pos_emb_vision",
-                "eager_attention_forward",
-                "is_flash_attention_requested",
-            )
-        )
-    )
+    helpers = ("apply_rotary_pos_emb_vision", "eager_attention_forward")
+    if (
+        module is None
+        or not all(hasattr(attn, n) for n in ("qkv", "proj", "num_heads", "scaling", "config"))
+        or not all(callable(getattr(module, n, None)) for n in helpers)
+        or not callable(getattr(module, "is_flash_attention_requested", None))
+    ):
+        return None
+    return module
 
 
-def _make_segment_attention(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _make_segment_attention(
+    original: Callable[..., torch.Tensor], tower: Any
+) -> Callable[..., torch.Tensor]:
     """A vision attention forward that runs equal-length segments as one batch and
     leaves anything else (flash attention's varlen kernel, unequal segments) to
-    ``original``, the module's own forward."""
+    ``original``, the module's own forward; ``tower`` is the module defining it."""
 
     def forward(
         self: Any,
@@ -204,7 +205,6 @@ def _make_segment_attention(original: Callable[..., torch.Tensor]) -> Callable[.
         max_seqlen: int | None = None,
         **kwargs: Any,
     ) -> torch.Tensor:
-        tower = sys.modules[type(self).__module__]
         if position_embeddings is None or tower.is_flash_attention_requested(self.config):
             return original(hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
         bounds = cu_seqlens.tolist()  # the per-segment loop reads these lengths too
