@@ -67,7 +67,7 @@ def install(model: torch.nn.Module, arch: str) -> bool:
     for block in getattr(visual, "blocks", ()):
         attn = getattr(block, "attn", None)
         tower = None if attn is None else _attention_helpers(attn)
-        if tower is not None:
+        if attn is not None and tower is not None:
             attn.forward = types.MethodType(_make_segment_attention(attn.forward, tower), attn)
 
     layouts: dict[bytes, dict[str, torch.Tensor]] = {}
