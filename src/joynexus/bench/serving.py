@@ -81,7 +81,7 @@ def _open_tenant(server: Server, tenant: str, model: str) -> str:
     return key
 
 
-def _body(seed: int) -> bytes:
+def predict_body(seed: int) -> bytes:
     rng = np.random.default_rng(seed)
     obs = {
         "cameras": {"top": rng.integers(0, 255, (1, IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)},
@@ -138,7 +138,7 @@ async def _drive(
             elif record:
                 t.latencies.append(time.perf_counter() - start)
 
-        bodies = {t.tenant: _body(i) for i, t in enumerate(targets)}
+        bodies = {t.tenant: predict_body(i) for i, t in enumerate(targets)}
         # Warm up: every client's connection and every tenant's first forward, untimed.
         await asyncio.gather(
             *(one(t, bodies[t.tenant], False) for t in targets for _ in range(clients))

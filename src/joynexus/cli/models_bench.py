@@ -1,5 +1,5 @@
 """``joynexus bench group-batching`` (Figures 10–11), ``figure12``, ``lora``, ``serving``,
-``canonicalize`` and ``backbone-lock``."""
+``canonicalize``, ``idle-wake`` and ``backbone-lock``."""
 
 from __future__ import annotations
 
@@ -351,6 +351,41 @@ def bench_canonicalize(
         tenants=tenants,
         repeats=repeats,
         device=device,
+        progress=lambda line: console.print(f"[dim]{line}[/dim]"),
+    )
+    print_report(result, console)
+    _write_json(result, json_path)
+
+
+@bench_app.command("idle-wake")
+def bench_idle_wake(
+    size: Annotated[str, typer.Option("--size", help="tiny | small")] = "small",
+    pauses: Annotated[
+        str, typer.Option("--pauses-ms", help="Idle pauses before a timed call, comma-separated.")
+    ] = "1,10,50",
+    repeats: Annotated[
+        int, typer.Option("--repeats", min=1, help="Timed calls per stage and pause (median).")
+    ] = 40,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
+    ] = None,
+) -> None:
+    """A lone request's decoding and canonicalization, back to back and after idle pauses."""
+    from joynexus.bench.idle_wake import print_report, run_idle_wake_bench
+
+    _check_model_options("qwen2_5_vl", size, "cpu")
+    try:
+        pauses_ms = [float(v) for v in pauses.split(",") if v.strip()]
+    except ValueError:
+        raise typer.BadParameter(
+            "expected numbers such as 1,10,50", param_hint="--pauses-ms"
+        ) from None
+    if not all(0 <= p <= 10_000 for p in pauses_ms):  # NaN fails this too
+        raise typer.BadParameter("pauses must lie within 0..10000 ms", param_hint="--pauses-ms")
+    result = run_idle_wake_bench(
+        size=size,
+        pauses_ms=pauses_ms,
+        repeats=repeats,
         progress=lambda line: console.print(f"[dim]{line}[/dim]"),
     )
     print_report(result, console)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from joynexus.bench.server_procs import Server, running_servers
-from joynexus.bench.serving import _body, _open_tenant, _scrape
+from joynexus.bench.serving import _open_tenant, _scrape, predict_body
 from joynexus.wire import MSGPACK_MEDIA_TYPE, packb, unpackb
 
 pytest.importorskip("psutil")
@@ -63,19 +63,19 @@ def _cases(keys: dict[str, str]) -> list[tuple[str, dict[str, str], bytes]]:
     alice = {"Authorization": f"Bearer {keys['alice']}", **MSGPACK}
     bad_key = {"Authorization": "Bearer jnx_bad.key", **MSGPACK}
     return [
-        ("alice", alice, _body(0)),
-        ("alice", MSGPACK, _body(0)),  # no key
-        ("alice", bad_key, _body(0)),  # bad key, good body
+        ("alice", alice, predict_body(0)),
+        ("alice", MSGPACK, predict_body(0)),  # no key
+        ("alice", bad_key, predict_body(0)),  # bad key, good body
         ("alice", bad_key, b"\xc1 not msgpack"),  # bad key and bad body: the key first
-        ("bob", alice, _body(0)),  # another tenant's slot
+        ("bob", alice, predict_body(0)),  # another tenant's slot
         ("alice", alice, b"\xc1 not msgpack"),
-        ("alice", {**alice, "Content-Type": "text/plain"}, _body(0)),
+        ("alice", {**alice, "Content-Type": "text/plain"}, predict_body(0)),
         ("alice", alice, packb({"observations": {"state": np.zeros((1, 4), np.float32)}})),
         ("alice", alice, packb({"observations": _obs(state=np.full((1, 4), np.nan, np.float32))})),
         ("alice", alice, packb({"observations": _obs(instructions=["x"] * 300)})),
         ("alice", alice, packb({"observations": _obs(), "mode": "greedy"})),
         ("alice", {**alice, "X-Request-ID": "abc123"}, packb({"observations": _obs()})),
-        ("al ice", alice, _body(0)),  # a path name that is not a name
+        ("al ice", alice, predict_body(0)),  # a path name that is not a name
     ]
 
 
@@ -123,7 +123,7 @@ def test_other_routes_are_forwarded_unchanged(pair: dict[str, Any]) -> None:
 def _paused_predict(server: Server, key: str, pause_s: float) -> bytes:
     """A predict whose client sends its headers, waits ``pause_s``, then its body."""
     url = urlsplit(server.url)
-    body = _body(0)
+    body = predict_body(0)
     head = (
         f"POST /v1/models/alice/predict HTTP/1.1\r\nHost: {url.netloc}\r\n"
         f"Authorization: Bearer {key}\r\nContent-Type: {MSGPACK_MEDIA_TYPE}\r\n"

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from joynexus.bench.server_procs import Server, running_servers
-from joynexus.bench.serving import _body, _open_tenant
+from joynexus.bench.serving import _open_tenant, predict_body
 from joynexus.wire import MSGPACK_MEDIA_TYPE
 
 psutil = pytest.importorskip("psutil")
@@ -62,7 +62,9 @@ def test_a_killed_front_is_restarted_and_nothing_hangs(tmp_path: Path) -> None:
             # A fresh connection per request: the kernel spreads them over both fronts.
             while not stop.is_set():
                 try:
-                    r = httpx.post(url, content=_body(1), headers=headers, timeout=CLIENT_TIMEOUT_S)
+                    r = httpx.post(
+                        url, content=predict_body(1), headers=headers, timeout=CLIENT_TIMEOUT_S
+                    )
                     outcomes.append(str(r.status_code))
                 except httpx.TimeoutException:
                     outcomes.append("timeout")
@@ -90,7 +92,7 @@ def test_a_killed_front_is_restarted_and_nothing_hangs(tmp_path: Path) -> None:
         assert set(outcomes) <= {"200", "503", "closed"}, sorted(set(outcomes))
         # New requests succeed, on whichever front takes them.
         for _ in range(6):
-            r = httpx.post(url, content=_body(2), headers=headers, timeout=CLIENT_TIMEOUT_S)
+            r = httpx.post(url, content=predict_body(2), headers=headers, timeout=CLIENT_TIMEOUT_S)
             assert r.status_code == 200, r.text
         log = server.log_tail(200_000)
         assert "starting a new one" in log
