@@ -2,10 +2,10 @@
 
 A lone client's request reaches processes that sat idle while the previous answer
 travelled: the front process for the whole forward, the model process for the client's
-round trip and the Inference Queue's wait. On a virtual machine an idle core is handed
-to other work; the next request then runs on cold caches, and the same code takes
-longer. The service-overhead figure of ``joynexus bench serving`` (a lone request's
-stages) holds that cost.
+round trip and the Inference Queue's wait. On a virtual machine an idle core can be
+handed to other work, and the next request likely finds its caches cold: the same code
+takes longer. The service-overhead figure of ``joynexus bench serving`` (a lone
+request's stages) holds that cost.
 
 This bench runs the two largest stages of that figure in one process: the front's
 decoding of one predict body (msgpack, validation, the finite check) and the model
