@@ -8,7 +8,13 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from joynexus.utils.intra_op import serial_intra_op, thread_intra_op_threads
+from joynexus.utils.intra_op import (
+    serial_intra_op,
+    thread_blas_threads,
+    thread_intra_op_threads,
+)
+
+needs_mkl = pytest.mark.skipif(thread_blas_threads() is None, reason="torch without MKL")
 
 
 @pytest.fixture
@@ -56,3 +62,39 @@ def test_an_error_inside_still_restores(two_threads: None) -> None:
     with pytest.raises(ValueError), serial_intra_op():
         raise ValueError("boom")
     assert thread_intra_op_threads() == 2
+
+
+@needs_mkl
+def test_mkls_own_thread_count_is_serial_inside_and_restored(two_threads: None) -> None:
+    """Regression: MKL's count is its own; a serial block left its products on 2 threads,
+    which waited for a busy second core."""
+    assert thread_blas_threads() == 2
+    with serial_intra_op():
+        assert thread_blas_threads() == 1
+        a = torch.ones(64, 64)
+        assert torch.equal(a @ a, torch.full((64, 64), 64.0))
+    assert thread_blas_threads() == 2
+    with pytest.raises(ValueError), serial_intra_op():
+        raise ValueError("boom")
+    assert thread_blas_threads() == 2
+
+
+@needs_mkl
+def test_other_threads_keep_mkls_count_meanwhile(two_threads: None) -> None:
+    inside, entered, release = [], threading.Event(), threading.Event()
+
+    def serial() -> None:
+        with serial_intra_op():
+            inside.append(thread_blas_threads())
+            entered.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=serial)
+    worker.start()
+    try:
+        assert entered.wait(10)
+        assert inside == [1]
+        assert thread_blas_threads() == 2
+    finally:
+        release.set()
+        worker.join(10)

@@ -13,6 +13,15 @@ calling thread's own OpenMP setting, which torch reads on each op
 leaves every other thread's steps and batches as parallel as they were, which the
 process-wide ``torch.set_num_threads`` would not. Where the OpenMP runtime is not
 reachable it changes nothing.
+
+MKL, which torch's CPU matrix products call, keeps a thread count of its own that the
+thread's OpenMP setting does not reach (``torch.set_num_threads`` sets both, process
+wide). Left at 2, a serial forward's products still split over a second thread; when
+the other core is busy (a front process, a client) each product waits for that thread
+to get a core back. By a script, a tiny Qwen-VL forward of 7 rows took 4.3–4.8 ms
+alone and 13–45 ms beside one busy process, and 4.6–4.8 ms either way with MKL's count
+at 1 for the calling thread (RESULTS §8.1.9). :func:`serial_intra_op` sets that
+thread-local count too, where torch carries MKL.
 """
 
 from __future__ import annotations
@@ -21,9 +30,10 @@ import contextlib
 import ctypes
 import functools
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-__all__ = ["serial_intra_op", "thread_intra_op_threads"]
+__all__ = ["serial_intra_op", "thread_blas_threads", "thread_intra_op_threads"]
 
 
 @functools.cache
@@ -40,6 +50,39 @@ def _openmp() -> Any | None:
         return None
     set_threads.argtypes, set_threads.restype = [ctypes.c_int], None
     return lib
+
+
+@functools.cache
+def _mkl() -> Any | None:
+    """MKL's service functions in torch's CPU library, or None where torch has no MKL."""
+    import torch
+
+    if not torch._C.has_mkl:
+        return None
+    libs = sorted((Path(torch.__file__).parent / "lib").glob("libtorch_cpu.*"))
+    try:
+        lib = ctypes.CDLL(str(libs[0]))
+        set_local, get_max = lib.mkl_set_num_threads_local_, lib.mkl_get_max_threads
+    except (IndexError, OSError, AttributeError):
+        return None
+    # The Fortran entry (its argument by reference): the one spelling every MKL build
+    # exports with the same calling convention.
+    set_local.argtypes, set_local.restype = [ctypes.POINTER(ctypes.c_int)], ctypes.c_int
+    get_max.argtypes, get_max.restype = [], ctypes.c_int
+    return lib
+
+
+def _set_mkl_local(lib: Any, threads: int) -> int:
+    """Set MKL's thread count for the calling thread (0: the process-wide one); the
+    previous thread-local count."""
+    return int(lib.mkl_set_num_threads_local_(ctypes.byref(ctypes.c_int(threads))))
+
+
+def thread_blas_threads() -> int | None:
+    """The threads an MKL matrix product of the calling thread would use now (None
+    where torch has no MKL)."""
+    lib = _mkl()
+    return None if lib is None else int(lib.mkl_get_max_threads())
 
 
 def thread_intra_op_threads() -> int:
@@ -66,8 +109,12 @@ def serial_intra_op(enabled: bool = True) -> Iterator[None]:
     if before <= 1:
         yield
         return
+    mkl = _mkl()
     lib.omp_set_num_threads(1)
+    mkl_before = None if mkl is None else _set_mkl_local(mkl, 1)
     try:
         yield
     finally:
+        if mkl is not None and mkl_before is not None:
+            _set_mkl_local(mkl, mkl_before)
         lib.omp_set_num_threads(before)
