@@ -21,6 +21,7 @@ from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService
 from joynexus.services.tenancy import TenantConfig
+from joynexus.utils.intra_op import thread_blas_threads
 
 SCHEMA = DataSchema(
     name="tiny",
@@ -314,3 +315,43 @@ def test_a_publication_reuses_the_freed_slot_unless_something_still_holds_it(
             assert (await svc.predict(obs, "a")).policy_version == 3
 
     asyncio.run(main())
+
+
+def _record_blas_threads(svc: InferenceModelService, seen: list[int | None]) -> None:
+    """Record MKL's thread count for the calling thread at each backbone forward."""
+    encode = svc._executor._encode
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(thread_blas_threads())
+        return encode(*args, **kwargs)
+
+    svc._executor._encode = spy  # type: ignore[method-assign]
+
+
+@pytest.mark.skipif(thread_blas_threads() is None, reason="torch without MKL")
+def test_a_lone_requests_forward_keeps_mkls_threads_and_a_shared_batchs_runs_them_serial(
+    base: ResidentBaseModel,
+) -> None:
+    """A serial-sized forward: MKL's products split only when nothing else waits (beside
+    a busy core, split products wait for it)."""
+    seen: list[int | None] = []
+
+    async def main() -> None:
+        obs = ObservationBatch.synthetic(SCHEMA, 1, seed=1, with_actions=False)
+        async with make_service(base, max_batch_size=2, max_wait_s=60.0) as svc:
+            await svc.add_tenant(config("a"))
+            await svc.add_tenant(config("b", seed=1))
+            _record_blas_threads(svc, seen)
+            await asyncio.gather(svc.predict(obs, "a"), svc.predict(obs, "b"))  # one batch
+        async with make_service(base, max_wait_s=0.0) as alone:
+            await alone.add_tenant(config("a"))
+            _record_blas_threads(alone, seen)
+            await alone.predict(obs, "a")
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        asyncio.run(main())
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [1, 2]

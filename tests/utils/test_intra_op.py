@@ -77,6 +77,9 @@ def test_mkls_own_thread_count_is_serial_inside_and_restored(two_threads: None) 
     with pytest.raises(ValueError), serial_intra_op():
         raise ValueError("boom")
     assert thread_blas_threads() == 2
+    with serial_intra_op(blas=False):  # torch's ops serial, MKL's products on its threads
+        assert thread_intra_op_threads() == 1
+        assert thread_blas_threads() == 2
 
 
 @needs_mkl

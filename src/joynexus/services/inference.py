@@ -373,14 +373,16 @@ class InferenceModelService:
             dispatched = time.perf_counter()
             waited = sum(dispatched - r.enqueued_at for r in serve)
             self._instruments.stage("queue_wait", waited, len(serve))
-        return await asyncio.to_thread(self._run, serve)
+        # A lone request: nothing queued behind it and no other predict awaiting.
+        alone = len(serve) == 1 and len(self.inference_queue) == 0 and self._in_flight <= 1
+        return await asyncio.to_thread(self._run, serve, alone)
 
-    def _run(self, serve: list[ServeRequest]) -> list[InferenceResult]:
+    def _run(self, serve: list[ServeRequest], alone: bool = False) -> list[InferenceResult]:
         times = StageTimes()
         try:
             with on_device():
                 return self._executor.run_requests(
-                    serve, resolve_slot=self.states.slot, times=times
+                    serve, resolve_slot=self.states.slot, times=times, alone=alone
                 )
         finally:
             if self._instruments.enabled:

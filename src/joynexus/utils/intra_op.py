@@ -93,11 +93,14 @@ def thread_intra_op_threads() -> int:
 
 
 @contextlib.contextmanager
-def serial_intra_op(enabled: bool = True) -> Iterator[None]:
+def serial_intra_op(enabled: bool = True, *, blas: bool = True) -> Iterator[None]:
     """Run the enclosed torch CPU ops of this thread without intra-op parallelism.
 
     Args:
         enabled: False runs the block unchanged (callers decide by the work's size).
+        blas: Make MKL's matrix products serial too. False leaves them on MKL's own
+            threads: faster while the other cores are free, far slower while they are
+            busy (see the module docstring).
     """
     lib = _openmp() if enabled else None
     if lib is None:
@@ -109,7 +112,7 @@ def serial_intra_op(enabled: bool = True) -> Iterator[None]:
     if before <= 1:
         yield
         return
-    mkl = _mkl()
+    mkl = _mkl() if blas else None
     lib.omp_set_num_threads(1)
     mkl_before = None if mkl is None else _set_mkl_local(mkl, 1)
     try:
