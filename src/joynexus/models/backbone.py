@@ -426,7 +426,9 @@ class ResidentBaseModel:
         rows = sum(batch.batch_size for _, _, batch in groups)
         size = self._spec.canonical_image_size
         pixels = rows * self._spec.num_camera_slots * size * size
-        with serial_intra_op(self.device.type == "cpu" and pixels <= SERIAL_CANONICALIZE_PIXELS):
+        # No matrix products here: MKL's threads are left as they are (one call less).
+        serial = self.device.type == "cpu" and pixels <= SERIAL_CANONICALIZE_PIXELS
+        with serial_intra_op(serial, blas=False):
             feature = canonicalize(
                 self.processor,
                 self._spec,
