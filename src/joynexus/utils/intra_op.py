@@ -21,7 +21,8 @@ the other core is busy (a front process, a client) each product waits for that t
 to get a core back. By a script, a tiny Qwen-VL forward of 7 rows took 4.3–4.8 ms
 alone and 13–45 ms beside one busy process, and 4.6–4.8 ms either way with MKL's count
 at 1 for the calling thread (RESULTS §8.1.9). :func:`serial_intra_op` sets that
-thread-local count too, where torch carries MKL.
+thread-local count too, where torch carries MKL, unless its caller knows the other
+cores are free (``blas=False``: a lone request, whose products a free core speeds up).
 """
 
 from __future__ import annotations
