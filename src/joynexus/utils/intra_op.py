@@ -19,7 +19,7 @@ thread's OpenMP setting does not reach (``torch.set_num_threads`` sets both, pro
 wide). Left at 2, a serial forward's products still split over a second thread; when
 the other core is busy (a front process, a client) each product waits for that thread
 to get a core back. By a script, a tiny Qwen-VL forward of 7 rows took 4.3–4.8 ms
-alone and 13–45 ms beside one busy process, and 4.6–4.8 ms either way with MKL's count
+alone and 13–45 ms beside one busy process, and 4.6–5.2 ms either way with MKL's count
 at 1 for the calling thread (RESULTS §8.1.9). :func:`serial_intra_op` sets that
 thread-local count too, where torch carries MKL, unless its caller knows the other
 cores are free (``blas=False``: a lone request, whose products a free core speeds up).
