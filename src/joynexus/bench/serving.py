@@ -82,6 +82,9 @@ def _open_tenant(server: Server, tenant: str, model: str) -> str:
 
 
 def predict_body(seed: int) -> bytes:
+    """A msgpack predict body for the bench's tenants (reach2d's schema): one
+    ``IMAGE_SIZE``² RGB camera, a ``STATE_DIM`` state, one instruction; ``seed`` picks
+    the values."""
     rng = np.random.default_rng(seed)
     obs = {
         "cameras": {"top": rng.integers(0, 255, (1, IMAGE_SIZE, IMAGE_SIZE, 3), dtype=np.uint8)},
