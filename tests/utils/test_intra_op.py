@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -38,12 +38,19 @@ def test_the_calling_thread_runs_serially_and_gets_its_threads_back(two_threads:
         assert thread_intra_op_threads() == 2
 
 
-def test_other_threads_keep_their_parallelism_meanwhile(two_threads: None) -> None:
+@pytest.mark.parametrize(
+    "threads",
+    [thread_intra_op_threads, pytest.param(thread_blas_threads, marks=needs_mkl)],
+    ids=["torch", "mkl"],
+)
+def test_other_threads_keep_their_parallelism_meanwhile(
+    two_threads: None, threads: Callable[[], int | None]
+) -> None:
     inside, entered, release = [], threading.Event(), threading.Event()
 
     def serial() -> None:
         with serial_intra_op():
-            inside.append(thread_intra_op_threads())
+            inside.append(threads())
             entered.set()
             release.wait(10)
 
@@ -52,7 +59,7 @@ def test_other_threads_keep_their_parallelism_meanwhile(two_threads: None) -> No
     try:
         assert entered.wait(10)
         assert inside == [1]
-        assert thread_intra_op_threads() == 2  # this thread is not touched
+        assert threads() == 2  # this thread is not touched
     finally:
         release.set()
         worker.join(10)
@@ -80,24 +87,3 @@ def test_mkls_own_thread_count_is_serial_inside_and_restored(two_threads: None) 
     with serial_intra_op(blas=False):  # torch's ops serial, MKL's products on its threads
         assert thread_intra_op_threads() == 1
         assert thread_blas_threads() == 2
-
-
-@needs_mkl
-def test_other_threads_keep_mkls_count_meanwhile(two_threads: None) -> None:
-    inside, entered, release = [], threading.Event(), threading.Event()
-
-    def serial() -> None:
-        with serial_intra_op():
-            inside.append(thread_blas_threads())
-            entered.set()
-            release.wait(10)
-
-    worker = threading.Thread(target=serial)
-    worker.start()
-    try:
-        assert entered.wait(10)
-        assert inside == [1]
-        assert thread_blas_threads() == 2
-    finally:
-        release.set()
-        worker.join(10)

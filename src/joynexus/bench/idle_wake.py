@@ -8,7 +8,7 @@ takes longer. The service-overhead figure of ``joynexus bench serving`` (a lone
 request's stages) holds that cost.
 
 This bench runs the two largest stages of that figure in one process: the front's
-decoding of one predict body (msgpack, validation, the finite check) and the model
+decoding of one predict body (:func:`~joynexus.server.front.app.decode_predict`) and the model
 process's canonicalization of the decoded observation (the tensor path of a Qwen-VL
 backbone built offline, as the serving bench's). Each is timed right after the
 previous call (``0`` ms: back to back) and after each idle pause, the pauses taken in a
@@ -35,21 +35,20 @@ from joynexus.envs.reach2d import reach2d_schema
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.tiny import make_tiny
+from joynexus.server.config import ServerConfig
+from joynexus.server.front.app import decode_predict
 from joynexus.server.routes.models import PredictIn
-from joynexus.server.wire import decode_bytes
 from joynexus.wire import MSGPACK_MEDIA_TYPE
 
 __all__ = ["print_report", "run_idle_wake_bench"]
 
 DEFAULT_PAUSES_MS = (0.0, 1.0, 10.0, 50.0)
-_MAX_TENSOR_BYTES = 1 << 26
+_CONFIG = ServerConfig()  # the server's default bounds
 
 
 def _decode(raw: bytes) -> PredictIn:
     """What a front process does with a predict body before handing it on."""
-    body = decode_bytes(raw, MSGPACK_MEDIA_TYPE, PredictIn, max_tensor_bytes=_MAX_TENSOR_BYTES)
-    body.observations.check_finite()
-    return body
+    return decode_predict(raw, MSGPACK_MEDIA_TYPE, _CONFIG)
 
 
 def run_idle_wake_bench(

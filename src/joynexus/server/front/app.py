@@ -54,7 +54,7 @@ from joynexus.server.openpi.app import openpi_port_app
 from joynexus.server.routes.models import PredictIn, PredictOut, check_predict_size
 from joynexus.server.wire import decode_bytes, respond_fields
 
-__all__ = ["HubClient", "front_app", "front_openpi_app", "tensors_of"]
+__all__ = ["HubClient", "decode_predict", "front_app", "front_openpi_app", "tensors_of"]
 
 _PATH_NAME: TypeAdapter[str] = TypeAdapter(PathName)
 #: Connection-level headers a proxy must not pass on (RFC 9110 §7.6.1).
@@ -188,6 +188,18 @@ class HubClient:
                 self.ring.release(placed[0])
 
 
+def decode_predict(raw: bytes, content_type: str | None, config: ServerConfig) -> PredictIn:
+    """A predict body decoded, validated and bounded as the model process's route would.
+
+    Raises:
+        JoyNexusError, RequestValidationError, ValidationError: what the route answers.
+    """
+    body = decode_bytes(raw, content_type, PredictIn, max_tensor_bytes=config.max_tensor_bytes)
+    check_predict_size(config, body.observations)
+    body.observations.check_finite()  # as the route's batch() does
+    return body
+
+
 def tensors_of(obs: Any) -> dict[str, np.ndarray]:
     """An observation's arrays by channel name (cameras as ``cam:<name>``)."""
     arrays = {f"cam:{name}": arr for name, arr in obs.cameras.items()}
@@ -254,14 +266,7 @@ def front_app(
         read = time.perf_counter()
         try:
             _PATH_NAME.validate_python(tenant_id)
-            body = decode_bytes(
-                raw,
-                request.headers.get("content-type"),
-                PredictIn,
-                max_tensor_bytes=config.max_tensor_bytes,
-            )
-            check_predict_size(config, body.observations)
-            body.observations.check_finite()  # as the route's batch() does
+            body = decode_predict(raw, request.headers.get("content-type"), config)
         except (JoyNexusError, RequestValidationError, ValidationError):
             return await forward(request, raw)  # today's answer, in today's order
         reply = await hub.predict(
