@@ -37,6 +37,10 @@ Key = Annotated[str | None, typer.Option("--api-key", envvar="JOYNEXUS_API_KEY",
 #: ``joynexus serve --runtime local``'s bound of the engine pool: in-process engines share
 #: one backbone (and its lock), so more of them add batching queues, not throughput.
 DEFAULT_LOCAL_MAX_ENGINES = 4
+#: ``joynexus serve``'s T (ms). A served policy's callers are closed loops that wait for
+#: each answer, so T is paid on every step; the serving bench's tiny load served 7 %
+#: more at 2 ms than at the in-process runs' 5 ms (docs/RESULTS.md §8.1.10).
+DEFAULT_SERVE_MAX_WAIT_MS = 2.0
 
 
 def _client(url: str | None, key: str | None) -> Client:
@@ -214,6 +218,26 @@ def serve(
             "--max-connections", min=1, help="Open connections; more are closed (503 above)."
         ),
     ] = 512,
+    max_wait_ms: Annotated[
+        float,
+        typer.Option(
+            "--max-wait-ms",
+            min=0.0,
+            help="T of the Inference Queue's group batching: the longest the oldest "
+            "queued predict waits for a fuller batch (0: a batch fires as soon as the "
+            "model is free). Closed-loop callers (robots, eval loops) wait out T on every "
+            "step; see docs/RESULTS.md for what T costs and gains.",
+        ),
+    ] = DEFAULT_SERVE_MAX_WAIT_MS,
+    max_batch_size: Annotated[
+        int,
+        typer.Option(
+            "--max-batch-size",
+            min=1,
+            help="B of the group batching: a batch fires once it holds this many samples "
+            "(larger requests run alone, whole).",
+        ),
+    ] = 128,
     front_procs: Annotated[
         int | None,
         typer.Option(
@@ -303,6 +327,8 @@ def serve(
     # The Training Queue itself is capped too (the Master's own writes), not only the
     # tenants' writes over HTTP.
     knobs = RuntimeConfig(
+        max_batch_size=max_batch_size,
+        max_wait_s=max_wait_ms / 1e3,
         watchdog_factor=watchdog_factor,
         queue_memory_cap_bytes=server_config.queue_memory_cap_bytes,
         tenant_memory_budget_bytes=None
