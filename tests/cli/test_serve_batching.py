@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from joynexus.cli.main import app
-from joynexus.cli.serve import DEFAULT_SERVE_MAX_WAIT_MS
+from joynexus.cli.serve import DEFAULT_SERVE_MAX_WAIT_MS, RUNTIME_PREDICT_DEADLINE_S
 from joynexus.errors import ServiceUnavailableError
 from joynexus.runtime.hosting import RuntimeConfig
 
@@ -52,7 +52,20 @@ def test_serves_default_t_is_its_own_and_b_the_runtimes(
     assert _planned(monkeypatch, tmp_path, "--max-wait-ms", "0").max_wait_s == 0.0
 
 
-@pytest.mark.parametrize(("option", "value"), [("--max-wait-ms", "-1"), ("--max-batch-size", "0")])
+def test_serves_deadline_bound_is_the_runtimes() -> None:
+    assert RuntimeConfig().predict_deadline_s == RUNTIME_PREDICT_DEADLINE_S
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--max-wait-ms", "-1"),
+        ("--max-wait-ms", "nan"),
+        ("--max-wait-ms", "inf"),
+        ("--max-wait-ms", "60001"),  # past the predict deadline: every lone predict 504s
+        ("--max-batch-size", "0"),
+    ],
+)
 def test_a_bad_t_or_b_exits_2_naming_the_option(tmp_path: Path, option: str, value: str) -> None:
     result = CliRunner().invoke(app, ["serve", "--run-dir", str(tmp_path / "run"), option, value])
     assert result.exit_code == 2

@@ -11,6 +11,7 @@ server URL and API key come from ``--url`` / ``--api-key`` or ``JOYNEXUS_URL`` /
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -41,6 +42,9 @@ DEFAULT_LOCAL_MAX_ENGINES = 4
 #: each answer, so T is paid on every step; the serving bench's tiny load served 7 %
 #: more at 2 ms than at the in-process runs' 5 ms (docs/RESULTS.md §8.1.10).
 DEFAULT_SERVE_MAX_WAIT_MS = 2.0
+#: ``RuntimeConfig.predict_deadline_s``'s default (serve keeps it), without importing the
+#: runtime before the options are checked.
+RUNTIME_PREDICT_DEADLINE_S = 60.0
 
 
 def _client(url: str | None, key: str | None) -> Client:
@@ -257,6 +261,14 @@ def serve(
     """
     if runtime not in ("local", "ray"):
         raise _fail(ValueError(f"--runtime must be 'local' or 'ray', got {runtime!r}"))
+    deadline_ms = RUNTIME_PREDICT_DEADLINE_S * 1e3
+    if not math.isfinite(max_wait_ms) or max_wait_ms > deadline_ms:
+        # Past the predict deadline a lone request would wait out its deadline (504).
+        raise typer.BadParameter(
+            f"must be a number of ms from 0 to {deadline_ms:g} (the predict deadline), "
+            f"got {max_wait_ms}",
+            param_hint="--max-wait-ms",
+        )
     trackers = trackers_of(tracking)
     if metrics_auth not in ("none", "admin"):
         raise _fail(ValueError(f"--metrics-auth must be 'none' or 'admin', got {metrics_auth!r}"))
