@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from joynexus.cli.main import app
+from joynexus.server.config import DEFAULT_SERVE_MAX_WAIT_MS
 from joynexus.utils.affinity import available_cores
 
 psutil = pytest.importorskip("psutil")
@@ -48,6 +49,7 @@ def test_tiny_run_reports_ratios_and_leaves_no_process(tmp_path: Path) -> None:
     # The shared server may use every usable core; each baseline server gets --threads.
     assert data["config"]["ours_threads"] == len(available_cores())
     assert data["config"]["threads_per_server"] == 1
+    assert data["config"]["max_wait_ms"] == DEFAULT_SERVE_MAX_WAIT_MS  # every server's T
     for side in ("ours", "baseline"):
         r = data[side]
         assert r["errors"] == 0 and r["requests"] > 0, r

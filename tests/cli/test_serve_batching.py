@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from joynexus.cli.main import app
-from joynexus.cli.serve import DEFAULT_SERVE_MAX_WAIT_MS, RUNTIME_PREDICT_DEADLINE_S
 from joynexus.errors import ServiceUnavailableError
 from joynexus.runtime.hosting import RuntimeConfig
+from joynexus.server.config import DEFAULT_SERVE_MAX_WAIT_MS, RUNTIME_PREDICT_DEADLINE_S
 
 
 def _planned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: str) -> RuntimeConfig:

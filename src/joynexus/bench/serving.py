@@ -43,6 +43,7 @@ import numpy as np
 from joynexus.bench.server_procs import RssSampler, Server, running_servers
 from joynexus.bench.serving_report import print_report
 from joynexus.metrics.stages import PER_BATCH_STAGES, PREDICT_STAGES
+from joynexus.server.config import DEFAULT_SERVE_MAX_WAIT_MS
 from joynexus.utils.affinity import available_cores
 from joynexus.wire import MSGPACK_MEDIA_TYPE, packb
 
@@ -481,6 +482,8 @@ def _run(
         "load_avg_1m_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "canonicalizers": canonicalizers,
         "front_procs": fronts,
+        # Every server's Inference Queue window: serve's default, which the bench keeps.
+        "max_wait_ms": DEFAULT_SERVE_MAX_WAIT_MS,
     }
     if len(runs) == 1:
         return {"config": config, **runs[canonicalizers[0]]}

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from joynexus.cli.app import app
 from joynexus.cli.tracking import Tracking, trackers_of
+from joynexus.server.config import DEFAULT_SERVE_MAX_WAIT_MS, RUNTIME_PREDICT_DEADLINE_S
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -38,13 +39,6 @@ Key = Annotated[str | None, typer.Option("--api-key", envvar="JOYNEXUS_API_KEY",
 #: ``joynexus serve --runtime local``'s bound of the engine pool: in-process engines share
 #: one backbone (and its lock), so more of them add batching queues, not throughput.
 DEFAULT_LOCAL_MAX_ENGINES = 4
-#: ``joynexus serve``'s T (ms). A served policy's callers are closed loops that wait for
-#: each answer, so T is paid on every step; the serving bench's tiny load served 7 %
-#: more at 2 ms than at the in-process runs' 5 ms (docs/RESULTS.md §8.1.10).
-DEFAULT_SERVE_MAX_WAIT_MS = 2.0
-#: ``RuntimeConfig.predict_deadline_s``'s default (serve keeps it), without importing the
-#: runtime before the options are checked.
-RUNTIME_PREDICT_DEADLINE_S = 60.0
 
 
 def _client(url: str | None, key: str | None) -> Client:

@@ -4,11 +4,24 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["MAX_API_INT", "ServerConfig", "TenantQuotas"]
+__all__ = [
+    "DEFAULT_SERVE_MAX_WAIT_MS",
+    "MAX_API_INT",
+    "RUNTIME_PREDICT_DEADLINE_S",
+    "ServerConfig",
+    "TenantQuotas",
+]
 
 #: Largest integer any API field accepts (2^53 - 1: exact in every JSON implementation,
 #: and far inside SQLite's signed 64-bit INTEGER).
 MAX_API_INT = 2**53 - 1
+#: ``joynexus serve``'s T (``--max-wait-ms``). A served policy's callers are closed loops
+#: that wait for each answer, so T is paid on every step; the serving bench's tiny load
+#: served 7 % more at 2 ms than at the in-process runs' 5 ms (docs/RESULTS.md §8.1.10).
+DEFAULT_SERVE_MAX_WAIT_MS = 2.0
+#: ``RuntimeConfig.predict_deadline_s``'s default, which ``serve`` keeps: the bound of T
+#: (checked before the runtime is imported).
+RUNTIME_PREDICT_DEADLINE_S = 60.0
 
 
 class TenantQuotas(BaseModel):
