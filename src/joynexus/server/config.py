@@ -17,7 +17,7 @@ __all__ = [
 MAX_API_INT = 2**53 - 1
 #: ``joynexus serve``'s T (``--max-wait-ms``). A served policy's callers are closed loops
 #: that wait for each answer, so T is paid on every step; the serving bench's tiny load
-#: served 7 % more at 2 ms than at the in-process runs' 5 ms (docs/RESULTS.md §8.1.10).
+#: served about 6 % more at 2 ms than at the in-process runs' 5 ms (docs/RESULTS.md §8.1.10).
 DEFAULT_SERVE_MAX_WAIT_MS = 2.0
 #: ``RuntimeConfig.predict_deadline_s``'s default, which ``serve`` keeps: the bound of T
 #: (checked before the runtime is imported).
