@@ -14,6 +14,17 @@ from joynexus.cli.app import bench_app
 
 console = Console()
 
+#: The options most model benches take, declared once.
+SizeOption = Annotated[str, typer.Option("--size", help="tiny | small")]
+JsonOption = Annotated[
+    Path | None, typer.Option("--json", help="Also write the results as JSON here.")
+]
+
+
+def _progress(line: str) -> None:
+    """A bench's progress line, dimmed."""
+    console.print(f"[dim]{line}[/dim]")
+
 
 def _check_model_options(arch: str, size: str, device: str) -> None:
     """The --arch / --size / --device options every model bench takes."""
@@ -58,7 +69,7 @@ def bench_group_batching(
             "SmolVLA checkpoint, built by the real lerobot)",
         ),
     ] = "qwen2_5_vl",
-    size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
+    size: SizeOption = "tiny",
     tenants: Annotated[str, typer.Option("--tenants", help="Tenant counts.")] = "2,4,6,8",
     batch: Annotated[str, typer.Option("--batch", help="Local batch sizes.")] = "1,2,4,8",
     device: Annotated[str, typer.Option("--device", help="cpu (fp32) | cuda (bf16)")] = "cpu",
@@ -74,9 +85,7 @@ def bench_group_batching(
         Path | None,
         typer.Option("--model-dir", help="Use this saved model instead of building one."),
     ] = None,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
-    ] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """Shared-forward throughput, serial vs grouped: speedup grid and forward breakdown."""
     from joynexus.bench.group_batching import print_report, run_group_batching
@@ -123,7 +132,7 @@ def bench_figure12(
     ] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, help="Training steps.")] = 50,
     batch: Annotated[int, typer.Option("--batch", min=1, help="Samples per tenant.")] = 2,
-    size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
+    size: SizeOption = "tiny",
     arch: Annotated[
         str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm | pi0")
     ] = "qwen2_5_vl",
@@ -166,7 +175,7 @@ def bench_lora(
     arch: Annotated[
         str, typer.Option("--arch", help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm | pi0")
     ] = "qwen2_5_vl",
-    size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
+    size: SizeOption = "tiny",
     device: Annotated[str, typer.Option("--device", help="cpu (fp32) | cuda (bf16)")] = "cpu",
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed runs (median).")] = 9,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed runs first.")] = 3,
@@ -179,9 +188,7 @@ def bench_lora(
     budget_mb: Annotated[
         float, typer.Option("--budget-mb", min=1, help="Tenant memory budget (capacity).")
     ] = 1024.0,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
-    ] = None,
+    json_path: JsonOption = None,
     vision: Annotated[
         bool,
         typer.Option(
@@ -237,7 +244,7 @@ def bench_serving(
         int | None,
         typer.Option("--requests", min=1, help="Stop each client after this many requests."),
     ] = None,
-    size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
+    size: SizeOption = "tiny",
     threads: Annotated[
         int,
         typer.Option("--threads", min=1, help="OMP threads of every baseline server process."),
@@ -270,9 +277,7 @@ def bench_serving(
             "baseline run; the baseline's servers always run with 0.",
         ),
     ] = None,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
-    ] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """One shared server vs one single-policy server per tenant: req/s, p99, RSS."""
     from joynexus.bench.serving import print_report, run_serving_bench
@@ -298,7 +303,7 @@ def bench_serving(
         ours_threads=ours_threads,
         canonicalizers=kinds,
         front_procs=front_procs,
-        progress=lambda line: console.print(f"[dim]{line}[/dim]"),
+        progress=_progress,
     )
     print_report(result, console)
     _write_json(result, json_path)
@@ -309,24 +314,20 @@ def bench_front_channel(
     messages: Annotated[
         int, typer.Option("--messages", min=10, help="Observations per channel and size.")
     ] = 2000,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
-    ] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """How a front process hands a decoded observation to the model process: pickled in
     the frame vs shared-memory slots (round-trip microseconds)."""
     from joynexus.bench.front_channel import print_report, run_front_channel_bench
 
-    result = run_front_channel_bench(
-        messages=messages, progress=lambda line: console.print(f"[dim]{line}[/dim]")
-    )
+    result = run_front_channel_bench(messages=messages, progress=_progress)
     print_report(result, console)
     _write_json(result, json_path)
 
 
 @bench_app.command("canonicalize")
 def bench_canonicalize(
-    size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
+    size: SizeOption = "tiny",
     tenants: Annotated[int, typer.Option("--tenants", min=1, help="One-row tenants.")] = 8,
     repeats: Annotated[int, typer.Option("--repeats", min=1, help="Timed runs (median).")] = 20,
     arch: Annotated[
@@ -334,9 +335,7 @@ def bench_canonicalize(
         typer.Option("--arch", help="Architectures (repeatable; default: all five)."),
     ] = None,
     device: Annotated[str, typer.Option("--device", help="cpu (fp32) | cuda (bf16)")] = "cpu",
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
-    ] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """Tensor canonicalization vs the Hugging Face processor, per architecture."""
     from joynexus.bench.canonicalize import print_report, run_canonicalize_bench
@@ -351,7 +350,7 @@ def bench_canonicalize(
         tenants=tenants,
         repeats=repeats,
         device=device,
-        progress=lambda line: console.print(f"[dim]{line}[/dim]"),
+        progress=_progress,
     )
     print_report(result, console)
     _write_json(result, json_path)
@@ -359,16 +358,14 @@ def bench_canonicalize(
 
 @bench_app.command("idle-wake")
 def bench_idle_wake(
-    size: Annotated[str, typer.Option("--size", help="tiny | small")] = "small",
+    size: SizeOption = "small",
     pauses: Annotated[
         str, typer.Option("--pauses-ms", help="Idle pauses before a timed call, comma-separated.")
     ] = "1,10,50",
     repeats: Annotated[
         int, typer.Option("--repeats", min=1, help="Timed calls per stage and pause (median).")
     ] = 40,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
-    ] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """A lone request's decoding and canonicalization, back to back and after idle pauses."""
     from joynexus.bench.idle_wake import print_report, run_idle_wake_bench
@@ -386,7 +383,7 @@ def bench_idle_wake(
         size=size,
         pauses_ms=pauses_ms,
         repeats=repeats,
-        progress=lambda line: console.print(f"[dim]{line}[/dim]"),
+        progress=_progress,
     )
     print_report(result, console)
     _write_json(result, json_path)
@@ -394,7 +391,7 @@ def bench_idle_wake(
 
 @bench_app.command("backbone-lock")
 def bench_backbone_lock(
-    size: Annotated[str, typer.Option("--size", help="tiny | small")] = "tiny",
+    size: SizeOption = "tiny",
     clients: Annotated[
         int, typer.Option("--clients", min=1, help="Closed-loop predict clients.")
     ] = 4,
@@ -405,9 +402,7 @@ def bench_backbone_lock(
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="torch intra-op threads.")
     ] = None,
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Also write the results as JSON here.")
-    ] = None,
+    json_path: JsonOption = None,
 ) -> None:
     """Training and inference on one shared backbone (one lock) vs an inference copy."""
     from joynexus.bench.backbone_lock import print_report, run_backbone_lock_bench
@@ -421,7 +416,7 @@ def bench_backbone_lock(
         batch=batch,
         duration_s=duration_s,
         threads=threads,
-        progress=lambda line: console.print(f"[dim]{line}[/dim]"),
+        progress=_progress,
     )
     print_report(result, console)
     _write_json(result, json_path)
