@@ -13,6 +13,13 @@ protocol:
 * a **connection cap**: a connection accepted beyond ``max_connections`` is closed at
   once, releasing its descriptor before it can hold one.
 
+Both end where a request is upgraded to a websocket (an openpi robot loop runs for
+minutes with no HTTP request in progress): from then on the connection lives as long
+as its client answers pings: the server pings every ``ws_ping_interval_s`` and closes
+a websocket that has not answered a ping within ``ws_missed_pings`` intervals (a
+half-open or frozen client), through uvicorn's own keepalive. The connection still
+counts toward the cap until it closes.
+
 :class:`RateLimitedLog` keeps at most ``log_burst`` records of one message per
 ``log_window_s`` on the loggers accept errors go to, and says how many it dropped.
 """
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import time
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +42,7 @@ __all__ = [
     "RateLimitedLog",
     "guarded_protocol",
     "install_log_limits",
+    "raise_open_files_limit",
     "uvicorn_options",
 ]
 
@@ -43,7 +52,8 @@ LOG_LIMITED_LOGGERS = ("asyncio", "uvicorn.error")
 
 class ConnectionLimits(BaseModel):
     """Connection limits of ``joynexus serve`` (its ``--header-timeout``,
-    ``--idle-timeout`` and ``--max-connections`` options).
+    ``--idle-timeout``, ``--max-connections``, ``--ws-ping-interval`` and
+    ``--ws-missed-pings`` options), the same on every port it serves.
 
     Args:
         header_timeout_s: Longest time a connection may take to send a request's
@@ -51,6 +61,9 @@ class ConnectionLimits(BaseModel):
         idle_timeout_s: Longest idle time between requests on a keep-alive connection.
         max_connections: Open connections; one accepted beyond it is closed at once,
             and requests beyond it answer 503 (uvicorn's ``limit_concurrency``).
+        ws_ping_interval_s: Seconds between the server's pings on an open websocket.
+        ws_missed_pings: Ping intervals a websocket may leave a ping unanswered before
+            it is closed (``ws_ping_interval_s * ws_missed_pings`` seconds).
         log_burst: Records of one message the limited loggers keep per window.
         log_window_s: The window of ``log_burst``.
     """
@@ -60,6 +73,8 @@ class ConnectionLimits(BaseModel):
     header_timeout_s: float = Field(default=10.0, gt=0)
     idle_timeout_s: float = Field(default=5.0, gt=0)
     max_connections: int = Field(default=512, ge=1)
+    ws_ping_interval_s: float = Field(default=20.0, gt=0)
+    ws_missed_pings: int = Field(default=3, ge=1)
     log_burst: int = Field(default=10, ge=1)
     log_window_s: float = Field(default=10.0, gt=0)
 
@@ -89,6 +104,13 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
             self._disarm()
             super().connection_lost(exc)
 
+        def handle_websocket_upgrade(self, event: Any) -> None:
+            # The websocket protocol takes the transport over; no request is ever "in
+            # progress" again on it, so a timer left armed would cut a robot's loop at
+            # header_timeout_s. Its liveness is the websocket's pings from here on.
+            self._disarm()
+            super().handle_websocket_upgrade(event)
+
         def _in_request(self) -> bool:
             # Headers complete: a request/response cycle is under way.
             return self.cycle is not None and not self.cycle.response_complete
@@ -116,6 +138,10 @@ def uvicorn_options(limits: ConnectionLimits) -> dict[str, Any]:
         "http": guarded_protocol(limits),
         "timeout_keep_alive": limits.idle_timeout_s,
         "limit_concurrency": limits.max_connections,
+        "ws_ping_interval": limits.ws_ping_interval_s,
+        # uvicorn's websocket keepalive sends the next ping only once the last one was
+        # answered: a pong overdue by this long is ws_missed_pings intervals of silence.
+        "ws_ping_timeout": limits.ws_ping_interval_s * limits.ws_missed_pings,
     }
 
 
@@ -164,3 +190,27 @@ def install_log_limits(limits: ConnectionLimits) -> RateLimitedLog:
     for name in LOG_LIMITED_LOGGERS:
         logging.getLogger(name).addFilter(log_filter)
     return log_filter
+
+
+#: Descriptors a server needs besides its connections (databases, logs, simulators'
+#: pipes, shared memory, the fronts' hub sockets).
+SPARE_FILES = 256
+
+
+def raise_open_files_limit(limits: ConnectionLimits, ports: int) -> tuple[int, int]:
+    """Raise this process's soft open-files limit (inherited by the fronts and
+    simulators it starts) so that every port's full cap of connections fits beside
+    :data:`SPARE_FILES`, up to the hard limit.
+
+    Returns:
+        (the soft limit now, the descriptors the caps need): a soft limit below the need
+        means a full server could still run out of descriptors (the caller says so).
+    """
+    need = limits.max_connections * ports + SPARE_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        if target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    return soft, need

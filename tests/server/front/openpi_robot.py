@@ -5,7 +5,8 @@ that venv's python, never imported by the project's tests. argv: ``url key mode`
 It builds its observation from the metadata frame's ``observation_keys``, so it needs
 no knowledge of the tenant. Modes: ``answers`` (two answers, a bad observation's error
 text and close code), ``hold`` (one answer, prints ``ready``, waits for a line on
-stdin, then tries again and reports how the connection ended). Prints one JSON line.
+stdin, then tries again and reports whether it was answered or how the connection
+ended). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -60,12 +61,12 @@ def main() -> None:
         started = time.monotonic()
         try:
             robot.infer(obs)
-            out["after_kill"] = "answered"
+            out["after"] = "answered"
         except websockets.exceptions.ConnectionClosed as exc:
-            out["after_kill"] = f"closed {exc.rcvd.code if exc.rcvd else None}"
+            out["after"] = f"closed {exc.rcvd.code if exc.rcvd else None}"
         except (RuntimeError, OSError) as exc:
-            out["after_kill"] = f"error {type(exc).__name__}"
-        out["after_kill_s"] = time.monotonic() - started
+            out["after"] = f"error {type(exc).__name__}"
+        out["after_s"] = time.monotonic() - started
     print(json.dumps(out), flush=True)
 
 
