@@ -33,12 +33,16 @@ RETRY_STATUSES = (429, 503)
 
 
 class APIError(Exception):
-    """An error answer of the server: HTTP status, machine code, message, details."""
+    """An error answer of the server: HTTP status, machine code, message, details.
+
+    ``str()`` is ``HTTP <status> <code>: <the server's message>``, so a traceback or a
+    plain ``print(exc)`` says why the server refused, not only its status.
+    """
 
     def __init__(
         self, status: int, code: str, message: str, details: Mapping[str, Any] | None = None
     ) -> None:
-        super().__init__(f"{status} {code}: {message}")
+        super().__init__(f"HTTP {status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message
@@ -170,7 +174,9 @@ def error_of(response: httpx.Response) -> APIError:
             str(body.get("message", "")),
             body.get("details") or {},
         )
-    return APIError(response.status_code, "http_error", response.text[:500])
+    # Not one of ours (a proxy, a bare ASGI error): its text is the best reason there is.
+    text = response.text.strip()[:500] or response.reason_phrase or "no body"
+    return APIError(response.status_code, "http_error", text)
 
 
 class FutureInfo(BaseModel):
