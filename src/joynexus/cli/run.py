@@ -96,6 +96,7 @@ def run(
 ) -> None:
     """Run workloads (rl, sft, eval) concurrently to completion on an in-process Master."""
     from joynexus.master.run import run_workloads
+    from joynexus.models.availability import check_base_model
     from joynexus.runtime.hosting import RuntimeConfig
     from joynexus.services.environment import EnvironmentServiceConfig
     from joynexus.utils.affinity import pin_device
@@ -113,6 +114,8 @@ def run(
         raise typer.Exit(2)
     try:
         compiled = check_spec_files(specs)  # the checks `joynexus spec check` runs
+        # Offline with no cached copy, the hub client would retry for half a minute.
+        check_base_model(compiled.base_model.id, require_local=False)
     except JoyNexusError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None

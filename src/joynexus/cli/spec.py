@@ -1,7 +1,9 @@
 """``joynexus spec schema`` and ``joynexus spec check FILE``: workload specs from the shell.
 
-``spec check`` runs :func:`joynexus.workflows.compile.check_spec_files`, the same checks
-``joynexus run`` runs before it starts.
+``spec check`` runs the checks ``joynexus run`` runs before it starts
+(:func:`joynexus.workflows.compile.compile_workloads`), accepts the ``custom``
+workloads a server takes (``joynexus submit``), and asks whether the base model can be
+loaded here without the network (:func:`joynexus.models.availability.check_base_model`).
 """
 
 from __future__ import annotations
@@ -34,16 +36,21 @@ def check(
     ],
 ) -> None:
     """Validate spec files as ``joynexus run`` does before it starts (shape, then env
-    kinds, simulator assets, datasets, evaluation targets); exit 1 and say what is wrong
-    when they do not validate."""
+    kinds, simulator assets, datasets, evaluation targets, a base model this machine
+    holds); exit 1 and say what is wrong when they do not validate."""
     from rich.markup import escape
 
     from joynexus.errors import JoyNexusError
-    from joynexus.workflows.compile import check_spec_files
+    from joynexus.models.availability import check_base_model
+    from joynexus.spec.workload import TaskKind, load_specs
+    from joynexus.workflows.compile import compile_workloads
 
     console = Console()
     try:
-        compiled = check_spec_files(files)  # the checks `joynexus run` runs
+        specs = [s for path in files for s in load_specs(path)]
+        # The checks `joynexus run` runs; a `custom` workload is valid too (for a server).
+        compiled = compile_workloads(specs, allow_custom=True)
+        check_base_model(compiled.base_model.id)  # offline: the cache, never the hub
     except JoyNexusError as error:
         Console(stderr=True).print(
             f"[red]error:[/red] {escape(str(error))}", highlight=False, emoji=False
@@ -51,4 +58,9 @@ def check(
         raise typer.Exit(1) from None
     for w in compiled.workloads:
         note = " (its dataset will be recorded first)" if w.needs_recording else ""
+        if w.spec.task is TaskKind.CUSTOM:
+            note = (
+                " (valid; custom workloads are submitted to a server with `joynexus submit`, "
+                "not run by `joynexus run`)"
+            )
         console.print(f"[green]ok[/green] {w.tenant_id}: {w.task.value}{note}", highlight=False)

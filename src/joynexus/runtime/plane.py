@@ -32,6 +32,7 @@ from joynexus.interop.lerobot import TINY_LEROBOT, make_tiny_lerobot
 from joynexus.metrics.events import MetricsService
 from joynexus.metrics.prometheus import UsageCollector
 from joynexus.metrics.usage import USAGE_FILE, UsageMeter
+from joynexus.models.availability import known_ids
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.tiny import ARCHES, SIDECAR, make_tiny
 from joynexus.runtime.health import HealthManager
@@ -116,7 +117,7 @@ def load_base_model(spec: BaseModelSpec, cache_dir: Path) -> ResidentBaseModel:
         if arch not in ARCHES:
             raise SpecError(
                 f"base_model.id {model_id!r}: unknown {size} architecture; allowed: "
-                f"{[prefix + a for a in ARCHES]}",
+                f"{known_ids(prefix)}",
                 field="base_model.id",
             )
         path = cache_dir / f"{size}-{arch}"
