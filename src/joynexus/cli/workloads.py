@@ -1,10 +1,11 @@
 """Client commands on a running server's workloads and policies.
 
-``status`` (a live table on a terminal; one table when the output is piped or
-``--once``, with each evaluation's latest success rates), ``pause`` / ``resume`` /
-``cancel``, and ``load-weights`` (publish an exported action module, e.g. a file of
-``joynexus export``, as a tenant's serving version). URL and key as for every client
-command: ``--url`` / ``--api-key`` or ``JOYNEXUS_URL`` / ``JOYNEXUS_API_KEY``.
+``status`` (a live table on a terminal, one table with ``--once``; tab-separated lines,
+ids never cut, when the output is piped; with each evaluation's latest success rates),
+``pause`` / ``resume`` / ``cancel``, and ``load-weights`` (publish an exported action
+module, e.g. a file of ``joynexus export``, as a tenant's serving version). URL and key
+as for every client command: ``--url`` / ``--api-key`` or ``JOYNEXUS_URL`` /
+``JOYNEXUS_API_KEY``.
 """
 
 from __future__ import annotations
@@ -53,23 +54,37 @@ def _seeds_text(seeds: list[int] | None) -> str:
     return " seeds " + ",".join(str(x) for x in seeds)
 
 
-def _table(client: Client, rows: list[WorkloadStatus]) -> Table:
-    table = Table("workload", "task", "state", "jobs", "version", "evaluation", "error")
+COLUMNS = ("workload", "task", "state", "jobs", "version", "evaluation", "error")
+
+
+def _cells(client: Client, rows: list[WorkloadStatus]) -> list[list[str]]:
+    out = []
     for r in rows:
         if r.task == "eval":
             jobs = f"{r.eval_runs_completed}/{r.eval_runs_target} runs"
         else:
             jobs = f"{r.jobs_completed}/{r.jobs_target if r.jobs_target is not None else '∞'}"
-        table.add_row(
-            r.workload_id,
-            r.task,
-            r.state.value,
-            jobs,
-            "" if r.policy_version is None else str(r.policy_version),
-            _eval_cell(client, r),
-            r.error or "",
-        )
+        version = "" if r.policy_version is None else str(r.policy_version)
+        evaluation = _eval_cell(client, r)
+        out.append([r.workload_id, r.task, r.state.value, jobs, version, evaluation, r.error or ""])
+    return out
+
+
+def _table(client: Client, rows: list[WorkloadStatus]) -> Table:
+    cells = _cells(client, rows)
+    table = Table(*COLUMNS)
+    # An id is pasted into other commands: never cut or wrapped, the other columns give.
+    table.columns[0].no_wrap = True
+    table.columns[0].min_width = max((len(c[0]) for c in cells), default=0)
+    for row in cells:
+        table.add_row(*row)
     return table
+
+
+def _plain(client: Client, rows: list[WorkloadStatus]) -> str:
+    """Tab-separated lines, a header first: whole ids whatever the width, for ``cut``."""
+    lines = ["\t".join(COLUMNS)] + ["\t".join(r) for r in _cells(client, rows)]
+    return "\n".join(line.replace("\n", " ") for line in lines)
 
 
 @app.command("status")
@@ -98,7 +113,10 @@ def status(
             current = rows()
             # A live display redraws in place, which only a terminal shows: into a pipe
             # or a file it would print nothing until every workload ended.
-            if not watch or not console.is_terminal:
+            if not console.is_terminal:  # a pipe or a file: plain lines, ids whole
+                typer.echo(_plain(c, current))
+                return
+            if not watch:
                 console.print(_table(c, current))
                 return
             with Live(_table(c, current), console=console, refresh_per_second=4) as live:
