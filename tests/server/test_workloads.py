@@ -173,3 +173,41 @@ def test_artifacts_stay_inside_the_tenant_dir(tmp_path: Path, tiny_model: str) -
                 assert "bob's" not in r.text
 
     asyncio.run(main())
+
+
+def test_an_admin_key_is_told_what_submitting_needs(tmp_path: Path, tiny_model: str) -> None:
+    """Regression: an admin submitting for a tenant that does not exist was told "this
+    endpoint acts as a tenant"; a tenant with no policy evaluating itself was told it
+    "is not a trainable tenant of this run; trainable tenants: []"."""
+
+    async def main() -> None:
+        async with live(tmp_path, tiny_model, tenants=("alice",)) as lv:
+            admin = {"Authorization": f"Bearer {lv.admin_key}"}
+            r = await lv.client.post(
+                "/v1/workloads", json=reach_custom("ghost", tiny_model), headers=admin
+            )
+            assert r.status_code == 404, r.text
+            message = r.json()["message"]
+            assert "tenant 'ghost' does not exist" in message
+            assert "`joynexus tenants create ghost`" in message
+
+            r = await lv.client.post(
+                "/v1/workloads", json=reach_custom("alice", tiny_model), headers=admin
+            )
+            assert r.status_code == 403, r.text
+            assert "submit with 'alice''s API key" in r.json()["message"]
+
+            own_eval = {
+                "tenant": "alice",
+                "task": "eval",
+                "base_model": {"id": tiny_model},
+                "env": {"kind": "reach2d", "num_envs": 2, "image_size": 32},
+                "evaluation": {"targets": ["alice"]},
+            }
+            r = await lv.submit("alice", own_eval)
+            assert r.status_code == 422, r.text
+            message = r.json()["message"]
+            assert "tenant 'alice' has no policy to evaluate yet" in message
+            assert "trainable tenants: []" not in message
+
+    asyncio.run(main())

@@ -113,3 +113,21 @@ def test_one_base_model_per_run(tmp_path: Path) -> None:
         compile_workloads(
             [rl_spec("a", "tiny:qwen2_5_vl", tmp_path), rl_spec("b", "tiny:smolvlm", tmp_path)]
         )
+
+
+def test_a_tenant_evaluating_itself_without_a_policy_is_told_what_gives_it_one() -> None:
+    """Regression: the message was "is not a trainable tenant of this run; trainable
+    tenants: []"."""
+    ev = spec(
+        {
+            "tenant": "ev",
+            "task": "eval",
+            "base_model": {"id": "tiny:qwen2_5_vl"},
+            "env": {"kind": "reach2d", "image_size": 32},
+            "evaluation": {"targets": ["ev"]},
+        }
+    )
+    with pytest.raises(SpecError) as caught:
+        compile_workloads([ev], served={})
+    assert "tenant 'ev' has no policy to evaluate yet" in str(caught.value)
+    assert "an rl, sft or custom workload of its own gives it one" in str(caught.value)

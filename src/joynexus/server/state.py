@@ -107,11 +107,21 @@ def _principal(
     return principal
 
 
-def _tenant(state: State, principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+def as_tenant(state: ServerState, principal: Principal) -> Principal:
+    """``principal`` acting as its tenant, one rate-limit token spent.
+
+    Raises:
+        PermissionDeniedError: not a tenant's key.
+        QuotaExceededError: the tenant's request rate is spent.
+    """
     if principal.role != "tenant" or principal.tenant_id is None:
         raise PermissionDeniedError("this endpoint acts as a tenant; use a tenant's API key")
     state.quotas.take_request(principal.tenant_id, state.quotas_of(principal.tenant_id))
     return principal
+
+
+def _tenant(state: State, principal: Annotated[Principal, Depends(_principal)]) -> Principal:
+    return as_tenant(state, principal)
 
 
 def _admin(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
@@ -120,6 +130,8 @@ def _admin(principal: Annotated[Principal, Depends(_principal)]) -> Principal:
     return principal
 
 
+#: A route parameter that authenticates any key; the route decides what each role may do.
+AnyPrincipal = Annotated[Principal, Depends(_principal)]
 #: A route parameter that authenticates a tenant key and spends one rate-limit token.
 TenantPrincipal = Annotated[Principal, Depends(_tenant)]
 #: A route parameter that authenticates an admin key.

@@ -388,6 +388,13 @@ def compile_workloads(
         _check_eval_tasks(w)
         for target in w.spec.evaluation.targets:
             target_schema = trainable_schemas.get(target)
+            if target_schema is None and target == w.tenant_id:
+                raise SpecError(
+                    f"tenant {target!r} has no policy to evaluate yet: an rl, sft or custom "
+                    "workload of its own gives it one (submit it first, or list it in the "
+                    "same `joynexus run`)",
+                    field="evaluation.targets",
+                )
             if target_schema is None:
                 raise SpecError(
                     f"tenant {w.tenant_id!r}: evaluation target {target!r} is not a trainable "

@@ -17,10 +17,24 @@ from fastapi.responses import FileResponse
 from pydantic import BaseModel, ConfigDict
 
 from joynexus.api import WorkloadMetrics, WorkloadStatus
-from joynexus.errors import InvalidRequestError, PermissionDeniedError, unknown_id
+from joynexus.errors import (
+    InvalidRequestError,
+    JoyNexusError,
+    NotFoundError,
+    PermissionDeniedError,
+    unknown_id,
+)
+from joynexus.server.disk_quota import check_disk_quota
 from joynexus.server.envpolicy import check_workload_env
 from joynexus.server.names import PathName
-from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
+from joynexus.server.state import (
+    AnyPrincipal,
+    ServerState,
+    State,
+    TenantPrincipal,
+    as_tenant,
+    tenant_id_of,
+)
 from joynexus.server.wire import decode_body, tensor_body
 from joynexus.spec.workload import WorkloadSpec
 
@@ -60,18 +74,40 @@ def master_of(state: ServerState) -> MasterService:
     openapi_extra=tensor_body(WorkloadSpec),
 )
 async def create_workload(
-    request: Request, principal: TenantPrincipal, state: State
+    request: Request, principal: AnyPrincipal, state: State
 ) -> WorkloadStatus:
     """Validate and start a workload (rl, sft, eval or custom) for the calling tenant."""
+    if principal.role == "tenant":
+        as_tenant(state, principal)  # rate-limited before its body is read
     spec = await decode_body(
         request,
         WorkloadSpec,
         max_body_bytes=min(state.config.max_body_bytes, 1 << 20),
         max_tensor_bytes=0,
     )
+    if principal.role != "tenant" or principal.tenant_id is None:
+        raise _not_a_tenant_key(state, spec.tenant)
     # Before the Master compiles it: compiling a gym spec builds the env once.
     check_workload_env(state, spec.env)
-    return await master_of(state).submit(spec, tenant_id_of(principal))
+    tenant = tenant_id_of(principal)
+    await check_disk_quota(state, tenant)  # past its disk quota: 429 disk_bytes
+    return await master_of(state).submit(spec, tenant)
+
+
+def _not_a_tenant_key(state: ServerState, tenant: str) -> JoyNexusError:
+    """Why an admin key cannot submit ``tenant``'s workload, and what to do instead."""
+    try:
+        state.services.tenants.get_tenant(tenant)
+    except NotFoundError:
+        return NotFoundError(
+            f"tenant {tenant!r} does not exist; create it with the admin key "
+            f"(`joynexus tenants create {tenant}`), then submit with the API key it prints",
+            tenant_id=tenant,
+        )
+    return PermissionDeniedError(
+        f"workloads are submitted with the tenant's own key: submit with {tenant!r}'s API "
+        f"key (the one `joynexus tenants create {tenant}` printed), not an admin key"
+    )
 
 
 @router.get("", response_model=list[WorkloadStatus])
