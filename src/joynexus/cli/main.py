@@ -16,6 +16,7 @@ from joynexus.cli import (
     serve,  # noqa: F401  (serve, tenants, submit, logs, artifacts, export)
     sim,  # noqa: F401  (simulate)
     spec,  # noqa: F401  (spec schema, spec check)
+    tenant_store,  # noqa: F401  (tenants new-store)
     usage,  # noqa: F401  (usage of a run)
     workloads,  # noqa: F401  (status, pause, resume, cancel, load-weights)
 )

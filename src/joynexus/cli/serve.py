@@ -343,7 +343,10 @@ def serve(
         inference_backbone=_inference_backbone(inference_backbone),
     )
     key_file = admin_key_file or run_dir / "admin.key"
-    tenants = TenantStore.open(run_dir / "tenants.sqlite")
+    try:  # a lost or damaged tenant store beside existing state is refused
+        tenants = TenantStore.open_run_dir(run_dir, admin_key_file=key_file)
+    except JoyNexusError as exc:
+        raise _fail(exc) from None
     if ensure_admin_key(tenants, key_file):
         console.print(f"admin API key written to [bold]{key_file}[/bold] (mode 0600)")
     else:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from joynexus.control.integrity import TENANT_STORE_FILE, check_tenant_store
 from joynexus.errors import ConflictError, InvalidRequestError, NotFoundError
 from joynexus.server.config import TenantQuotas
 from joynexus.server.names import TENANT_PATTERN
@@ -154,6 +155,25 @@ class TenantStore:
     def open(cls, path: str | Path, *, clock: Clock | None = None) -> TenantStore:
         """A durable store on the SQLite file ``path`` (created when missing)."""
         return cls(path, clock=clock)
+
+    @classmethod
+    def open_run_dir(
+        cls, run_dir: Path, *, admin_key_file: Path, clock: Clock | None = None
+    ) -> TenantStore:
+        """The durable store of a server's run directory (``tenants.sqlite``), refused
+        when it is lost or damaged beside existing state.
+
+        Args:
+            run_dir: The server's run directory.
+            admin_key_file: Where the server keeps its admin key.
+            clock: Source of ``created_at`` timestamps.
+
+        Raises:
+            RunDirStateError: see :func:`joynexus.control.integrity.check_tenant_store`
+                (the message says how to recover).
+        """
+        check_tenant_store(run_dir, admin_key_file=admin_key_file)
+        return cls.open(Path(run_dir) / TENANT_STORE_FILE, clock=clock)
 
     def close(self) -> None:
         with self._lock:
