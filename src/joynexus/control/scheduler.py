@@ -78,6 +78,7 @@ from joynexus.control.waiting import ReadyWaiters, async_wait_until, wait_until
 from joynexus.errors import ConflictError, InternalError, InvalidRequestError, unknown_id
 from joynexus.utils.clock import Clock, SystemClock
 from joynexus.utils.ids import random_id
+from joynexus.utils.storage import as_storage_full
 
 REASON_COMPLETED = "completed"
 
@@ -592,6 +593,10 @@ class TrainingScheduler:
             # Memory ran ahead of the store: fall back to what is durable, so the two
             # never disagree, and tell the caller its change did not happen.
             self._rebuild()
+            # A full disk is the storage's fault, not a bug: 507, and the caller retries.
+            doing = f"could not persist {len(records)} training-job change(s)"
+            if (full := as_storage_full(exc, doing)) is not None:
+                raise full from exc
             raise InternalError(
                 f"could not persist {len(records)} training-job change(s): {exc}; "
                 "the scheduler reloaded its last committed state",

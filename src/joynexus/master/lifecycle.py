@@ -82,8 +82,9 @@ class Lifecycle:
         seq = next(book.seq)
         wid = random_id("wl")  # ``seq`` keeps the order, the id tells nothing
         w = Workload(wid, compiled, book.clock.wall(), seq, progress_at=book.clock.now())
-        book.workloads[wid] = w
+        # Recorded before it is known: a full disk answers 507 and leaves nothing behind.
         book.save(w)
+        book.workloads[wid] = w
         book.write_manifest(w)
         self.supervisor.start(w)
         return self.reporter.status(tenant_id, wid)

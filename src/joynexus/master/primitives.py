@@ -137,6 +137,9 @@ class ModelPrimitives:
         else:
             paths = await self.training.save(version, [tenant_id], include_optim=include_optim)
             tenant.last_checkpoint_version = version
+            await self.training.prune_checkpoints(
+                tenant_id, keep_last=tenant.spec.scheduling.keep_last
+            )
         root = self.book.tenant_dir(tenant_id).resolve()
         return [str(Path(p).resolve().relative_to(root)) for p in paths]
 

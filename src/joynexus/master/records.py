@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from joynexus.api import WorkloadState
 from joynexus.control.admission import AdmissionPolicy
 from joynexus.control.job import JobTally, TrainingJob
 from joynexus.control.scheduler import TrainingScheduler
-from joynexus.errors import unknown_id
+from joynexus.errors import StorageFullError, unknown_id
 from joynexus.master.store import WorkloadRecord, WorkloadStore
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.spec.workload import TaskKind
@@ -55,6 +56,8 @@ NOT_THE_JOBS_FAULT = (
     STORAGE_FULL_REASON,
 )
 TRAINABLE = (TaskKind.RL, TaskKind.SFT, TaskKind.CUSTOM)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -143,6 +146,8 @@ class WorkloadBook:
         self.tenants: dict[str, WorkflowTenant] = {}  # trainable tenants with a slot
         self.workloads: dict[str, Workload] = {}
         self.seq = itertools.count(1)
+        #: Workloads whose latest record a full disk kept out of the store (see save).
+        self.unsaved: set[str] = set()
 
     # ------------------------------------------------------------------ lookups
 
@@ -205,12 +210,39 @@ class WorkloadBook:
         }
         (folder / "workload.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
 
-    def save(self, w: Workload) -> None:
-        """Commit ``w``'s record (every state change goes through here)."""
+    def save(self, w: Workload, *, defer_if_full: bool = False) -> None:
+        """Commit ``w``'s record (every state change goes through here).
+
+        Args:
+            defer_if_full: On a full disk, keep the record in memory and commit it at
+                a later :meth:`flush` (what the supervisors ask for: a workload must
+                not fail because its state could not be written for a while).
+
+        Raises:
+            StorageFullError: the disk is full (and the save was not deferred).
+        """
         if w.state.is_terminal and w.final_version is None and self.holds_slot(w):
             assert w.tenant is not None
             w.final_version = w.tenant.last_checkpoint_version
-        self.store.put(w.record())
+        try:
+            self.store.put(w.record())
+        except StorageFullError as error:
+            if not defer_if_full:
+                raise
+            if w.workload_id not in self.unsaved:
+                log.error("workload %s: record deferred: %s", w.workload_id, error.message)
+            self.unsaved.add(w.workload_id)
+            return
+        self.unsaved.discard(w.workload_id)
+
+    def flush(self) -> None:
+        """Commit the records a full disk deferred (:meth:`save`); the rest wait on."""
+        for wid in sorted(self.unsaved):
+            w = self.workloads.get(wid)
+            if w is None:
+                self.unsaved.discard(wid)
+            else:
+                self.save(w, defer_if_full=True)
 
     def write_event(self, w: Workload, state: str, **extra: Any) -> None:
         with contextlib.suppress(OSError):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from joynexus.api import WorkloadMetrics, WorkloadStatus
-from joynexus.master.records import NOT_THE_JOBS_FAULT, WorkloadBook
+from joynexus.master.records import NOT_THE_JOBS_FAULT, Workload, WorkloadBook
 from joynexus.spec.workload import TaskKind
 from joynexus.workflows.context import WorkflowTenant
 
@@ -68,7 +68,7 @@ class Reporter:
             error=w.error,
             restarts=w.restarts,
             stalled=w.stalled,
-            fault=w.tenant.fault if w.tenant and not w.state.is_terminal else None,
+            fault=self._fault(w),
         )
         if c.task is TaskKind.EVAL:
             ev = c.spec.evaluation
@@ -95,6 +95,19 @@ class Reporter:
             out.jobs_in_flight = tally.in_flight
             out.jobs_target = c.spec.scheduling.completion_target
         return out
+
+    def _fault(self, w: Workload) -> str | None:
+        """The service fault ``w`` waits out (a full disk), or None."""
+        if w.state.is_terminal:
+            return None
+        if w.tenant is not None and w.tenant.fault is not None:
+            return w.tenant.fault
+        if w.workload_id in self.book.unsaved:
+            return (
+                "the workload's record cannot be written (disk full); it is kept in "
+                "memory and written once space is freed"
+            )
+        return None
 
     def spec_of(self, tenant_id: str, workload_id: str) -> dict[str, Any]:
         """The compiled spec of a workload, as JSON data."""

@@ -50,6 +50,7 @@ import numpy as np
 from joynexus.api import WorkloadMetrics, WorkloadStatus
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.master.compiler import SpecCompiler, global_limits
+from joynexus.master.disk import TenantDisk
 from joynexus.master.lifecycle import Lifecycle
 from joynexus.master.limits import MasterLimits
 from joynexus.master.primitives import ModelPrimitives
@@ -156,6 +157,8 @@ class MasterService:
             clock=self.clock,
         )
         self.compiler = SpecCompiler(self.book, self.limits)
+        #: Each tenant's disk use and quota (the server sets ``disk.limit_of``).
+        self.disk = TenantDisk(self.output_root)
         self.ctx = WorkflowContext(
             scheduler=scheduler,
             queue=queue,
@@ -170,6 +173,7 @@ class MasterService:
             overlap_updates=True,
             in_checkpoint=lambda job: self.recovery.in_checkpoint(job),
             slot_grace_s=restart_grace_s,
+            disk_check=self.disk.check_write,
         )
         settings = SupervisionSettings(
             max_failures=max_failures,

@@ -17,6 +17,7 @@ its weights from the tenant's latest checkpoint (see
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import threading
@@ -26,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from joynexus.api import WorkloadState
+from joynexus.utils.storage import as_storage_full
 
 __all__ = ["InMemoryWorkloadStore", "SQLiteWorkloadStore", "WorkloadRecord", "WorkloadStore"]
 
@@ -128,19 +130,34 @@ class SQLiteWorkloadStore(WorkloadStore):
         return [WorkloadRecord.model_validate(json.loads(r[0])) for r in rows]
 
     def put(self, record: WorkloadRecord) -> None:
+        """Commit ``record`` (insert or replace).
+
+        Raises:
+            StorageFullError: the disk is full; nothing was written (retry later).
+        """
         with self._lock:
-            self._conn.execute(
-                "INSERT OR REPLACE INTO workloads (workload_id, tenant_id, seq, state, "
-                "record_json) VALUES (?, ?, ?, ?, ?)",
-                (
-                    record.workload_id,
-                    record.tenant_id,
-                    record.seq,
-                    record.state.value,
-                    record.model_dump_json(),
-                ),
-            )
-            self._conn.commit()
+            try:
+                self._conn.execute(
+                    "INSERT OR REPLACE INTO workloads (workload_id, tenant_id, seq, state, "
+                    "record_json) VALUES (?, ?, ?, ?, ?)",
+                    (
+                        record.workload_id,
+                        record.tenant_id,
+                        record.seq,
+                        record.state.value,
+                        record.model_dump_json(),
+                    ),
+                )
+                self._conn.commit()
+            except sqlite3.Error as error:
+                # A failed commit leaves its transaction open: end it, so the next
+                # put starts clean once space returns.
+                with contextlib.suppress(sqlite3.Error):
+                    self._conn.rollback()
+                full = as_storage_full(error, f"could not record workload {record.workload_id}")
+                if full is not None:
+                    raise full from error
+                raise
 
     def close(self) -> None:
         with self._lock:

@@ -122,7 +122,7 @@ class Supervisor:
             elif w.state is WorkloadState.STARTING:
                 w.state = WorkloadState.RUNNING
             w.progress_at = self.clock.now()
-            self.book.save(w)
+            self.book.save(w, defer_if_full=True)
             self.book.write_event(w, w.state.value)
             if w.task is TaskKind.CUSTOM:
                 return  # endpoints only: it runs until the tenant cancels it
@@ -165,7 +165,7 @@ class Supervisor:
         w.error = reason
         w.state = WorkloadState.FAILED
         w.finished_at = self.clock.wall()
-        self.book.save(w)
+        self.book.save(w, defer_if_full=True)
         if w.producer is not None and not w.producer.done():
             w.producer.cancel()
             await asyncio.gather(w.producer, return_exceptions=True)
@@ -176,7 +176,7 @@ class Supervisor:
     async def cancel(self, w: Workload) -> None:
         w.state = WorkloadState.CANCELLED
         w.finished_at = self.clock.wall()
-        self.book.save(w)
+        self.book.save(w, defer_if_full=True)
         tasks = [t for t in (w.producer, w.supervisor) if t is not None and not t.done()]
         for task in tasks:
             task.cancel()
@@ -342,6 +342,8 @@ class Supervisor:
                 last = f"; last: {errors[0]}" if errors else ""
                 raise RuntimeError(f"{self.book.failed(w)} training jobs failed{last}")
             self.watch(w)
+            if self.book.unsaved:
+                self.book.flush()
             await self.clock.sleep(self._poll)
 
     async def _finish(self, w: Workload) -> None:
@@ -357,6 +359,9 @@ class Supervisor:
                 ledger = {"jobs_applied": tenant.jobs_applied, "workload_id": w.workload_id}
                 await self.training.save(version, [tid], include_optim=True, ledger=ledger)
                 tenant.last_checkpoint_version = version
+                await self.training.prune_checkpoints(
+                    tid, keep_last=tenant.spec.scheduling.keep_last
+                )
             tenant.metrics.write("checkpoint", policy_version=version)
             # SFT updates are served from now on. An engine the Health Manager is
             # restarting answers unavailable for a moment: the trained weights are
@@ -379,7 +384,7 @@ class Supervisor:
                 await self.env.close(tenant.session_id, tenant_id=tid)
         w.state = WorkloadState.COMPLETED
         w.finished_at = self.clock.wall()
-        self.book.save(w)
+        self.book.save(w, defer_if_full=True)
         self.book.write_event(w, "completed")
 
     async def _measure_success(self, tenant: WorkflowTenant, phase: Phase) -> None:
@@ -480,6 +485,6 @@ class Supervisor:
         w.restarts += 1
         w.state = WorkloadState.STARTING
         w.error = w.finished_at = w.stalled = w.producer = None
-        self.book.save(w)
+        self.book.save(w, defer_if_full=True)
         self.book.write_event(w, event, restarts=w.restarts)
         self.start(w)

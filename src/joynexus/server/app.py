@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from joynexus.server.accesslog import install_access_log_redaction
 from joynexus.server.bodylimit import BodyLimitMiddleware, BodyLimits
 from joynexus.server.config import ServerConfig
+from joynexus.server.disk_quota import install_disk_quota
 from joynexus.server.errors import (
     REQUEST_ID_HEADER,
     document_error_bodies,
@@ -92,6 +93,8 @@ def create_app(
             master=services.master,
         ),
     )
+
+    install_disk_quota(state)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

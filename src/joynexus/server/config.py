@@ -36,6 +36,10 @@ class TenantQuotas(BaseModel):
         requests_per_s: Sustained request rate (token-bucket refill rate).
         burst: Requests allowed at once on top of the sustained rate (bucket size).
         max_pending_futures: Long operations submitted and not finished yet.
+        max_disk_bytes: Bytes the tenant's files (checkpoints, workload folders) may
+            take on the server's disk; past it a submit or ``save`` answers 429, reason
+            ``disk_bytes``, and a running workload's checkpoints wait (status ``fault``)
+            until it is under the quota again.
     """
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -47,6 +51,7 @@ class TenantQuotas(BaseModel):
     requests_per_s: float = Field(default=200.0, gt=0, le=1e9)
     burst: int = Field(default=400, ge=1, le=1_000_000_000)
     max_pending_futures: int = Field(default=16, ge=0, le=10_000)
+    max_disk_bytes: int = Field(default=64 << 30, ge=0, le=MAX_API_INT)
 
 
 class ServerConfig(BaseModel):

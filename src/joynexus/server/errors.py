@@ -28,7 +28,7 @@ from joynexus.errors import (
     QuotaExceededError,
     StorageFullError,
 )
-from joynexus.utils.files import storage_full_cause
+from joynexus.utils.storage import StorageFault, storage_full_cause
 
 __all__ = [
     "REQUEST_ID_HEADER",
@@ -70,12 +70,16 @@ def _json_safe(value: Any) -> Any:
 
 async def _joynexus_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, JoyNexusError)
+    if exc.http_status == 500 and (full := storage_full_cause(exc)) is not None:
+        return _storage_full(request, full)  # a layer wrapped a full disk as its failure
     headers = {REQUEST_ID_HEADER: request_id(request)}
     if isinstance(exc, QuotaExceededError):
         retry = exc.details.get("retry_after_s")
         headers["Retry-After"] = str(max(1, math.ceil(retry)) if isinstance(retry, float) else 1)
     if isinstance(exc, AuthenticationError):
         headers["WWW-Authenticate"] = "Bearer"
+    if isinstance(exc, StorageFullError):
+        headers["Retry-After"] = "60"
     return JSONResponse(
         _body(exc.code, exc.message, _json_safe(exc.details)),
         status_code=exc.http_status,
@@ -112,23 +116,32 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
+def _storage_full(request: Request, full: StorageFault) -> JSONResponse:
+    """507 with the reason: a write hit a full disk (never a generic 500)."""
+    rid = request_id(request)
+    log.error(
+        "storage full in %s %s (request %s): %s",
+        request.method,
+        request.url.path,
+        rid,
+        full.reason,
+    )
+    error = StorageFullError(
+        f"the server's disk is full ({full.reason}); retry once an operator freed space",
+        request_id=rid,
+    )
+    return JSONResponse(
+        _body(error.code, error.message, error.details),
+        status_code=error.http_status,
+        headers={REQUEST_ID_HEADER: rid, "Retry-After": "60"},
+    )
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     rid = request_id(request)
     full = storage_full_cause(exc)
-    if full is not None:  # a write hit a full disk: the reason, not a generic 500
-        log.error(
-            "storage full in %s %s (request %s): %s", request.method, request.url.path, rid, full
-        )
-        error = StorageFullError(
-            f"the server's disk is full ({full.strerror or 'no space left on device'}); "
-            "retry once an operator freed space",
-            request_id=rid,
-        )
-        return JSONResponse(
-            _body(error.code, error.message, error.details),
-            status_code=error.http_status,
-            headers={REQUEST_ID_HEADER: rid, "Retry-After": "60"},
-        )
+    if full is not None:
+        return _storage_full(request, full)
     log.error(
         "internal error in %s %s (request %s)",
         request.method,

@@ -31,6 +31,7 @@ from joynexus.errors import CapacityError, JoyNexusError, unknown_id
 from joynexus.server.quotas import QuotaManager
 from joynexus.utils.clock import Clock
 from joynexus.utils.ids import random_id
+from joynexus.utils.storage import as_storage_full
 
 __all__ = ["FutureRef", "FutureRegistry", "FutureState", "FutureStatus"]
 
@@ -104,6 +105,11 @@ class _Future:
 
 
 def _error_body(exc: BaseException, future_id: str) -> dict[str, Any]:
+    # A full disk is the reason whatever layer wrapped it (a safetensors or SQLite
+    # error, an InternalError around it): storage_full, never internal_error.
+    full = as_storage_full(exc, "the operation could not write")
+    if full is not None:
+        return full.to_dict()
     if isinstance(exc, JoyNexusError):
         return exc.to_dict()
     return {

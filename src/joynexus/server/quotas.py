@@ -25,6 +25,7 @@ QUOTA_REASONS = (
     "queue_bytes",
     "partitions",
     "pending_futures",
+    "disk_bytes",
 )
 
 

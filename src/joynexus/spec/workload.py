@@ -166,6 +166,11 @@ class AlgorithmSpec(BaseModel):
     )
 
 
+#: Checkpoints a tenant keeps unless its spec says otherwise (``scheduling.keep_last``):
+#: the latest to resume from and a few before it to go back to.
+KEEP_LAST_DEFAULT = 3
+
+
 class SchedulingSpec(BaseModel):
     """Training Scheduler knobs of this tenant–task policy (App. A.2)."""
 
@@ -179,6 +184,14 @@ class SchedulingSpec(BaseModel):
     prefetch: int = Field(default=2, ge=1, le=1024, description="SFT jobs prepared ahead.")
     checkpoint_every: int = Field(
         default=0, ge=0, le=1_000_000_000, description="Updates between checkpoints."
+    )
+    keep_last: int = Field(
+        default=KEEP_LAST_DEFAULT,
+        ge=1,
+        le=1_000_000,
+        description="Checkpoints the tenant keeps: the newest ones; each older one is "
+        "deleted once a newer one is written (the checkpoint_every-th ones too), so a "
+        "long run's checkpoints take a bounded amount of disk.",
     )
 
 

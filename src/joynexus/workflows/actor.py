@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from joynexus.control.job import JobState, TaskType, TrainingJob
-from joynexus.errors import NotFoundError, StaleLeaseError, StorageFullError
+from joynexus.errors import NotFoundError, StaleLeaseError
+from joynexus.utils.storage import storage_full_cause
 from joynexus.workflows.commit import (
     commit_behind,
     commit_update,
@@ -52,11 +54,11 @@ from joynexus.workflows.commit import (
 from joynexus.workflows.context import (
     ACTOR_ROLE,
     ROLE_RESTARTED_REASON,
-    STORAGE_FULL_REASON,
     WorkflowContext,
     job_heartbeat,
     reason_of,
 )
+from joynexus.workflows.storage import fail_until_stored, failure_reason, until_stored
 
 __all__ = [
     "REASON_POLICY_STALE",
@@ -147,9 +149,13 @@ async def fail_job(ctx: WorkflowContext, job: TrainingJob, error: BaseException)
     """Best-effort clear, then ``fail`` the job with the error's reason — or complete
     it when its update already reached the checkpoint (``ctx.in_checkpoint``), or fail
     it ``role_restarted`` when the training role had lost the tenant's slot
-    (:func:`_slot_lost`)."""
+    (:func:`_slot_lost`). A full disk fails it ``storage_full`` (from any layer: the
+    checkpoint writer, SQLite), and a terminal state the disk cannot take yet is
+    retried until it can (:mod:`joynexus.workflows.storage`): the partition is gone,
+    so the job must never be leased again."""
     await ctx.queue.async_clear(job.partition_id)
-    if settle_committed(ctx, job):
+    tid = job.tenant_id
+    if await until_stored(ctx, tid, lambda: settle_committed(ctx, job), f"job {job.job_id}"):
         log.warning(
             "actor: job %s failed after its update was checkpointed (%s); completed",
             job.job_id,
@@ -158,15 +164,13 @@ async def fail_job(ctx: WorkflowContext, job: TrainingJob, error: BaseException)
         return
     if ctx.scheduler.get(job.job_id).is_terminal:
         pass
-    elif isinstance(error, asyncio.CancelledError):
-        ctx.scheduler.fail(job.job_id, "cancelled")
-    elif isinstance(error, StorageFullError):  # the service's fault: its slot rolled back
-        ctx.scheduler.fail(job.job_id, STORAGE_FULL_REASON)
+    elif isinstance(error, asyncio.CancelledError) or storage_full_cause(error) is not None:
+        # A cancel, or the service's fault: its slot rolled back.
+        await fail_until_stored(ctx, job.job_id, tid, failure_reason(error))
     else:
         reason = ROLE_RESTARTED_REASON if await _slot_lost(ctx, job, error) else None
-        if not ctx.scheduler.get(job.job_id).is_terminal:  # the restart may have failed it
-            ctx.scheduler.fail(job.job_id, reason or reason_of(error))
-    tenant = ctx.tenants.get(job.tenant_id)  # gone when its workload was cancelled
+        await fail_until_stored(ctx, job.job_id, tid, reason or reason_of(error))
+    tenant = ctx.tenants.get(tid)  # gone when its workload was cancelled
     if tenant is not None and not isinstance(error, asyncio.CancelledError):
         tenant.errors.append(reason_of(error))
 
@@ -232,6 +236,12 @@ async def consume_training_job(ctx: WorkflowContext) -> TrainingJob | None:
 
 
 async def _consume_leased(ctx: WorkflowContext, job: TrainingJob) -> TrainingJob:
+    settle = functools.partial(settle_committed, ctx, job)
+    if job.attempts > 0 and await until_stored(ctx, job.tenant_id, settle, f"job {job.job_id}"):
+        # Leased again after its lease expired, but its update is in the checkpoint
+        # already (its end could not be recorded then): complete it, never train it
+        # twice — its partition was cleared with the commit.
+        return ctx.scheduler.get(job.job_id)
     try:
         actor_version = ctx.training.policy_version(job.tenant_id)
         if ctx.scheduler.is_stale(job, actor_version):

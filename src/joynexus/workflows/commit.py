@@ -40,7 +40,6 @@ from joynexus.workflows.context import WorkflowContext, WorkflowTenant, reason_o
 from joynexus.workflows.durability import roll_back_to_checkpoint, save_or_roll_back
 
 __all__ = [
-    "KEEP_LAST_CHECKPOINTS",
     "FailJob",
     "TakenUpdate",
     "commit_behind",
@@ -52,9 +51,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: Checkpoints kept besides the ``checkpoint_every`` ones when every update is saved.
-KEEP_LAST_CHECKPOINTS = 2
 
 
 async def publish(ctx: WorkflowContext, tenant_id: str) -> int:
@@ -135,11 +131,12 @@ async def _commit_checkpoint(ctx: WorkflowContext, taken: TakenUpdate) -> None:
         # A failed write rolls the slot back to its last checkpoint (never a version
         # ahead of what is saved and served) and raises StorageFullError on a full disk.
         await save_or_roll_back(ctx, tenant, version, taken.ledger, staged=taken.staged)
-        await ctx.training.prune_checkpoints(
-            tenant.tenant_id, keep_last=KEEP_LAST_CHECKPOINTS, keep_every=max(every, 0)
-        )
     else:
         await ctx.training.write_staged(taken.staged)
+    # Retention: the newest ``keep_last`` only, so checkpoints never fill the disk.
+    await ctx.training.prune_checkpoints(
+        tenant.tenant_id, keep_last=tenant.spec.scheduling.keep_last
+    )
     tenant.jobs_applied = int(taken.ledger["jobs_applied"])
     tenant.last_checkpoint_version = version
     if (every > 0 and version % every == 0) or not ctx.durable_checkpoints:

@@ -32,6 +32,7 @@ from joynexus.services.protocols import (
 from joynexus.services.tenancy import TenantConfig
 from joynexus.spec.workload import WorkloadSpec
 from joynexus.utils.clock import Clock
+from joynexus.utils.storage import storage_full_cause
 
 __all__ = [
     "ACTOR_ROLE",
@@ -85,8 +86,15 @@ class MetricsLog:
         with self._lock:
             self.records.append(record)
             if self.path is not None:
-                with self.path.open("a") as fh:
-                    fh.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+                try:
+                    with self.path.open("a") as fh:
+                        fh.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+                except OSError as error:
+                    # A full disk must not turn the fault being reported into another
+                    # one: the record stays in memory (status and metrics still show it).
+                    if storage_full_cause(error) is None:
+                        raise
+                    log.warning("metrics of %s not written: %s", self.path, error)
 
     def of_kind(self, kind: str) -> list[dict[str, Any]]:
         with self._lock:
@@ -190,6 +198,10 @@ class WorkflowContext:
     #: ``role_restarted`` — not the job's fault — when the slot returns within it, and
     #: with its own error (counted) when it does not. 0: never wait.
     slot_grace_s: float = 0.0
+    #: Called with a tenant id before its checkpoint is written; raises
+    #: ``StorageFullError`` when the tenant is past its disk quota (the write is then
+    #: refused like one on a full disk). None: no quota.
+    disk_check: Callable[[str], None] | None = None
 
 
 def job_heartbeat(scheduler: TrainingScheduler, job: TrainingJob) -> Callable[[], None]:
@@ -214,6 +226,9 @@ def reason_of(error: BaseException) -> str:
 
 log = logging.getLogger(__name__)
 
+#: A producer's back-off while the disk is full (its reservations cannot be recorded).
+_STORAGE_BACKOFF_S = 0.5
+
 
 async def produce_until_target(
     ctx: WorkflowContext,
@@ -228,16 +243,30 @@ async def produce_until_target(
     one of the tenant's jobs ends), never busy-looping; a failed iteration is recorded
     on the tenant and the loop goes on (one bad rollout or batch must not stop it).
     """
+    shown: str | None = None  # the full-disk fault this loop shows on the tenant
     while True:
         try:
             refusal = await produce_once()
         except asyncio.CancelledError:
             raise
         except Exception as error:
+            if (full := storage_full_cause(error)) is not None:
+                # A full disk is the service's fault, not a bad batch: show it, wait
+                # it out (no error per try), go on once a write succeeds again.
+                if tenant.fault is None:
+                    shown = tenant.fault = (
+                        f"{what} jobs cannot be recorded: {full.reason}; training resumes "
+                        "by itself once space is freed"
+                    )
+                    log.error("%s producer %s: %s", what, tenant.tenant_id, error)
+                await ctx.clock.sleep(max(ctx.poll_s, _STORAGE_BACKOFF_S))
+                continue
             log.warning("%s producer %s: %s", what, tenant.tenant_id, error)
             tenant.errors.append(reason_of(error))
             await ctx.clock.sleep(ctx.poll_s)
             continue
+        if shown is not None and tenant.fault == shown:
+            tenant.fault = shown = None
         if refusal == REFUSED_COMPLETION_TARGET:
             return
         if refusal is not None:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from joynexus.errors import NotFoundError, StorageFullError
-from joynexus.utils.files import storage_full_cause
+from joynexus.utils.storage import storage_full_cause
 from joynexus.workflows.context import WorkflowContext, WorkflowTenant, reason_of
 
 __all__ = ["roll_back_to_checkpoint", "save_or_roll_back"]
@@ -46,6 +46,8 @@ async def save_or_roll_back(
     """
     tid = tenant.tenant_id
     try:
+        if ctx.disk_check is not None:
+            ctx.disk_check(tid)  # past its disk quota: refused as a full disk
         if staged is not None:
             await ctx.training.write_staged(staged)
         else:
@@ -58,7 +60,7 @@ async def save_or_roll_back(
             raise
         where = f" writing {full.filename}" if full.filename else ""
         tenant.fault = (
-            f"checkpoint writes fail: {full.strerror or 'no space left on device'}{where}; "
+            f"checkpoint writes fail: {full.reason}{where}; "
             f"the policy was rolled back to version {restored} (its last checkpoint), and "
             "training resumes by itself once space is freed"
         )

@@ -17,7 +17,6 @@ one for every group of every rollout, never an evaluation seed.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import numpy as np
@@ -33,8 +32,8 @@ from joynexus.workflows.context import (
     WorkflowTenant,
     job_heartbeat,
     produce_until_target,
-    reason_of,
 )
+from joynexus.workflows.storage import fail_until_stored, failure_reason
 
 __all__ = ["SESSION_UNAVAILABLE", "produce_rl", "rl_producer"]
 
@@ -103,9 +102,8 @@ async def produce_rl(ctx: WorkflowContext, tenant: WorkflowTenant) -> str | None
             ctx.scheduler.mark(job.job_id, JobState.NEEDS_ADVANTAGES, lease_epoch=job.lease_epoch)
     except BaseException as error:
         await ctx.queue.async_clear(job.partition_id)
-        if not ctx.scheduler.get(job.job_id).is_terminal:
-            reason = "cancelled" if isinstance(error, asyncio.CancelledError) else None
-            ctx.scheduler.fail(job.job_id, reason or reason_of(error))
+        # A full disk fails it storage_full, recorded once the disk takes it.
+        await fail_until_stored(ctx, job.job_id, tenant.tenant_id, failure_reason(error))
         raise
     returns = list(stats.episode_returns)
     tenant.metrics.write(

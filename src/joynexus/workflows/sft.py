@@ -42,8 +42,8 @@ from joynexus.workflows.context import (
     WorkflowContext,
     WorkflowTenant,
     produce_until_target,
-    reason_of,
 )
+from joynexus.workflows.storage import fail_until_stored, failure_reason
 
 __all__ = [
     "SFTSource",
@@ -143,9 +143,9 @@ async def produce_sft(
         ctx.scheduler.mark(job.job_id, JobState.READY, lease_epoch=job.lease_epoch)
     except BaseException as error:
         await ctx.queue.async_clear(job.partition_id)
-        if not ctx.scheduler.get(job.job_id).is_terminal:
-            reason = "cancelled" if isinstance(error, asyncio.CancelledError) else None
-            ctx.scheduler.fail(job.job_id, reason or reason_of(error))
+        # A full disk fails it storage_full, recorded once the disk takes it (else its
+        # producer lease would expire into a counted producer_lost).
+        await fail_until_stored(ctx, job.job_id, tenant.tenant_id, failure_reason(error))
         raise
     return None
 

@@ -32,7 +32,8 @@ from joynexus.queues.meta import BatchMeta
 from joynexus.services.samples import GROUP, as_numpy
 from joynexus.spec.workload import AlgorithmSpec
 from joynexus.workflows.actor import fail_job
-from joynexus.workflows.context import ACTOR_ROLE, WorkflowContext, reason_of
+from joynexus.workflows.context import ACTOR_ROLE, WorkflowContext
+from joynexus.workflows.storage import fail_until_stored, failure_reason
 
 __all__ = [
     "ADVANTAGE_TASK",
@@ -184,8 +185,7 @@ async def advantage_once(ctx: WorkflowContext) -> TrainingJob | None:
         ready = ctx.scheduler.mark(job.job_id, JobState.READY, lease_epoch=job.lease_epoch)
     except BaseException as error:
         await ctx.queue.async_clear(job.partition_id)
-        if not ctx.scheduler.get(job.job_id).is_terminal:
-            ctx.scheduler.fail(job.job_id, reason_of(error))
+        await fail_until_stored(ctx, job.job_id, job.tenant_id, failure_reason(error))
         raise
     return ready
 

@@ -26,6 +26,7 @@ from joynexus.errors import LimitExceededError, SchemaMismatchError
 from joynexus.metrics.stages import StageMeter
 from joynexus.models.batch import ObservationBatch
 from joynexus.server.config import ServerConfig
+from joynexus.server.disk_quota import check_disk_quota
 from joynexus.server.futures import FutureRef
 from joynexus.server.names import Name, PathName
 from joynexus.server.routes.metrics import METRICS
@@ -352,6 +353,7 @@ async def save(tenant: OwnSlot, body: SaveIn, state: State) -> FutureRef:
     """``save``: checkpoint the slot; the future's result lists the written paths."""
     slots = primitives(state)
     slots.require_slot(tenant)
+    await check_disk_quota(state, tenant)  # past its disk quota: 429 disk_bytes
 
     async def work() -> dict[str, Any]:
         return {"paths": await slots.save(tenant, include_optim=body.include_optim)}
