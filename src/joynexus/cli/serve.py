@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from joynexus.cli.app import app
+from joynexus.cli.ports import exit_if_ports_taken
 from joynexus.cli.tracking import Tracking, trackers_of
 from joynexus.server.config import DEFAULT_SERVE_MAX_WAIT_MS, RUNTIME_PREDICT_DEADLINE_S
 
@@ -263,6 +264,7 @@ def serve(
             f"got {max_wait_ms}",
             param_hint="--max-wait-ms",
         )
+    exit_if_ports_taken(host, port, openpi_port)  # before anything loads
     trackers = trackers_of(tracking)
     if metrics_auth not in ("none", "admin"):
         raise _fail(ValueError(f"--metrics-auth must be 'none' or 'admin', got {metrics_auth!r}"))
