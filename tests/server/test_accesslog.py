@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 
 import httpx
 import uvicorn
+from fastapi import APIRouter
 from uvicorn.logging import AccessFormatter
 
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.queues.training import TrainingQueue
 from joynexus.server import ServiceRegistry, TenantStore, create_app
-from joynexus.server.accesslog import RedactKeysFilter, redact_keys
+from joynexus.server.accesslog import RedactKeysFilter, escape_controls, redact_keys
 from joynexus.server.routes import dashboard
 from joynexus.services.environment import EnvironmentService
 from tests.server.conftest import run, server
@@ -92,3 +94,45 @@ def test_the_dashboard_moves_a_query_key_into_the_fragment() -> None:
             assert r.status_code == 200 and "text/html" in r.headers["content-type"]
 
     run(main)
+
+
+def test_escape_controls_writes_every_control_character_as_an_escape() -> None:
+    assert escape_controls("a\nb\x0b\x1b[2J\x7f\x85é ok") == "a\\x0ab\\x0b\\x1b[2J\\x7f\\x85é ok"
+
+
+def test_a_decoded_path_reaches_the_error_log_with_its_controls_escaped() -> None:
+    """A route that fails on a path holding ``%0B%1B``: the error log names the path,
+    without the raw control characters the client had the server decode."""
+    boom = APIRouter()
+
+    @boom.get("/v1/boom/{anything}")
+    async def fail(anything: str) -> None:
+        raise RuntimeError("unexpected")
+
+    capture = _Records()
+    errors = logging.getLogger("joynexus.server")
+    errors.addHandler(capture)
+
+    async def main() -> None:
+        async with server(extra_routers=(boom,), raise_app_exceptions=False) as srv:
+            r = await srv.client.get("/v1/boom/x%0A%0BFORGED%1B%5B2J")
+            assert r.status_code == 500
+
+    try:
+        run(main)
+    finally:
+        errors.removeHandler(capture)
+    text = "\n".join(capture.lines)
+    assert "\\x0bFORGED\\x1b[2J" in text, text  # (the URL parser drops the newline)
+    assert re.search(r"[\x00-\x09\x0b-\x1f\x7f]", text) is None, text
+    assert not any(line.startswith("FORGED") for line in text.splitlines()), text
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record).split("\nTraceback")[0])

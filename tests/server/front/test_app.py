@@ -8,6 +8,7 @@ status, error body and error headers from both.
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import pytest
 
 from joynexus.bench.server_procs import Server, running_servers
 from joynexus.bench.serving import _open_tenant, _scrape, predict_body
+from joynexus.server.front.app import upstream_target
 from joynexus.wire import MSGPACK_MEDIA_TYPE, packb, unpackb
 
 pytest.importorskip("psutil")
@@ -183,3 +185,73 @@ def test_the_openpi_websocket_is_relayed(pair: dict[str, Any]) -> None:
         ]
     assert answers["front"] == answers["plain"]
     assert answers["plain"][0][0] == 401
+
+
+#: Paths a front once answered 500 (httpx refused the decoded control character) or
+#: decoded twice (``%2541`` reached the model process as ``A``); the last one's decoded
+#: newline started a forged line in the front's error log.
+_ODD_PATHS = [
+    ("GET", "/v1/workloads/%0B/status"),
+    ("POST", "/v1/models/%0B/predict"),
+    ("GET", "/v1/scheduler/jobs/%1B%5B2J"),
+    ("GET", "/v1/workloads/wl-%2541bc/status"),
+    ("GET", "/dashboard/static/a%2541b.js"),
+    ("GET", "/v1/workloads/x%0AFORGED%20line/status"),
+]
+
+
+def _odd_answer(client: httpx.Client, key: str, method: str, path: str) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {key}", **MSGPACK}
+    r = client.request(method, path, headers=headers, content=predict_body(0))
+    body = r.json()
+    body.get("details", {}).pop("request_id", None)
+    return r.status_code, body
+
+
+@pytest.mark.timeout(300)
+def test_a_path_reaches_the_model_process_decoded_once_and_bad_ones_are_4xx(
+    pair: dict[str, Any],
+) -> None:
+    answers: dict[str, list[tuple[int, Any]]] = {}
+    for name in ("plain", "front"):
+        server, keys = pair[name]
+        start = server.log.stat().st_size
+        # One keep-alive client: a refused path must not cost the next request its
+        # connection.
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            answers[name] = []
+            for method, path in _ODD_PATHS:
+                answers[name].append(_odd_answer(client, keys["alice"], method, path))
+                assert client.get("/healthz").status_code == 200, (name, path)
+        log = server.log.read_bytes()[start:]
+        # No raw control character of a path reaches the log, and no forged line.
+        assert re.search(rb"[\x00-\x08\x0b-\x1f\x7f]", log) is None, (name, log[-2000:])
+        assert b"\nFORGED" not in log, (name, log[-2000:])
+    assert answers["front"] == answers["plain"]
+    statuses = [status for status, _ in answers["front"]]
+    assert all(400 <= s < 500 for s in statuses), answers["front"]
+    # Decoded once: the dashboard names the file as the client spelled it after one
+    # decoding, and the workload id is refused as not a name (not found as "wl-Abc").
+    assert "'a%41b.js'" in answers["front"][4][1]["message"]
+    assert answers["front"][3][0] == 422 and "wl-Abc" not in str(answers["front"][3][1])
+
+
+@pytest.mark.parametrize(
+    ("raw_path", "query", "sent"),
+    [
+        (b"/v1/workloads/%0B/status", b"", b"/v1/workloads/%0B/status"),
+        (
+            b"/v1/workloads/wl-%2541bc/status",
+            b"k=%41&a=1",
+            b"/v1/workloads/wl-%2541bc/status?k=%41&a=1",
+        ),
+        (b"/v1/a%2Fb", b"", b"/v1/a%2Fb"),
+        # Raw bytes a lenient parser let through are escaped, never decoded again.
+        (b"/x/y\x0b\xe9", b"q=a b#c", b"/x/y%0B%E9?q=a%20b%23c"),
+    ],
+)
+def test_the_upstream_target_is_what_the_client_sent(
+    raw_path: bytes, query: bytes, sent: bytes
+) -> None:
+    scope = {"raw_path": raw_path, "path": "(decoded, unused)", "query_string": query}
+    assert upstream_target(scope).raw_path == sent

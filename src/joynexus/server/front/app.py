@@ -29,6 +29,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -37,8 +38,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter, ValidationError
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.requests import ClientDisconnect
 from starlette.responses import StreamingResponse
+from starlette.types import Scope
 
 from joynexus.errors import JoyNexusError, ServiceUnavailableError
 from joynexus.models.batch import ObservationBatch
@@ -54,7 +57,14 @@ from joynexus.server.openpi.app import openpi_port_app
 from joynexus.server.routes.models import PredictIn, PredictOut, check_predict_size
 from joynexus.server.wire import decode_bytes, respond_fields
 
-__all__ = ["HubClient", "decode_predict", "front_app", "front_openpi_app", "tensors_of"]
+__all__ = [
+    "HubClient",
+    "decode_predict",
+    "front_app",
+    "front_openpi_app",
+    "tensors_of",
+    "upstream_target",
+]
 
 _PATH_NAME: TypeAdapter[str] = TypeAdapter(PathName)
 #: Connection-level headers a proxy must not pass on (RFC 9110 §7.6.1).
@@ -69,6 +79,16 @@ _HOP = {
     b"upgrade",
 }
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+class _AnyPath(PathConvertor):
+    """Starlette's ``path`` convertor, newlines included (its ``.*`` stops at one): a
+    decoded ``%0A`` must reach the forwarding route, not the front's own 404."""
+
+    regex = "(?s:.*)"
+
+
+register_url_convertor("any_path", _AnyPath())
 
 
 class HubClient:
@@ -236,7 +256,7 @@ def front_app(
         headers.append((REQUEST_ID_HEADER.encode(), request_id(request).encode()))
         upstream = client.build_request(
             request.method,
-            httpx.URL(path=request.url.path, query=request.url.query.encode()),
+            upstream_target(request.scope),
             headers=headers,
             content=_content(request) if body is None else body,
         )
@@ -288,7 +308,7 @@ def front_app(
     async def openpi(websocket: WebSocket) -> None:
         await _openpi(websocket, loopback, hub, front_token)
 
-    @app.api_route("/{path:path}", methods=_METHODS, include_in_schema=False)
+    @app.api_route("/{path:any_path}", methods=_METHODS, include_in_schema=False)
     async def everything_else(request: Request) -> Response:
         return await forward(request)
 
@@ -315,6 +335,29 @@ async def _openpi(
         await decode_websocket(websocket, loopback, hub, front_token, path)
     else:
         await relay_websocket(websocket, loopback, path)
+
+
+#: Each byte of a request target as it travels upstream: visible ASCII as itself, every
+#: other byte (controls, space, non-ASCII) and the delimiters ``?`` and ``#`` escaped.
+_TARGET_BYTES = [
+    chr(b) if 0x21 <= b <= 0x7E and b not in b"?#" else f"%{b:02X}" for b in range(256)
+]
+
+
+def upstream_target(scope: Scope) -> httpx.URL:
+    """The request's path and query as the client sent them, still percent-encoded.
+
+    The loopback server then decodes the path once, as the public port would have: the
+    decoded path is never encoded again (``%2541`` stays ``%41``, not ``A``), and a
+    control character the client escaped (``%0B``) stays escaped on the way, so the
+    model process answers it as it answers any bad path.
+    """
+    raw = scope.get("raw_path") or quote(scope["path"]).encode()
+    target = "".join([_TARGET_BYTES[b] for b in raw])
+    query = scope.get("query_string") or b""
+    if query:
+        target += "?" + "".join([_TARGET_BYTES[b] if b != 0x3F else "?" for b in query])
+    return httpx.URL(raw_path=target.encode("ascii"))
 
 
 def _content(request: Request) -> Any:
