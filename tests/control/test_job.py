@@ -18,7 +18,7 @@ from joynexus.control.job import (
     is_stale,
 )
 from joynexus.control.scheduler import TrainingScheduler
-from joynexus.errors import IllegalTransitionError
+from joynexus.errors import IllegalTransitionError, InvalidRequestError
 
 from .conftest import reserve
 
@@ -204,3 +204,23 @@ def test_partition_ids_are_deterministic_and_unique(sched: TrainingScheduler) ->
     assert len({j.partition_id for j in jobs}) == 50
     for j in jobs:
         assert j.partition_id == derive_partition_id(j.job_id, j.domain, j.tenant_id, j.task_type)
+
+
+def test_metadata_nested_past_the_limit_is_refused_before_it_is_stored(
+    sched: TrainingScheduler,
+) -> None:
+    """The scheduler's own backstop (callers other than the HTTP API)."""
+    deep: dict[str, object] = {"leaf": 1}
+    for _ in range(299):
+        deep = {"a": deep}
+    with pytest.raises(InvalidRequestError, match="more than 32 levels") as refused:
+        reserve(sched, metadata=deep)
+    assert refused.value.details["field"] == "metadata"
+    assert sched.list_jobs("t1") == []
+    job = reserve(sched)
+    sched.mark(job.job_id, S.READY)
+    leased = sched.lease_next("actor", ["vla"])
+    assert leased is not None
+    with pytest.raises(InvalidRequestError, match="more than 32 levels"):
+        sched.complete(job.job_id, leased.lease_epoch, {"more": deep})
+    assert sched.get(job.job_id).metadata == {"schema_signature": "sig-a"}

@@ -41,6 +41,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from joynexus.errors import IllegalTransitionError, InvalidRequestError, PayloadTooLargeError
+from joynexus.utils.jsondepth import MAX_JSON_DEPTH, json_depth_problem
 
 
 class JobState(StrEnum):
@@ -275,11 +276,16 @@ def metadata_json(metadata: dict[str, Any], max_bytes: int | None = None) -> str
     """Canonical JSON of job metadata.
 
     Raises:
-        InvalidRequestError: it is not JSON data.
+        InvalidRequestError: it is not JSON data, or nests deeper than
+            :data:`~joynexus.utils.jsondepth.MAX_JSON_DEPTH` levels.
         PayloadTooLargeError: its JSON is longer than ``max_bytes`` (UTF-8 bytes).
     """
     # Checked up front: metadata that cannot round-trip through the store would come
-    # back different after a restart (or, holding a lone surrogate, not at all).
+    # back different after a restart (or, holding a lone surrogate or nested past what
+    # pydantic serializes, not at all). The depth first: the text check recurses.
+    deep = json_depth_problem(metadata, MAX_JSON_DEPTH, "job metadata")
+    if deep is not None:
+        raise InvalidRequestError(deep, field="metadata", limit_depth=MAX_JSON_DEPTH)
     bad = unicode_problem(metadata)
     if bad is not None:
         raise InvalidRequestError(

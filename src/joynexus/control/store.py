@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
@@ -26,8 +27,26 @@ from pydantic import BaseModel
 
 from joynexus.control.job import JobState, JobTimestamps, TaskType, TrainingJob
 from joynexus.errors import InvalidRequestError
+from joynexus.utils.jsondepth import MAX_JSON_DEPTH, json_depth_problem
 
 SCHEMA_VERSION = 1
+
+log = logging.getLogger(__name__)
+
+#: The one key of the metadata a job shows when its stored metadata cannot be served.
+WITHHELD_METADATA_KEY = "metadata_withheld"
+
+
+def withheld_metadata() -> dict[str, Any]:
+    """What a job shows instead of stored metadata nested past
+    :data:`~joynexus.utils.jsondepth.MAX_JSON_DEPTH` levels (stored by an older version)."""
+    return {
+        WITHHELD_METADATA_KEY: (
+            f"the stored metadata nests more than {MAX_JSON_DEPTH} levels, past what an "
+            "answer can carry; the scheduler database still holds it"
+        )
+    }
+
 
 _COLUMNS: tuple[str, ...] = (
     "job_id",
@@ -129,7 +148,8 @@ class JobRecord:
         metadata_json = str(values.pop("metadata"))
         values["task_type"] = TaskType(values["task_type"])
         values["state"] = JobState(values["state"])
-        return cls(**values, metadata=json.loads(metadata_json), metadata_json=metadata_json)
+        metadata = _servable_metadata(str(values["job_id"]), metadata_json)
+        return cls(**values, metadata=metadata, metadata_json=metadata_json)
 
     def to_model(self) -> TrainingJob:
         """An immutable snapshot; skips validation because the record is already valid."""
@@ -169,6 +189,22 @@ class JobRecord:
                 attempts=self.attempts,
             ),
         )
+
+
+def _servable_metadata(job_id: str, text: str) -> dict[str, Any]:
+    """A stored job's metadata, or :func:`withheld_metadata` when it nests deeper than
+    any answer can serialize: an older version stored such metadata, and served as it is
+    it would fail every listing of the tenant's jobs. The row keeps the original (it is
+    rewritten only if the job's metadata changes again)."""
+    try:
+        metadata: dict[str, Any] = json.loads(text)
+        problem = json_depth_problem(metadata, MAX_JSON_DEPTH, f"metadata of job {job_id!r}")
+    except RecursionError:
+        problem = f"metadata of job {job_id!r} nests too deep to decode"
+    if problem is None:
+        return metadata
+    log.warning("%s; it is served as %r", problem, WITHHELD_METADATA_KEY)
+    return withheld_metadata()
 
 
 _new = object.__new__

@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from joynexus.errors import InvalidRequestError, SchemaMismatchError
 from joynexus.models.schema import DataSchema
+from joynexus.utils.jsondepth import check_json_depth
 
 __all__ = [
     "EnvAdapter",
@@ -89,7 +90,8 @@ class EnvSpec(BaseModel):
             where the simulator has them.
         max_episode_steps: Truncate episodes after this many steps; ``None`` keeps the
             simulator's own limit.
-        options: Kind-specific settings (remote: ``url``; see each adapter's docs).
+        options: Kind-specific settings (remote: ``url``; see each adapter's docs),
+            nested at most :data:`~joynexus.utils.jsondepth.MAX_JSON_DEPTH` levels.
         observation: Images and which state, where the kind offers a choice.
     """
 
@@ -101,7 +103,11 @@ class EnvSpec(BaseModel):
     image_size: int | None = Field(default=None, gt=0, le=4096)
     fast_render: bool = True
     max_episode_steps: int | None = Field(default=None, gt=0, le=10_000_000)
-    options: dict[str, Any] = Field(default_factory=dict)
+    # Bounded in depth: a workload stores its spec and serves it back, and pydantic
+    # cannot serialize data nested past a fixed depth (joynexus.utils.jsondepth).
+    options: Annotated[
+        dict[str, Any], AfterValidator(lambda v: check_json_depth(v, where="options"))
+    ] = Field(default_factory=dict)
     observation: ObservationSpec = Field(default_factory=ObservationSpec)
 
 

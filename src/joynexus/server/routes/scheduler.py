@@ -8,8 +8,10 @@ one tenant another tenant's job. Responses show the roles as the tenant wrote th
 Another tenant's job id answers 404 exactly as an unknown one does.
 
 A job's ``metadata`` is stored with it for good: its serialized JSON is bounded by
-``ServerConfig.max_job_metadata_bytes`` (413), and every integer field is bounded (422)
-so nothing beyond SQLite's 64-bit INTEGER reaches the scheduler.
+``ServerConfig.max_job_metadata_bytes`` (413), its nesting by
+:data:`~joynexus.utils.jsondepth.MAX_JSON_DEPTH` levels (422), and every integer field is
+bounded (422) so nothing beyond SQLite's 64-bit INTEGER reaches the scheduler; all of it
+is checked before the scheduler is called.
 """
 
 from __future__ import annotations
@@ -25,13 +27,16 @@ from joynexus.errors import PayloadTooLargeError, QuotaExceededError
 from joynexus.server.config import MAX_API_INT
 from joynexus.server.names import Name, PathName
 from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
+from joynexus.utils.jsondepth import MAX_JSON_DEPTH, check_json_depth
 
 router = APIRouter(prefix="/v1/scheduler", tags=["training-scheduler"])
 
 
 def _valid_text(metadata: dict[str, Any]) -> dict[str, Any]:
-    # Refused before anything is stored: a lone surrogate stored with a job would make
-    # every later answer that includes the job fail to encode.
+    # Refused before anything is stored: a lone surrogate stored with a job, or metadata
+    # nested past what pydantic serializes, would make every later answer that includes
+    # the job fail to encode. The depth first: the text check recurses.
+    check_json_depth(metadata, MAX_JSON_DEPTH, "metadata")
     bad = unicode_problem(metadata)
     if bad is not None:
         raise ValueError(
@@ -61,7 +66,10 @@ class ReserveIn(BaseModel):
     metadata: Metadata = Field(
         default_factory=dict,
         max_length=64,
-        description="stored with the job; serialized JSON of at most max_job_metadata_bytes",
+        description=(
+            "stored with the job; serialized JSON of at most max_job_metadata_bytes, "
+            f"nested at most {MAX_JSON_DEPTH} levels"
+        ),
     )
 
 
