@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from joynexus.errors import DeadlineExceededError
+from joynexus.errors import DeadlineExceededError, InvalidRequestError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.queues.training import TrainingQueue
@@ -76,3 +76,43 @@ def test_every_predict_has_a_queue_deadline(base: ResidentBaseModel) -> None:
                 await svc.predict(obs, "a")
 
     asyncio.run(main())
+
+
+def test_pieces_of_tenant_batch_rows_answer_as_the_unsplit_predict(
+    base: ResidentBaseModel,
+) -> None:
+    """Issue 43 item 6: a predict split into C-row pieces (C below B) answers exactly
+    what one unsplit forward answers, rows in order, and takes one piece per batch."""
+
+    async def main() -> None:
+        obs = ObservationBatch.synthetic(SCHEMA, 10, seed=3, with_actions=False)
+        whole = InferenceModelService(
+            base, EnvironmentService(), TrainingQueue(), max_batch_size=16, max_wait_s=0.0
+        )
+        async with whole:
+            await whole.add_tenant(config("big"))
+            unsplit = await whole.predict(obs, "big")
+            assert whole.metrics.batches == 1
+        split = InferenceModelService(
+            base,
+            EnvironmentService(),
+            TrainingQueue(),
+            max_batch_size=16,
+            max_wait_s=0.0,
+            tenant_batch_rows=3,
+        )
+        async with split:
+            await split.add_tenant(config("big"))
+            pieces = await split.predict(obs, "big")
+            assert split.metrics.batches == 4  # 3 + 3 + 3 + 1 rows, one piece per batch
+        assert pieces.policy_version == unsplit.policy_version
+        np.testing.assert_allclose(pieces.actions, unsplit.actions, rtol=1e-5, atol=1e-6)
+        assert unsplit.values is not None and pieces.values is not None
+        np.testing.assert_allclose(pieces.values, unsplit.values, rtol=1e-5, atol=1e-6)
+
+    asyncio.run(main())
+
+
+def test_a_bad_tenant_batch_rows_is_refused(base: ResidentBaseModel) -> None:
+    with pytest.raises(InvalidRequestError, match="tenant_batch_rows"):
+        InferenceModelService(base, EnvironmentService(), TrainingQueue(), tenant_batch_rows=0)

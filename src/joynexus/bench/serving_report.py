@@ -12,7 +12,11 @@ from joynexus.metrics.stages import PREDICT_STAGES
 #: The shared server's throughput target against one server per tenant, by model size.
 THROUGHPUT_TARGETS = {"tiny": 2.0, "small": 1.3}
 
-__all__ = ["print_report"]
+__all__ = ["NOISY_NEIGHBOUR_TARGET", "print_noisy_neighbour_report", "print_report"]
+
+#: The victim's p99 under a flood within the flooder's quota, at most this many times its
+#: quiet p99 (issue 43).
+NOISY_NEIGHBOUR_TARGET = 3.0
 
 
 def print_report(result: dict[str, Any], console: Console) -> None:
@@ -165,3 +169,59 @@ def _print_run(result: dict[str, Any], console: Console) -> None:
         f"PSS {result['memory_ratio_pss']:.2f}), "
         f"p99_ratio {result['p99_ratio']:.2f} (target <= 1)"
     )
+
+
+def print_noisy_neighbour_report(result: dict[str, Any], console: Console) -> None:
+    """The tables of the noisy-neighbour scenario (:mod:`joynexus.bench.noisy_neighbour`)."""
+    cfg, quiet = result["config"], result["quiet"]
+    table = Table(
+        "phase",
+        "victim reqs",
+        "victim p50 ms",
+        "victim p99 ms",
+        "p99 / quiet p99",
+        "flooder req/s",
+        "flooder rows/s",
+        "flooder statuses",
+        title=f"noisy neighbour: {cfg['size']} model, {cfg['duration_s']:g} s per phase",
+    )
+    table.add_row(
+        "quiet",
+        str(quiet["requests"]),
+        f"{quiet['p50_ms']:.1f}",
+        f"{quiet['p99_ms']:.1f}",
+        "1.00",
+        "-",
+        "-",
+        "-",
+    )
+    for f in result["floods"]:
+        v, fl = f["victim"], f["flooder"]
+        table.add_row(
+            f"flood {f['flood_clients']} x {f['flood_rows']} rows",
+            str(v["requests"]),
+            f"{v['p50_ms']:.1f}",
+            f"{v['p99_ms']:.1f}",
+            f"{f['p99_vs_quiet']:.2f}",
+            f"{fl['req_per_s']:.1f}",
+            f"{fl['rows_per_s']:.0f}",
+            str(fl["statuses"]),
+        )
+    console.print(table)
+    worst = max((f["p99_vs_quiet"] for f in result["floods"]), default=float("nan"))
+    console.print(
+        f"victim p99 under a flood: {worst:.2f} x its quiet p99 "
+        f"(target <= {NOISY_NEIGHBOUR_TARGET:g})"
+    )
+    g = result.get("get_data")
+    if g:
+        statuses = ", ".join(
+            f"{c['status']}" + (f" {c['reason'] or c['code']}" if c.get("code") else "")
+            for c in g["calls"]
+        )
+        console.print(
+            f"get_data: {g['concurrency']} calls at once, each a {g['request_body_bytes']} B "
+            f"request for {g['stored_mib']:.0f} MiB of tensors: {statuses}; largest answer "
+            f"{g['answer_mib_max']:.0f} MiB; server RSS {g['rss_before_mb']:.0f} -> "
+            f"{g['rss_peak_mb']:.0f} MB (+{g['rss_growth_mb']:.0f})"
+        )

@@ -277,14 +277,44 @@ def bench_serving(
             "baseline run; the baseline's servers always run with 0.",
         ),
     ] = None,
+    scenario: Annotated[
+        str,
+        typer.Option(
+            "--scenario",
+            help="paired: one shared server vs one server per tenant (default); "
+            "noisy-neighbour: on one shared server, a victim's one-row predicts alone and "
+            "beside another tenant's flood of large predicts (its p99 beside its quiet "
+            "p99), then concurrent get_data reads (server memory). --duration-s is each "
+            "phase's; --size, --ours-threads and the first --front-procs apply.",
+        ),
+    ] = "paired",
     json_path: JsonOption = None,
 ) -> None:
-    """One shared server vs one single-policy server per tenant: req/s, p99, RSS."""
+    """One shared server vs one single-policy server per tenant: req/s, p99, RSS (or,
+    with --scenario noisy-neighbour, one tenant's flood against another's requests)."""
     from joynexus.bench.serving import print_report, run_serving_bench
     from joynexus.models.tiny import SIZES
 
     if size not in SIZES:
         raise typer.BadParameter(f"must be one of {', '.join(SIZES)}", param_hint="--size")
+    if scenario not in ("paired", "noisy-neighbour"):
+        raise typer.BadParameter(
+            f"{scenario!r}: expected paired or noisy-neighbour", param_hint="--scenario"
+        )
+    if scenario == "noisy-neighbour":
+        from joynexus.bench.noisy_neighbour import run_noisy_neighbour_bench
+        from joynexus.bench.serving_report import print_noisy_neighbour_report
+
+        noisy = run_noisy_neighbour_bench(
+            duration_s=duration_s,
+            size=size,
+            ours_threads=ours_threads,
+            front_procs=front_procs[0] if front_procs else None,
+            progress=_progress,
+        )
+        print_noisy_neighbour_report(noisy, console)
+        _write_json(noisy, json_path)
+        return
     kinds = canonicalizer or ["tensor"]
     for kind in kinds:
         if kind not in ("tensor", "processor"):

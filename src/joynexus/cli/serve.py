@@ -23,7 +23,11 @@ from rich.table import Table
 from joynexus.cli.app import app
 from joynexus.cli.ports import exit_if_ports_taken
 from joynexus.cli.tracking import Tracking, trackers_of
-from joynexus.server.config import DEFAULT_SERVE_MAX_WAIT_MS, RUNTIME_PREDICT_DEADLINE_S
+from joynexus.server.config import (
+    DEFAULT_SERVE_MAX_WAIT_MS,
+    DEFAULT_SERVE_TENANT_BATCH_ROWS,
+    RUNTIME_PREDICT_DEADLINE_S,
+)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -233,10 +237,20 @@ def serve(
         typer.Option(
             "--max-batch-size",
             min=1,
-            help="B of the group batching: a batch fires once it holds this many samples "
-            "(larger requests run alone, whole).",
+            help="B of the group batching: a batch fires once it holds this many samples.",
         ),
     ] = 128,
+    tenant_batch_rows: Annotated[
+        int,
+        typer.Option(
+            "--tenant-batch-rows",
+            min=1,
+            help="C: the most rows of one tenant in one grouped batch; a larger predict "
+            "runs as C-row pieces answered together, so another tenant's request waits at "
+            "most one batch holding C of its rows (capped at B). Lower: fairer under a "
+            "flood; higher: a lone large predict takes fewer forwards.",
+        ),
+    ] = DEFAULT_SERVE_TENANT_BATCH_ROWS,
     front_procs: Annotated[
         int | None,
         typer.Option(
@@ -336,6 +350,7 @@ def serve(
     # tenants' writes over HTTP.
     knobs = RuntimeConfig(
         max_batch_size=max_batch_size,
+        tenant_batch_rows=tenant_batch_rows,
         max_wait_s=max_wait_ms / 1e3,
         watchdog_factor=watchdog_factor,
         queue_memory_cap_bytes=server_config.queue_memory_cap_bytes,

@@ -15,24 +15,29 @@ Batching policy (B = ``max_batch_size`` in samples, T = ``max_wait_s``):
   head's group (a strict prefix would make interleaved tenants run at batch size 1).
 * **Fair across tenants.** Within a group, a batch takes requests round-robin over the
   tenants that have some queued — one request of each in turn, FIFO within a tenant —
-  and the tenant that opened a batch goes to the back of the rotation for the next.
-  A tenant that floods the queue (within its rate quota) therefore gets one request
-  per turn like everyone else: another tenant's request rides in the next batch
-  instead of waiting behind the whole flood.
+  the turns starting with the tenant served longest ago (a tenant that has just
+  arrived counts as never served; ties go to the older request). A tenant puts at most
+  C samples (``max_tenant_samples``) into one batch. So a tenant that floods the queue
+  (within its rate quota) gets one share per batch like everyone else, and another
+  tenant's request — even one that arrives while the flooder's batch runs — rides in
+  the next batch: it waits at most one batch in which the flooder holds ≤ C samples.
+  (The service splits a larger predict into C-row pieces, so C is the most any one
+  tenant's work can push another's back.)
 * **When a batch fires.** The head's batch fires when the head has waited T, or when
-  its group holds ≥ B samples. A group other than the head's fires early only when it
-  already holds ≥ B samples (a full batch gains nothing by waiting); the oldest such
+  its group is *full*: it holds ≥ B samples, or every tenant in it has ≥ C queued (its
+  batch cannot grow until another tenant arrives). A group other than the head's fires
+  early only when it is full (a full batch gains nothing by waiting); the oldest such
   group goes first. Time is read from the injected :class:`~joynexus.utils.clock.Clock`.
 * **No starvation.** A full non-head group can overtake the head only while the head
   has waited less than T; once the head is due, it fires next. So after a request R
   has waited T, every batch that runs before R's own is headed by a request older than
   R: R is overtaken by younger requests only during its first T, and its total wait is
   bounded by T plus the time to serve the requests queued before it. Within a tenant
-  of a group, order is strictly FIFO (across tenants too when each has one request).
-* **Oversize requests.** A request with ``num_samples`` > B is never split: it runs
-  alone, as its own batch, as soon as it reaches the front of its group (it counts as
-  a full group). The batch function receives it whole; the model layer decides how to
-  chunk it on the device.
+  of a group, order is strictly FIFO.
+* **Oversize requests.** The queue never splits a request. One with ``num_samples`` > B
+  runs alone, as its own batch, as soon as it reaches the front of its group (it
+  counts as a full group); one with more than C samples is its tenant's whole share of
+  a batch. The batch function receives it whole.
 * **One batch at a time.** The worker awaits the batch function before forming the
   next batch, so requests arriving meanwhile accumulate into a fuller next batch.
 
@@ -135,16 +140,20 @@ class _Entry:
 
 
 class _Group:
-    __slots__ = ("entries", "key", "rotation", "samples", "tenants")
+    __slots__ = ("batches", "entries", "key", "samples", "served", "tenant_samples", "tenants")
 
     def __init__(self, key: str) -> None:
         self.key = key
         self.entries: deque[_Entry] = deque()
         self.samples = 0  # samples of live queued entries
         # Per-tenant FIFO queues (same entries; finished ones dropped lazily) and the
-        # round-robin order of the tenants that have some.
+        # samples each tenant has queued (live entries only).
         self.tenants: dict[str, deque[_Entry]] = {}
-        self.rotation: deque[str] = deque()
+        self.tenant_samples: dict[str, int] = {}
+        # The number of the group's last batch each tenant had a share in: the
+        # round-robin turns of a batch start with the tenant served longest ago.
+        self.served: dict[str, int] = {}
+        self.batches = 0
 
     def add(self, entry: _Entry) -> None:
         self.entries.append(entry)
@@ -152,8 +161,38 @@ class _Group:
         own = self.tenants.get(tenant)
         if own is None:
             own = self.tenants[tenant] = deque()
-            self.rotation.append(tenant)
         own.append(entry)
+        self.samples += entry.n
+        self.tenant_samples[tenant] = self.tenant_samples.get(tenant, 0) + entry.n
+
+    def take(self, entry: _Entry) -> None:
+        """Count a live queued entry out (dispatched, cancelled, expired or failed)."""
+        self.samples -= entry.n
+        tenant = entry.request.tenant_id
+        left = self.tenant_samples.get(tenant, 0) - entry.n
+        if left > 0:
+            self.tenant_samples[tenant] = left
+        else:
+            self.tenant_samples.pop(tenant, None)
+
+    def full(self, b: int, c: int) -> bool:
+        """A batch formed now could not grow by waiting for the tenants queued: it
+        holds ≥ B samples, or every tenant has at least its share C queued."""
+        if self.samples >= b:
+            return True
+        shares = self.tenant_samples.values()
+        return bool(shares) and all(n >= c for n in shares)
+
+    def turns(self) -> deque[str]:
+        """The tenants with queued work, served longest ago first (then the older
+        request first)."""
+        live: list[tuple[int, int, str]] = []
+        for tenant in list(self.tenants):
+            e = self.tenant_head(tenant)
+            if e is not None:
+                live.append((self.served.get(tenant, 0), e.seq, tenant))
+        live.sort()
+        return deque(t for _, _, t in live)
 
     def tenant_head(self, tenant: str) -> _Entry | None:
         """The tenant's oldest live queued entry; forgets a tenant with none."""
@@ -164,8 +203,6 @@ class _Group:
                 return e
             own.popleft()
         self.tenants.pop(tenant, None)
-        with contextlib.suppress(ValueError):
-            self.rotation.remove(tenant)
         return None
 
     def head(self) -> _Entry | None:
@@ -190,6 +227,11 @@ class InferenceQueue:
         max_queue_size: Queued requests beyond which ``enqueue`` rejects at once.
         clock: Time source (tests pass a FakeClock).
         validate: Optional per-request check run at ``enqueue``.
+        max_tenant_samples: C, the most samples one tenant puts into one batch (a
+            single larger request still runs, as its tenant's whole share); None: B.
+
+    Raises:
+        InvalidRequestError: a bound below 1 (or a negative T).
     """
 
     def __init__(
@@ -201,15 +243,19 @@ class InferenceQueue:
         max_queue_size: int = 4096,
         clock: Clock | None = None,
         validate: ValidateFn = None,
+        max_tenant_samples: int | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise InvalidRequestError(f"max_batch_size must be ≥ 1, got {max_batch_size}")
+        if max_tenant_samples is not None and max_tenant_samples < 1:
+            raise InvalidRequestError(f"max_tenant_samples must be ≥ 1, got {max_tenant_samples}")
         if not max_wait_s >= 0:
             raise InvalidRequestError(f"max_wait_s must be ≥ 0, got {max_wait_s}")
         if max_queue_size < 1:
             raise InvalidRequestError(f"max_queue_size must be ≥ 1, got {max_queue_size}")
         self._batch_fn = batch_fn
         self._b = max_batch_size
+        self._c = min(max_batch_size, max_tenant_samples or max_batch_size)
         self._t = float(max_wait_s)
         self._cap = max_queue_size
         self._clock: Clock = clock or SystemClock()
@@ -322,7 +368,6 @@ class InferenceQueue:
         self._seq += 1
         entry = _Entry(self, request, future, group, self._seq, now, expires_at)
         group.add(entry)
-        group.samples += n
         self._size += 1
         self._stats.requests += 1
         future.add_done_callback(entry.on_done)
@@ -332,7 +377,11 @@ class InferenceQueue:
             wake_by = min(wake_by, expires_at)
         # Wake the worker only when this request changes what it should do next: a
         # full group, or a time it must act by that is earlier than it planned.
-        if group.samples >= self._b or wake_by < self._wake_at:
+        if (
+            group.samples >= self._b
+            or group.tenant_samples[request.tenant_id] >= self._c
+            or wake_by < self._wake_at
+        ):
             self._wake()
         return future
 
@@ -356,7 +405,7 @@ class InferenceQueue:
         """Take a queued entry out of the counts (cancelled, expired or failed)."""
         if entry.state == _QUEUED:
             entry.state = _DONE
-            entry.group.samples -= entry.n
+            entry.group.take(entry)
             self._size -= 1
 
     async def _run(self) -> None:
@@ -432,14 +481,14 @@ class InferenceQueue:
                 continue
             if head is None or first.seq < head.seq:
                 head, head_group = first, group
-            if group.samples >= self._b and (full_group is None or first.seq < full_seq):
+            if group.full(self._b, self._c) and (full_group is None or first.seq < full_seq):
                 full_group, full_seq = group, first.seq
         for key in empty:
             del self._groups[key]
         if head is None or head_group is None:
             return None, None
         due = head.t0 + self._t
-        if now >= due or head_group.samples >= self._b or self._draining:
+        if now >= due or head_group is full_group or self._draining:
             return head_group, None
         if full_group is not None:
             return full_group, None
@@ -449,38 +498,38 @@ class InferenceQueue:
         return None, max(0.0, wake - now)
 
     def _collect(self, group: _Group) -> list[_Entry]:
-        """Take up to B samples of the group's queued requests, round-robin over its
-        tenants (FIFO within each); the first tenant served goes to the back."""
+        """Take up to B samples of the group's queued requests: one request per tenant
+        per turn (FIFO within each), the tenant served longest ago first, at most C
+        samples of any one tenant."""
         now = self._clock.now()
         batch: list[_Entry] = []
         total = 0
-        b = self._b
-        first: str | None = None
-        full = False
-        while not full:
-            progressed = False
-            for tenant in list(group.rotation):
-                e = group.tenant_head(tenant)
-                if e is None:
-                    continue
-                if total and total + e.n > b:
-                    full = True  # the next in turn does not fit: the batch is complete
-                    break
-                group.tenants[tenant].popleft()
-                e.state = _DISPATCHED
-                group.samples -= e.n
-                self._size -= 1
-                batch.append(e)
-                total += e.n
-                first = tenant if first is None else first
-                progressed = True
-                if total >= b:
-                    full = True
-                    break
-            if not progressed:
+        b, c = self._b, self._c
+        shares: dict[str, int] = {}
+        turns = group.turns()
+        while turns:
+            tenant = turns.popleft()
+            e = group.tenant_head(tenant)
+            if e is None:
+                continue
+            if total and total + e.n > b:
+                break  # the next in turn does not fit: the batch is complete
+            share = shares.get(tenant, 0)
+            if share and share + e.n > c:
+                continue  # the tenant has its share of this batch
+            group.tenants[tenant].popleft()
+            e.state = _DISPATCHED
+            group.take(e)
+            self._size -= 1
+            batch.append(e)
+            total += e.n
+            shares[tenant] = share + e.n
+            if total >= b:
                 break
-        if first is not None and first in group.tenants and group.rotation[0] == first:
-            group.rotation.rotate(-1)
+            turns.append(tenant)
+        group.batches += 1
+        for tenant in shares:
+            group.served[tenant] = group.batches
         self._stats.record_batch(total, b)
         self._stats.record_waits([now - e.t0 for e in batch])
         return batch

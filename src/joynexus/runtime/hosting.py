@@ -76,6 +76,8 @@ class RuntimeConfig:
         max_failures_per_tenant: A tenant with this many failed jobs stops producing.
         heldout_samples: Held-out frames used to measure SFT action error.
         max_batch_size / max_wait_s: Inference Queue group batching.
+        tenant_batch_rows: The most rows of one tenant in one grouped batch (a larger
+            predict runs as pieces of this many rows); None: ``max_batch_size``.
         predict_deadline_s: Longest a predict may wait in the Inference Queue
             (504 ``deadline_exceeded`` after it); None: no limit.
         watchdog_factor / watchdog_min_s: The Master flags a running workload
@@ -101,6 +103,7 @@ class RuntimeConfig:
     heldout_samples: int = 64
     max_batch_size: int = 128
     max_wait_s: float = 0.005
+    tenant_batch_rows: int | None = None
     predict_deadline_s: float | None = 60.0
     watchdog_factor: float = 20.0
     watchdog_min_s: float = 120.0
@@ -164,6 +167,7 @@ def new_inference(
         max_batch_size=s.config.max_batch_size,
         max_wait_s=s.config.max_wait_s,
         request_deadline_s=s.config.predict_deadline_s,
+        tenant_batch_rows=s.config.tenant_batch_rows,
         clock=s.clock,
         metrics=s.metrics,
         usage=s.usage,

@@ -404,6 +404,7 @@ class RayPlacement(Placement):
                     queue,
                     max_batch_size=cfg.max_batch_size,
                     max_wait_s=cfg.max_wait_s,
+                    tenant_batch_rows=cfg.tenant_batch_rows,
                     clock=SystemClock(),
                 )
             )

@@ -6,6 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "DEFAULT_SERVE_MAX_WAIT_MS",
+    "DEFAULT_SERVE_TENANT_BATCH_ROWS",
     "MAX_API_INT",
     "RUNTIME_PREDICT_DEADLINE_S",
     "ServerConfig",
@@ -19,6 +20,10 @@ MAX_API_INT = 2**53 - 1
 #: that wait for each answer, so T is paid on every step; the serving bench's tiny load
 #: served about 6 % more at 2 ms than at the in-process runs' 5 ms (docs/RESULTS.md §8.1.10).
 DEFAULT_SERVE_MAX_WAIT_MS = 2.0
+#: ``joynexus serve``'s C (``--tenant-batch-rows``): the most rows of one tenant in one
+#: grouped batch, so another tenant's request waits at most one batch holding C of its
+#: rows (a large predict runs as C-row pieces). A quarter of serve's B.
+DEFAULT_SERVE_TENANT_BATCH_ROWS = 32
 #: ``RuntimeConfig.predict_deadline_s``'s default, which ``serve`` keeps: the bound of T
 #: (checked before the runtime is imported).
 RUNTIME_PREDICT_DEADLINE_S = 60.0
@@ -36,6 +41,10 @@ class TenantQuotas(BaseModel):
         requests_per_s: Sustained request rate (token-bucket refill rate).
         burst: Requests allowed at once on top of the sustained rate (bucket size).
         max_pending_futures: Long operations submitted and not finished yet.
+        read_bytes_per_s: Sustained bytes of tensors ``get_data`` may answer the tenant
+            per second (byte token-bucket refill rate): 429 ``read_bytes`` past it.
+        read_burst_bytes: Bytes ``get_data`` may answer at once (bucket size); a single
+            read larger than this can never pass (422: page it).
         max_disk_bytes: Bytes the tenant's files (checkpoints, workload folders) may
             take on the server's disk; past it a submit or ``save`` answers 429, reason
             ``disk_bytes``, and a running workload's checkpoints wait (status ``fault``)
@@ -51,6 +60,8 @@ class TenantQuotas(BaseModel):
     requests_per_s: float = Field(default=200.0, gt=0, le=1e9)
     burst: int = Field(default=400, ge=1, le=1_000_000_000)
     max_pending_futures: int = Field(default=16, ge=0, le=10_000)
+    read_bytes_per_s: float = Field(default=float(128 << 20), gt=0, le=1e15)
+    read_burst_bytes: int = Field(default=256 << 20, ge=1, le=MAX_API_INT)
     max_disk_bytes: int = Field(default=64 << 30, ge=0, le=MAX_API_INT)
 
 

@@ -1,8 +1,9 @@
-"""Per-tenant quotas: request rate (token bucket) and resource counts.
+"""Per-tenant quotas: request rate and ``get_data`` bytes (token buckets) and resource
+counts.
 
 Every refusal is a :class:`~joynexus.errors.QuotaExceededError` (HTTP 429) whose
 ``details`` carry ``reason`` (one of :data:`QUOTA_REASONS`), ``limit`` and, for the
-rate limit, ``retry_after_s``. Time comes from the injected clock, so tests drive the
+rate limits, ``retry_after_s``. Time comes from the injected clock, so tests drive the
 bucket with a ``FakeClock`` instead of sleeping.
 """
 
@@ -25,6 +26,7 @@ QUOTA_REASONS = (
     "queue_bytes",
     "partitions",
     "pending_futures",
+    "read_bytes",
     "disk_bytes",
 )
 
@@ -45,6 +47,7 @@ class QuotaManager:
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._buckets: dict[str, _Bucket] = {}
+        self._read_buckets: dict[str, _Bucket] = {}
         self._lock = threading.Lock()
 
     def take_request(self, tenant_id: str, quotas: TenantQuotas) -> None:
@@ -74,6 +77,42 @@ class QuotaManager:
             limit=quotas.requests_per_s,
             retry_after_s=retry,
         )
+
+    def take_read_bytes(self, tenant_id: str, nbytes: int, quotas: TenantQuotas) -> None:
+        """Spend ``nbytes`` of the tenant's ``get_data`` byte budget (a token bucket of
+        ``read_burst_bytes`` refilled at ``read_bytes_per_s``).
+
+        Raises:
+            QuotaExceededError: reason ``read_bytes``, with ``retry_after_s``: when the
+                bytes will be there (the read itself must fit ``read_burst_bytes``).
+        """
+        rate, burst = quotas.read_bytes_per_s, float(quotas.read_burst_bytes)
+        now = self._clock.now()
+        with self._lock:
+            bucket = self._read_buckets.get(tenant_id)
+            if bucket is None:
+                bucket = self._read_buckets[tenant_id] = _Bucket(burst, now)
+            bucket.tokens = min(burst, bucket.tokens + max(0.0, now - bucket.updated) * rate)
+            bucket.updated = now
+            if bucket.tokens >= nbytes:
+                bucket.tokens -= nbytes
+                return
+            retry = (nbytes - bucket.tokens) / rate
+        raise QuotaExceededError(
+            f"tenant {tenant_id!r} read {nbytes} bytes with get_data beyond its budget of "
+            f"{rate:g} bytes/s (burst {quotas.read_burst_bytes}); retry in {retry:.3f} s",
+            reason="read_bytes",
+            limit=rate,
+            retry_after_s=retry,
+            requested=nbytes,
+        )
+
+    def refund_read_bytes(self, tenant_id: str, nbytes: int, quotas: TenantQuotas) -> None:
+        """Give back bytes a read charged and never answered (it failed)."""
+        with self._lock:
+            bucket = self._read_buckets.get(tenant_id)
+            if bucket is not None:
+                bucket.tokens = min(float(quotas.read_burst_bytes), bucket.tokens + nbytes)
 
     @staticmethod
     def check_count(

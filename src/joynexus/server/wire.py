@@ -40,6 +40,7 @@ from joynexus.wire import (
 __all__ = [
     "Tensor",
     "add_component_schemas",
+    "answer_nbytes",
     "decode_body",
     "decode_bytes",
     "read_body",
@@ -220,6 +221,19 @@ def wants_msgpack(request: Request) -> bool:
     """True when the client's ``Accept`` header names a msgpack media type."""
     accept = request.headers.get("accept", "").lower()
     return any(t in accept for t in _MSGPACK_TYPES)
+
+
+#: Bytes one tensor of an answer adds to its data, at most, in either encoding: its
+#: field name (≤ 128 characters), dtype, up to 32 dimensions and the framing.
+TENSOR_ANSWER_OVERHEAD = 1024
+
+
+def answer_nbytes(tensor_nbytes: int, tensors: int, *, msgpack: bool) -> int:
+    """Bound of the bytes :func:`respond` makes of ``tensors`` arrays that hold
+    ``tensor_nbytes`` bytes together: msgpack carries the raw bytes, JSON their base64
+    (4 characters per 3 bytes, so a JSON answer is a third larger than its tensors)."""
+    data = tensor_nbytes if msgpack else 4 * (-(-tensor_nbytes // 3) + tensors)
+    return data + tensors * TENSOR_ANSWER_OVERHEAD
 
 
 def respond(request: Request, model: BaseModel, status_code: int = 200) -> Response:

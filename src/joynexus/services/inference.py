@@ -16,11 +16,14 @@ dataset) computes in normalized units, so ``predict`` normalizes the state befor
 backbone and head and un-normalizes the actions after them; rollouts store the
 normalized state and actions the tenant trains on.
 
-One request cannot hold the shared backbone: a ``predict`` of more rows than the
-batcher's B is split into B-row pieces (one version pinned for all of them), each its
-own queue request, so the fair Inference Queue runs other tenants' requests between
-them; and every request carries a queue deadline (``request_deadline_s``, 504
-``deadline_exceeded`` when it passes before the request runs).
+One request cannot hold the shared backbone: a ``predict`` of more rows than C
+(``tenant_batch_rows``, at most the batcher's B) is split into C-row pieces (one
+version pinned for all of them), each its own queue request, answered together; the
+fair Inference Queue puts at most C rows of one tenant into a batch and starts each
+batch's turns with the tenant served longest ago, so another tenant's request waits at
+most one batch in which the large predict (or a flood) holds C rows. Every request
+carries a queue deadline (``request_deadline_s``, 504 ``deadline_exceeded`` when it
+passes before the request runs).
 
 Non-finite numbers never leave the service: ``load_weights`` refuses a tensor holding
 NaN or inf (naming it), and a prediction that comes out non-finite (finite but huge
@@ -129,6 +132,8 @@ class InferenceModelService:
         usage: Usage meter: each grouped batch's seconds by row share, request counts.
         request_deadline_s: Longest a predict (each of its pieces) may wait in the
             Inference Queue before it fails with ``deadline_exceeded``; None: no limit.
+        tenant_batch_rows: C, the most rows of one tenant in one batch: a larger
+            predict runs as C-row pieces (None, or more than B: B).
     """
 
     def __init__(
@@ -143,9 +148,12 @@ class InferenceModelService:
         metrics: MetricsService | None = None,
         usage: UsageMeter | None = None,
         request_deadline_s: float | None = 60.0,
+        tenant_batch_rows: int | None = None,
     ) -> None:
+        if tenant_batch_rows is not None and tenant_batch_rows < 1:
+            raise InvalidRequestError(f"tenant_batch_rows must be ≥ 1, got {tenant_batch_rows}")
         self.base = base
-        self._piece_rows = max_batch_size
+        self._piece_rows = min(max_batch_size, tenant_batch_rows or max_batch_size)
         self._deadline_s = request_deadline_s
         self.env = env
         self.queue = queue
@@ -161,6 +169,7 @@ class InferenceModelService:
             max_batch_size=max_batch_size,
             max_wait_s=max_wait_s,
             clock=clock,
+            max_tenant_samples=self._piece_rows,
         )
 
     # --- lifecycle -------------------------------------------------------------------

@@ -8,7 +8,10 @@ caller: a tenant cannot write samples in another tenant's name.
 
 Bounds: a tenant owns at most ``max_partitions`` partitions and ``max_queue_bytes``
 bytes (its quotas, 429 ``quota_exceeded``), and no write takes the whole queue above
-``ServerConfig.queue_memory_cap_bytes`` (429 ``memory_cap_exceeded``).
+``ServerConfig.queue_memory_cap_bytes`` (429 ``memory_cap_exceeded``). Reads are
+bounded per call (``max_response_bytes``, in the answer's encoding) and over time (the
+tenant's ``read_bytes_per_s`` / ``read_burst_bytes``, 429 ``quota_exceeded`` reason
+``read_bytes``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ from joynexus.queues.meta import BatchMeta, PartitionInfo, SampleMeta
 from joynexus.server.config import MAX_API_INT
 from joynexus.server.names import Name, PathName
 from joynexus.server.state import ServerState, State, TenantPrincipal, tenant_id_of
-from joynexus.server.wire import Tensor, decode_body, respond, tensor_body, tensor_response
+from joynexus.server.wire import (
+    Tensor,
+    answer_nbytes,
+    decode_body,
+    respond,
+    tensor_body,
+    tensor_response,
+    wants_msgpack,
+)
 
 router = APIRouter(prefix="/v1/queue/partitions", tags=["training-queue"])
 
@@ -234,9 +245,13 @@ async def get_data(
     """The tensors of the samples a ``get_meta`` chose, rows in ``indexes`` order.
 
     Bounded before anything is read: at most ``max_get_data_indexes`` indexes and
-    ``max_response_bytes`` bytes of tensors per call (422 ``limit_exceeded``; page the
-    read over several calls). A repeated index costs its bytes every time, so a small
-    request cannot make the server build a huge answer."""
+    ``max_response_bytes`` bytes of answer per call, counted in the encoding the client
+    asked for (a JSON answer carries base64, a third more than the tensors) — 422
+    ``limit_exceeded``: page the read over several calls. A repeated index costs its
+    bytes every time, so a small request cannot make the server build a huge answer.
+    Over time, the answers' bytes are charged to the tenant's read budget
+    (``read_bytes_per_s``, ``read_burst_bytes``): 429 ``read_bytes`` with
+    ``retry_after_s`` past it, so one tenant cannot keep the server building answers."""
     tenant = tenant_id_of(principal)
     cfg = state.config
     if len(body.indexes) > cfg.max_get_data_indexes:
@@ -250,20 +265,42 @@ async def get_data(
         )
     # Ownership first (in the gateway): another tenant's partition answers as unknown.
     size = state.gateway.read_nbytes(tenant, partition_id, body.fields, len(body.indexes))
-    if size > cfg.max_response_bytes:
+    msgpack = wants_msgpack(request)
+    answer = answer_nbytes(size, len(set(body.fields)), msgpack=msgpack)
+    encoding = "msgpack" if msgpack else "JSON (base64)"
+    if answer > cfg.max_response_bytes:
         raise LimitExceededError(
             f"get_data of {len(body.indexes)} samples of {sorted(set(body.fields))} is "
-            f"{size} bytes; this server returns at most {cfg.max_response_bytes} bytes per "
-            "call (server setting max_response_bytes): split the indexes over several calls",
+            f"{size} bytes of tensors, up to {answer} bytes as {encoding}; this server "
+            f"returns at most {cfg.max_response_bytes} bytes per call (server setting "
+            "max_response_bytes): split the indexes over several calls"
+            + ("" if msgpack else ", or ask for msgpack (Accept: application/msgpack)"),
             field="indexes",
             limit_bytes=cfg.max_response_bytes,
             size_bytes=size,
+            answer_bytes=answer,
             setting="max_response_bytes",
         )
-    data = await state.gateway.get_data(tenant, _batch_meta(partition_id, body))
-    arrays: dict[str, Any] = dict(data)  # torch tensors too: the codec converts them
-    # Encoded off the event loop: other tenants' requests are served meanwhile.
-    return await asyncio.to_thread(respond, request, DataOut.model_construct(data=arrays))
+    quotas = state.quotas_of(tenant)
+    if answer > quotas.read_burst_bytes:
+        raise LimitExceededError(
+            f"get_data of {len(body.indexes)} samples is up to {answer} bytes as {encoding}, "
+            f"more than tenant {tenant!r} may read at once (quota read_burst_bytes "
+            f"{quotas.read_burst_bytes}): split the indexes over several calls",
+            field="indexes",
+            limit_bytes=quotas.read_burst_bytes,
+            answer_bytes=answer,
+            setting="read_burst_bytes",
+        )
+    state.quotas.take_read_bytes(tenant, answer, quotas)
+    try:
+        data = await state.gateway.get_data(tenant, _batch_meta(partition_id, body))
+        arrays: dict[str, Any] = dict(data)  # torch tensors too: the codec converts them
+        # Encoded off the event loop: other tenants' requests are served meanwhile.
+        return await asyncio.to_thread(respond, request, DataOut.model_construct(data=arrays))
+    except BaseException:
+        state.quotas.refund_read_bytes(tenant, answer, quotas)  # nothing was answered
+        raise
 
 
 @router.post(
