@@ -23,6 +23,7 @@ from tests.server.livesrv import (
     make_live,
     reach_rl,
     reach_sft,
+    tenant_dataset_root,
     uvicorn_thread,
 )
 
@@ -43,7 +44,8 @@ def _example() -> ModuleType:
 def test_two_workloads_and_a_custom_algorithm_share_one_server(
     tmp_path: Path, tiny_model: str, reach_demos: Path
 ) -> None:
-    limits = MasterLimits(dataset_roots=[reach_demos.parent])
+    root = tenant_dataset_root(tmp_path / "datasets", reach_demos, "bob")
+    limits = MasterLimits(dataset_roots=[root])
     srv = make_live(tmp_path / "run", tiny_model, limits=limits)
     admin_key = srv.tenants.create_admin_key().api_key
     example = _example()
@@ -66,7 +68,7 @@ def test_two_workloads_and_a_custom_algorithm_share_one_server(
         thread = threading.Thread(target=carol)
         with Client(url, keys["alice"]) as alice, Client(url, keys["bob"]) as bob:
             rl = alice.submit(reach_rl("alice", tiny_model, target=2))
-            sft = bob.submit(reach_sft("bob", tiny_model, reach_demos, target=2))
+            sft = bob.submit(reach_sft("bob", tiny_model, Path(reach_demos.name), target=2))
             thread.start()
             seen: list[WorkloadStatus] = []
             done_rl = alice.wait(rl.workload_id, poll_s=0.1, timeout_s=300, on_progress=seen.append)

@@ -17,6 +17,7 @@ from tests.server.livesrv import (  # fixtures: reach_demos, tiny_model
     reach_custom,
     reach_demos,  # noqa: F401
     reach_rl,
+    tenant_dataset_root,
     tiny_model,  # noqa: F401
 )
 
@@ -36,7 +37,8 @@ def test_tenant_creator_validates_and_signs_deterministically(
     tiny_model: str,  # noqa: F811
     reach_demos: Path,  # noqa: F811
 ) -> None:
-    srv = make_live(tmp_path, tiny_model, limits=MasterLimits(dataset_roots=[reach_demos.parent]))
+    roots = [tenant_dataset_root(tmp_path / "datasets", reach_demos, "alice")]
+    srv = make_live(tmp_path, tiny_model, limits=MasterLimits(dataset_roots=roots))
     master = srv.master
     a = master.compile(parse_spec(reach_rl("alice", tiny_model)), "alice")
     b = master.compile(parse_spec(reach_custom("alice", tiny_model)), "alice")
@@ -61,7 +63,7 @@ def test_tenant_creator_validates_and_signs_deterministically(
     own = ev.model_copy(
         update={"evaluation": ev.evaluation.model_copy(update={"targets": ["alice"]})}
     )  # type: ignore[union-attr]
-    with pytest.raises(SpecError, match="trainable"):
+    with pytest.raises(SpecError, match="no policy to evaluate"):
         master.compile(own, "alice")  # no policy yet
 
 
@@ -73,13 +75,12 @@ def test_lifecycle_sft_then_eval_of_the_same_policy(
     from tests.server.livesrv import reach_sft
 
     async def main() -> None:
-        srv = make_live(
-            tmp_path, tiny_model, limits=MasterLimits(dataset_roots=[reach_demos.parent])
-        )
+        roots = [tenant_dataset_root(tmp_path / "datasets", reach_demos, "alice")]
+        srv = make_live(tmp_path, tiny_model, limits=MasterLimits(dataset_roots=roots))
         master = srv.master
         async with srv.app.router.lifespan_context(srv.app):
             st = await master.submit(
-                parse_spec(reach_sft("alice", tiny_model, reach_demos)), "alice"
+                parse_spec(reach_sft("alice", tiny_model, Path(reach_demos.name))), "alice"
             )
             with pytest.raises(ConflictError):
                 await master.submit(parse_spec(reach_custom("alice", tiny_model)), "alice")

@@ -8,6 +8,7 @@ client and the custom-algorithm example.
 from __future__ import annotations
 
 import asyncio
+import shutil
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -146,6 +147,14 @@ def reach_rl(tenant: str, model: str, *, target: int = 2, **algo: Any) -> dict[s
         "action_module": {"type": "oft", "hidden_dim": 32, "num_blocks": 1},
         "scheduling": {"completion_target": target, "max_in_flight": 2},
     }
+
+
+def tenant_dataset_root(root: Path, dataset: Path, *tenants: str) -> Path:
+    """A served dataset root holding a copy of ``dataset`` in each tenant's own folder
+    (``<root>/<tenant>/<name>``); specs name it ``<name>``."""
+    for tenant in tenants:
+        shutil.copytree(dataset, root / tenant / dataset.name)
+    return root
 
 
 def reach_sft(tenant: str, model: str, dataset: Path, *, target: int = 2) -> dict[str, Any]:

@@ -41,7 +41,7 @@ from joynexus.api import UsageReport, WorkloadState, WorkloadStatus
 from joynexus.client import APIError, Client, RetryPolicy
 from joynexus.control.job import JobState, TrainingJob
 from joynexus.master.store import SQLiteWorkloadStore, WorkloadRecord
-from tests.server.livesrv import reach_rl, reach_sft
+from tests.server.livesrv import reach_rl, reach_sft, tenant_dataset_root
 from tests.server.subproc import (
     BASE,
     Served,
@@ -317,10 +317,11 @@ def test_chaos_kills_server_and_workers_every_workload_completes(
     pytest.importorskip("psutil", reason="the simulator workers are found with psutil")
     t0 = time.monotonic()
     run_dir, log = tmp_path / "run", tmp_path / "serve.log"
-    args = ("--dataset-root", str(reach_demos.parent))
+    root = tenant_dataset_root(tmp_path / "datasets", reach_demos, "bob")
+    args = ("--dataset-root", str(root))
     chaos = Chaos(tmp_path, random.Random(SEED))
     rl = reach_rl("alice", BASE, target=RL_TARGET, horizon=16)
-    sft = reach_sft("bob", BASE, reach_demos, target=SFT_TARGET)
+    sft = reach_sft("bob", BASE, Path(reach_demos.name), target=SFT_TARGET)
     sft["algorithm"]["samples_per_job"] = 16 * SFT_STEPS_PER_JOB
     ev = {
         "tenant": "alice",

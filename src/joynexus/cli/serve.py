@@ -132,7 +132,11 @@ def serve(
     ] = None,
     dataset_root: Annotated[
         list[Path] | None,
-        typer.Option("--dataset-root", help="Directories SFT datasets may be read from."),
+        typer.Option(
+            "--dataset-root",
+            help="A directory of tenants' SFT datasets, each in its tenant's folder "
+            "<root>/<tenant>/ (repeatable; <run-dir>/datasets comes last).",
+        ),
     ] = None,
     gym_allow_id: Annotated[
         list[str] | None,

@@ -32,7 +32,7 @@ from joynexus.data.lerobot_format import (
 from joynexus.data.stats import Stats, aggregate_stats, stats_from_json
 from joynexus.errors import DatasetError
 
-__all__ = ["DatasetMeta", "EpisodeMeta", "load_meta"]
+__all__ = ["DatasetMeta", "EpisodeMeta", "check_inside", "load_meta"]
 
 
 @dataclass(frozen=True)
@@ -107,9 +107,31 @@ def load_meta(root: str | Path) -> DatasetMeta:
     if not root.is_dir():
         raise DatasetError(f"{root}: dataset directory does not exist", file=str(root))
     info = load_info(root)
-    if info.codebase_version == CODEBASE_VERSION:
-        return _load_v3(root, info)
-    return _load_v2(root, info)
+    meta = (
+        _load_v3(root, info) if info.codebase_version == CODEBASE_VERSION else _load_v2(root, info)
+    )
+    for ep in meta.episodes:
+        for rel in (ep.data_file, *ep.video_files.values()):
+            check_inside(root, rel)
+    return meta
+
+
+def check_inside(root: Path, rel: str | Path) -> Path:
+    """``root / rel`` for a path the dataset's own files name, refused when it leaves
+    the dataset (absolute, or through ``..``): metadata must never make a reader open
+    another folder's files.
+
+    Raises:
+        DatasetError: ``rel`` is absolute or has a ``..`` part.
+    """
+    rel = Path(rel)
+    if rel.is_absolute() or ".." in rel.parts:
+        raise DatasetError(
+            f"{root}: the dataset names file {str(rel)!r} outside its own folder; every "
+            "file it names must be a relative path inside it (no '..')",
+            file=str(rel),
+        )
+    return root / rel
 
 
 # ---------------------------------------------------------------------- v3.0

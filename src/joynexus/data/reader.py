@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 from joynexus.data.arrow_io import column_to_numpy, decode_image
 from joynexus.data.frame_cache import DEFAULT_FRAME_CACHE_MB, FrameCache
 from joynexus.data.lerobot_format import FeatureSpec
-from joynexus.data.metadata import DatasetMeta, load_meta
+from joynexus.data.metadata import DatasetMeta, check_inside, load_meta
 from joynexus.data.video import decode_frames, decode_span, pick_frames, probe_video
 from joynexus.errors import DatasetError
 
@@ -251,7 +251,7 @@ class LeRobotDataset:
         data = cell.get("bytes") if isinstance(cell, dict) else None
         if data is None:
             rel = cell.get("path") if isinstance(cell, dict) else None
-            if not rel or not (self.root / rel).is_file():
+            if not rel or not check_inside(self.root, rel).is_file():
                 raise DatasetError(
                     f"{self.root}: image feature {key!r} row {row} has neither bytes nor a "
                     "readable path",

@@ -9,9 +9,11 @@ from typing import Any
 
 from joynexus.api import WorkloadState
 from joynexus.control.admission import GlobalLimit
-from joynexus.errors import PermissionDeniedError, SpecError
+from joynexus.data.record import SCRIPTED_EXPERT_KINDS
+from joynexus.errors import DatasetError, JoyNexusError, PermissionDeniedError, SpecError
 from joynexus.master.limits import MasterLimits, check_limits
 from joynexus.master.records import WorkloadBook
+from joynexus.master.tenant_datasets import in_tenant_terms, not_found, place_tenant_dataset
 from joynexus.spec.workload import WorkloadSpec
 from joynexus.workflows.compile import (
     DEFAULT_MAX_ACTIVE_ROLLOUTS,
@@ -48,6 +50,9 @@ class SpecCompiler:
             PermissionDeniedError: the spec is for another tenant, or evaluates one.
             SpecError / DatasetError: the spec asks for something this server cannot
                 do; ``details.fields`` names the offending fields.
+            NotFoundError: the tenant has no dataset of the name ``dataset.path`` gives
+                and the server cannot record one
+                (:mod:`joynexus.master.tenant_datasets`).
         """
         if spec.tenant != tenant_id:
             raise PermissionDeniedError(
@@ -58,6 +63,15 @@ class SpecCompiler:
         base = self.book.base
         spec = spec.model_copy(update={"output_dir": self.book.output_root})
         check_limits(spec, self.limits, self.book.base_model_id)
+        placed = None
+        if spec.dataset is not None and self.limits.tenant_datasets:
+            # The tenant's own dataset, never another's; messages show its path only.
+            placed = place_tenant_dataset(spec.dataset.path, tenant_id, self.limits.dataset_roots)
+            recordable = spec.env is not None and spec.env.kind in SCRIPTED_EXPERT_KINDS
+            if not placed.exists and not recordable:
+                raise not_found(placed, tenant_id)
+            dataset = spec.dataset.model_copy(update={"path": placed.path})
+            spec = spec.model_copy(update={"dataset": dataset})
         if spec.init_from is not None and not self.limits.cross_tenant_eval:
             raise PermissionDeniedError(
                 "init_from reads another tenant's (or a file's) checkpoint; on this server "
@@ -73,12 +87,25 @@ class SpecCompiler:
                     f"its own policy ({tenant_id!r})",
                     field="evaluation.targets",
                 )
-        compiled = compile_workloads(
-            [spec],
-            allow_custom=True,
-            served=self.served_schemas(tenant_id, any_tenant=self.limits.cross_tenant_eval),
-            require_completion_target=False,
-        ).workloads[0]
+        try:
+            compiled = compile_workloads(
+                [spec],
+                allow_custom=True,
+                served=self.served_schemas(tenant_id, any_tenant=self.limits.cross_tenant_eval),
+                require_completion_target=False,
+            ).workloads[0]
+        except JoyNexusError as exc:
+            if placed is None:
+                raise
+            raise in_tenant_terms(exc, placed) from None
+        except OSError as exc:
+            if placed is None:
+                raise
+            raise DatasetError(
+                f"dataset.path {placed.written!r}: cannot read it ({exc.strerror})",
+                field="dataset.path",
+                fields=["dataset.path"],
+            ) from None
         slots = base.num_camera_slots
         if len(compiled.schema.cameras) > slots:
             raise SpecError(

@@ -31,7 +31,14 @@ class MasterLimits(EnvLimits):
         max_eval_episodes: Episodes per evaluation run.
         max_active_workloads_per_tenant: Non-terminal workloads per tenant (at most one
             of them trainable: rl, sft or custom).
-        dataset_roots: SFT datasets must live under one of these directories.
+        dataset_roots: Directories holding SFT datasets. With ``tenant_datasets`` (a
+            server) each tenant has its own folder ``<root>/<tenant>/`` in each, and a
+            spec names one of its own datasets relative to it
+            (:mod:`joynexus.master.tenant_datasets`; the last root receives datasets
+            recorded on first use); without, a dataset must lie under one of them.
+        tenant_datasets: Datasets are per tenant under the roots (a shared server);
+            false for a single-user ``joynexus run``, whose local paths are read as
+            written.
         denied_env_kinds: Environment kinds workloads may not use.
         cross_tenant_eval: An evaluation may target other tenants (a single-user
             ``joynexus run``); a shared server keeps every tenant to its own policy.
@@ -46,6 +53,7 @@ class MasterLimits(EnvLimits):
     max_eval_episodes: int = Field(default=1000, ge=1)
     max_active_workloads_per_tenant: int = Field(default=2, ge=1)
     dataset_roots: list[Path] = Field(default_factory=list)
+    tenant_datasets: bool = True
     cross_tenant_eval: bool = False
 
 
@@ -84,7 +92,8 @@ def check_limits(spec: WorkloadSpec, lim: MasterLimits, base_model_id: str) -> N
     for name, value, limit in checks:
         if value is not None and value > limit:
             problems.append((name, f"{value} exceeds this server's limit of {limit}"))
-    if spec.dataset is not None:
+    # A served tenant's dataset is placed in its own folder by the SpecCompiler.
+    if spec.dataset is not None and not lim.tenant_datasets:
         path = spec.dataset.path.resolve()
         roots = [r.resolve() for r in lim.dataset_roots]
         if not any(path.is_relative_to(r) for r in roots):

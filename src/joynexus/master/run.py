@@ -151,6 +151,7 @@ class LocalRun:
         envs = [w.spec.env.num_envs for w in compiled.workloads if w.spec.env is not None]
         limits = self.limits or MasterLimits(
             dataset_roots=roots,
+            tenant_datasets=False,
             max_num_envs=max([MasterLimits().max_num_envs, *envs]),
             denied_env_kinds=[],
             cross_tenant_eval=True,
