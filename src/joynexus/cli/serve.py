@@ -225,6 +225,23 @@ def serve(
             "--max-connections", min=1, help="Open connections; more are closed (503 above)."
         ),
     ] = 512,
+    ws_ping_interval: Annotated[
+        float,
+        typer.Option(
+            "--ws-ping-interval",
+            min=0.001,
+            help="Seconds between the server's pings on an open websocket (robots).",
+        ),
+    ] = 20.0,
+    ws_missed_pings: Annotated[
+        int,
+        typer.Option(
+            "--ws-missed-pings",
+            min=1,
+            help="Ping intervals a websocket may leave a ping unanswered before it is "
+            "closed (a half-open or frozen robot).",
+        ),
+    ] = 3,
     max_wait_ms: Annotated[
         float,
         typer.Option(
@@ -314,7 +331,12 @@ def serve(
     from joynexus.runtime.ray_hosting import RayPlacement
     from joynexus.server.auth import TenantStore
     from joynexus.server.config import ServerConfig
-    from joynexus.server.connections import ConnectionLimits, install_log_limits, uvicorn_options
+    from joynexus.server.connections import (
+        ConnectionLimits,
+        install_log_limits,
+        raise_open_files_limit,
+        uvicorn_options,
+    )
     from joynexus.server.serve import build_live_app, build_plane, ensure_admin_key
     from joynexus.spec.workload import BaseModelSpec
 
@@ -344,6 +366,8 @@ def serve(
         header_timeout_s=header_timeout,
         idle_timeout_s=idle_timeout,
         max_connections=max_connections,
+        ws_ping_interval_s=ws_ping_interval,
+        ws_missed_pings=ws_missed_pings,
     )
     server_config = ServerConfig(
         gym_allowed_ids=gym_allow_id or None,
@@ -425,6 +449,16 @@ def serve(
     try:
         # Slow or half-open clients and accept-error storms: see server.connections.
         install_log_limits(connection_limits)
+        # Each port (the main one, --openpi-port, and in front mode the model process's
+        # loopback behind them) holds up to --max-connections descriptors.
+        ports = 2 + (openpi_port is not None)
+        soft, need = raise_open_files_limit(connection_limits, ports)
+        if soft < need:
+            console.print(
+                f"[yellow]warning:[/yellow] the open-files limit is {soft}; --max-connections "
+                f"{max_connections} on {ports} listeners needs {need}: lower "
+                "--max-connections or raise the hard limit (ulimit -Hn)"
+            )
         options = uvicorn_options(connection_limits)
         from joynexus.server.front.supervisor import default_front_procs, serve_with_fronts
 
@@ -593,7 +627,7 @@ def _serve_with_openpi(
     asyncio.run(
         serve_together(
             uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", **options)),
-            _openpi_server(app, host, openpi_port),
+            _openpi_server(app, host, openpi_port, options),
         )
     )
 
@@ -602,8 +636,9 @@ def _openpi_line(host: str, openpi_port: int) -> str:
     return f"openpi websocket policy endpoint: ws://{host}:{openpi_port} (GET /healthz there)"
 
 
-def _openpi_server(app: FastAPI, host: str, openpi_port: int) -> Any:
-    """The openpi port's server (its own app, the main app's state)."""
+def _openpi_server(app: FastAPI, host: str, openpi_port: int, options: dict[str, Any]) -> Any:
+    """The openpi port's server (its own app, the main app's state), with the main
+    port's connection ``options``: the same header timeout, cap and websocket pings."""
     import uvicorn
 
     from joynexus.server.openpi import OPENPI, openpi_app
@@ -612,5 +647,7 @@ def _openpi_server(app: FastAPI, host: str, openpi_port: int) -> Any:
     side = openpi_app(state, state.service(OPENPI))
     console.print(_openpi_line(host, openpi_port))
     return uvicorn.Server(
-        uvicorn.Config(side, host=host, port=openpi_port, log_level="info", lifespan="off")
+        uvicorn.Config(
+            side, host=host, port=openpi_port, log_level="info", lifespan="off", **options
+        )
     )
