@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from joynexus.bench.server_procs import Server, running_servers
 from joynexus.bench.serving import _open_tenant, predict_body
 from joynexus.wire import MSGPACK_MEDIA_TYPE
+from tests.server.subproc import Served, serve
 
 psutil = pytest.importorskip("psutil")
 
@@ -98,3 +100,31 @@ def test_a_killed_front_is_restarted_and_nothing_hangs(tmp_path: Path) -> None:
         assert "starting a new one" in log
         # The hub dropped the dead front's answers quietly: no error in either process.
         assert "Traceback" not in log, log[-4000:]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_a_stop_unlinks_every_block_and_leaks_nothing(tmp_path: Path, sig: int) -> None:
+    """Regression: every stop printed ``resource_tracker: There appear to be N leaked
+    shared_memory objects``: uvicorn re-raised its signal, killing the model process
+    while the supervisor still waited for the fronts, before it unlinked their blocks."""
+    log = tmp_path / "serve.log"
+    with serve(tmp_path / "run", log, "--front-procs", "2") as srv:
+        with httpx.Client(base_url=srv.url, timeout=CLIENT_TIMEOUT_S) as c:
+            assert c.get("/healthz").status_code == 200
+        blocks = {
+            p.name
+            for p in Path("/dev/shm").glob("psm_*")
+            if any(p.name in " ".join(f.cmdline()) for f in _server_fronts(srv))
+        }
+        assert len(blocks) == 2, blocks  # one per front, named on its command line
+        srv._stop(sig)
+        text = srv.own_log()
+    assert "leaked shared_memory" not in text, text[-3000:]
+    assert "resource_tracker" not in text, text[-3000:]
+    assert not any((Path("/dev/shm") / name).exists() for name in blocks)
+
+
+def _server_fronts(srv: Served) -> list[Any]:
+    kids = srv.descendants()
+    return [p for p in kids if "joynexus.server.front.worker" in " ".join(p.cmdline())]

@@ -26,13 +26,16 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing import shared_memory
 from pathlib import Path
 from typing import Any
 
 import uvicorn
+from uvicorn.server import HANDLED_SIGNALS
 
 from joynexus.server.config import ServerConfig
 from joynexus.server.connections import ConnectionLimits
@@ -190,6 +193,38 @@ def _unlink(block: shared_memory.SharedMemory) -> None:
         block.unlink()
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server whose signal is raised again only once the fronts are cleaned up.
+
+    uvicorn re-raises the SIGTERM / SIGINT it shut down on as soon as its own shutdown
+    ends, which killed this process while :meth:`FrontSupervisor.stop` was still waiting
+    for the fronts: the shared-memory blocks were never unlinked, and the resource
+    tracker reported them as leaked on every stop. :func:`serve_with_fronts` raises
+    :attr:`received` itself, after the cleanup.
+    """
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.received: list[int] = []
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.received.append(sig)
+        super().handle_exit(sig, frame)
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """uvicorn's handlers while serving, without its re-raise at the end."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+
+
 def serve_with_fronts(
     app: Any,
     *,
@@ -223,7 +258,7 @@ def serve_with_fronts(
         hub = FrontHub(state)
         # The fronts write each public request's access-log line; the loopback does not.
         config = uvicorn.Config(app, log_level="info", access_log=False, **options)
-        server = uvicorn.Server(config)
+        server = _Server(config)
         gateway = state.services.extras.get(OPENPI)
         token = ""
         if isinstance(gateway, OpenPIGateway):
@@ -232,6 +267,10 @@ def serve_with_fronts(
             fronts, public, hub, hub_path, loopback, state.config, limits, token, openpi
         )
         asyncio.run(_run(server, internal, hub, hub_path, supervisor))
+    # Every block unlinked and the hub's directory removed: now the signal's default
+    # action (uvicorn's exit status), as uvicorn would have raised it.
+    for sig in reversed(server.received):
+        signal.raise_signal(sig)
 
 
 async def _run(
