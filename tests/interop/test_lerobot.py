@@ -190,3 +190,25 @@ def test_a_missing_venv_says_how_to_build_it(
     monkeypatch.setattr(venvs, "_CHECKOUT", tmp_path)
     with pytest.raises(ServiceUnavailableError, match=r"install-python-extras\.sh"):
         run_lerobot_side(["make-tiny"])
+
+
+def test_the_backbones_page_offers_no_lerobot_id_the_code_refuses() -> None:
+    """Regression: docs/BACKBONES.md offered ``lerobot/pi0_base`` as a hostable base
+    model while ``spec check`` refused it. Every ``lerobot/...`` id its "Which models"
+    section offers (outside the sentence saying what is refused) passes the check."""
+    import re
+
+    from joynexus.interop.lerobot import check_lerobot_base
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "BACKBONES.md").read_text()
+    section = page.split("## Which models", 1)[1].split("\n## ", 1)[0]
+    sentences = re.split(r"(?<=\.)\s", " ".join(section.split()))
+    offered = {
+        m for s in sentences if "refused" not in s for m in re.findall(r"`(lerobot/[\w.-]+)`", s)
+    }
+    assert offered, "the section names no LeRobot id"
+    for model_id in sorted(offered):
+        check_lerobot_base(model_id, None)  # raises SpecError for one the code refuses
+    with pytest.raises(SpecError, match="hosts only \\['smolvla'\\]"):
+        check_lerobot_base("lerobot/pi0_base", None)
+    assert "`lerobot/pi0_base`" in section and "refused today" in section
