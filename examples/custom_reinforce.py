@@ -16,26 +16,39 @@ Queue and Training Scheduler exactly as the paper's Figure 4 draws them:
 4. as the learner: ``lease`` it, ``get_meta`` / ``get_data`` the whole batch,
    ``train_batch(loss="reinforce")`` (one optimizer step on the tenant's slot),
    ``complete`` the job and ``clear`` its partition (``fail`` it if anything breaks);
-5. publish the new weights to inference: ``export_params`` -> ``load_weights``;
-6. cancel the workload at the end (closes the session, frees the slot).
+5. publish the new weights to inference: ``export_params`` -> ``load_weights``.
 
-Run it against a server started as the README says (``joynexus serve --run-dir
-runs/server --base-model tiny:qwen2_5_vl``) with a tenant's key; the tenant is the
-key's own unless ``--tenant`` says otherwise::
+At the end the tenant **keeps serving** its trained policy (its custom workload stays
+running and holds the slot; the environment session is closed): predict with its key,
+``joynexus export`` it, or free the slot with ``joynexus cancel <workload>``;
+``--cancel`` does that here (the tenant then has no served policy). The last lines say
+which it did.
 
-    JOYNEXUS_URL=http://127.0.0.1:8000 JOYNEXUS_API_KEY=jnx_... \\
+The example gets its own tenant. Run it against a server started as the README says
+(``joynexus serve --run-dir runs/server --base-model tiny:qwen2_5_vl``) with the admin
+key the server wrote to ``runs/server/admin.key``: it creates a new tenant
+(``reinforce-<random>``, or ``--tenant NAME``) and prints its key::
+
+    JOYNEXUS_URL=http://127.0.0.1:8000 JOYNEXUS_ADMIN_KEY=$(cat runs/server/admin.key) \\
         python examples/custom_reinforce.py --iterations 3
+
+With a tenant's key instead (``--api-key`` / ``JOYNEXUS_API_KEY``) it trains that tenant,
+which must have no finished training target (a tenant whose ``rl`` workload completed,
+such as the quickstart's ``reach-ppo``, is refused new RL jobs).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from joynexus.client import Client
+from joynexus.client import APIError, Client
 
 
 @dataclass
@@ -51,7 +64,10 @@ class Iteration:
 @dataclass
 class Report:
     workload_id: str
+    tenant: str
     iterations: list[Iteration] = field(default_factory=list)
+    #: Whether the workload was cancelled at the end (the tenant serves nothing then).
+    cancelled: bool = False
 
 
 def reward_to_go(rewards: np.ndarray, dones: np.ndarray, gamma: float) -> np.ndarray:
@@ -178,8 +194,13 @@ def run(
     horizon: int = 8,
     gamma: float = 0.95,
     seed: int = 0,
+    cancel: bool = False,
 ) -> Report:
-    """Train ``tenant``'s policy (default: the key's own) on reach2d with REINFORCE."""
+    """Train ``tenant``'s policy (default: the key's own) on reach2d with REINFORCE.
+
+    The custom workload stays running (the tenant serves its trained policy) unless
+    ``cancel`` (or an error) cancels it; the environment session is always closed.
+    """
     tenant = tenant or str(client.me()["tenant_id"])
     env: dict[str, Any] = {
         "kind": "reach2d",
@@ -198,7 +219,7 @@ def run(
             "seed": seed,
         }
     )
-    report = Report(status.workload_id)
+    report = Report(status.workload_id, tenant)
     client.wait(status.workload_id, states=["running"], poll_s=0.05)
     session = client.create_session(env)["session_id"]
     try:
@@ -221,25 +242,107 @@ def run(
             report.iterations.append(
                 Iteration(float(data["reward"].mean()), result.loss, result.policy_version, served)
             )
+    except BaseException:
+        cancel = True  # nothing half-trained is left holding a slot
+        raise
     finally:
-        client.cancel(status.workload_id)
+        client.close_session(session)
+        if cancel:
+            client.cancel(status.workload_id)
+            report.cancelled = True
     return report
+
+
+def tenant_key(client_url: str | None, admin_key: str | None, tenant: str | None) -> str:
+    """A new tenant's key, created with ``admin_key`` (``tenant`` or a fresh name)."""
+    name = tenant or f"reinforce-{secrets.token_hex(3)}"
+    with Client(client_url, admin_key) as admin:
+        key = str(admin.create_tenant(name)["api_key"])
+    print(f"created tenant {name} (API key: {key})")
+    return key
+
+
+def _is_admin(url: str | None, key: str | None) -> bool:
+    """Whether ``key`` is an admin key (the README exports one as JOYNEXUS_API_KEY too)."""
+    with Client(url, key) as client:
+        try:
+            client.me()
+        except APIError as exc:
+            if exc.status == 403:  # authenticated, but not a tenant: the admin
+                return True
+            raise
+    return False
+
+
+def _explain(exc: APIError, tenant: str) -> str:
+    """One line for a refusal this example can say more about."""
+    if exc.code == "quota_exceeded" and "completion_target" in str(exc):
+        return (
+            f"tenant {tenant!r} has reached the training target of an earlier workload, so "
+            "it takes no new RL jobs; run with an admin key (--admin-key or "
+            "JOYNEXUS_ADMIN_KEY) and this example creates a tenant of its own"
+        )
+    return str(exc)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=None, help="default: $JOYNEXUS_URL")
-    parser.add_argument("--api-key", default=None, help="default: $JOYNEXUS_API_KEY")
-    parser.add_argument("--tenant", default=None, help="default: the API key's tenant")
+    parser.add_argument(
+        "--admin-key",
+        default=os.environ.get("JOYNEXUS_ADMIN_KEY"),
+        help="create a tenant of its own with this admin key (default: $JOYNEXUS_ADMIN_KEY)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="without an admin key: train this key's tenant (default: $JOYNEXUS_API_KEY)",
+    )
+    parser.add_argument(
+        "--tenant", default=None, help="the tenant to create (default: reinforce-<random>)"
+    )
     parser.add_argument("--base-model", default="tiny:qwen2_5_vl")
     parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument(
+        "--cancel", action="store_true", help="cancel the workload at the end (frees the slot)"
+    )
     args = parser.parse_args()
-    with Client(args.url, args.api_key) as client:
-        report = run(client, args.tenant, args.base_model, iterations=args.iterations)
+    api_key = args.api_key or os.environ.get("JOYNEXUS_API_KEY")
+    if not (args.admin_key or api_key):
+        sys.exit(
+            "error: pass an admin key (--admin-key or JOYNEXUS_ADMIN_KEY; `joynexus serve` "
+            "wrote it to <run-dir>/admin.key) and this example creates its own tenant, or a "
+            "tenant's key (--api-key or JOYNEXUS_API_KEY)"
+        )
+    tenant = args.tenant
+    try:
+        if args.admin_key or _is_admin(args.url, api_key):
+            args.admin_key = args.admin_key or api_key
+            api_key = tenant_key(args.url, args.admin_key, args.tenant)
+            tenant = None  # the new key's own
+        with Client(args.url, api_key) as client:
+            tenant = tenant or str(client.me()["tenant_id"])
+            report = run(
+                client, tenant, args.base_model, iterations=args.iterations, cancel=args.cancel
+            )
+    except APIError as exc:
+        sys.exit(f"error: {_explain(exc, str(tenant))}")
     for i, it in enumerate(report.iterations):
         print(
             f"iter {i}: mean reward {it.mean_reward:+.3f}  loss {it.loss:+.4f}  "
             f"version {it.policy_version} (served {it.served_version})"
+        )
+    if report.cancelled:
+        print(
+            f"workload {report.workload_id} cancelled: tenant {report.tenant} has no served "
+            "policy now (its slot is freed)"
+        )
+    else:
+        served = report.iterations[-1].served_version if report.iterations else 0
+        print(
+            f"tenant {report.tenant} serves policy version {served}; workload "
+            f"{report.workload_id} stays running to hold it (free it: joynexus cancel "
+            f"{report.workload_id})"
         )
 
 
