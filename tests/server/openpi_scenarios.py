@@ -76,6 +76,9 @@ def main() -> None:
         out["bad_key_status"] = None
     except websockets.exceptions.InvalidStatus as exc:
         out["bad_key_status"] = exc.response.status_code
+        # What openpi_client shows (the status only) and where the reason is (the body).
+        out["bad_key_text"] = str(exc)
+        out["bad_key_body"] = bytes(exc.response.body or b"").decode()
 
     # carol allows one connection: a second is refused with 429 and the reason.
     carol = websocket_client_policy.WebsocketClientPolicy(url, api_key=keys["carol"])

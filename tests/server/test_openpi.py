@@ -207,6 +207,10 @@ def test_openpi_client_reaches_each_tenants_batched_policy(tmp_path: Path, tiny_
     assert seen["bob_actions_shape"] == [2, 8]
     assert "observation/exterior_image_1_left" in seen["bob_with_alice_obs_error"]
     assert seen["bad_key_status"] == 401
+    # openpi_client's exception says only the status; the reason is the body, short
+    # and explicit, as docs/OPENPI.md tells a user to read it.
+    assert seen["bad_key_text"] == "server rejected WebSocket connection: HTTP 401"
+    assert seen["bad_key_body"] == "unauthenticated: invalid or revoked API key\n"
     status, reason = seen["carol_second"]
     assert status == 429 and "max_connections" in reason
 
