@@ -50,8 +50,8 @@ def _hub_cached(repo_id: str) -> bool:
 
 
 def _offline() -> bool:
-    value = os.environ.get("HF_HUB_OFFLINE", "").strip().lower()
-    return value in {"1", "true", "yes", "on"}
+    # The rule ResidentBaseModel.from_pretrained loads by: any value but empty or 0.
+    return os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
 
 
 def check_base_model(model_id: str, *, require_local: bool = True) -> None:
