@@ -26,7 +26,7 @@ def _planned(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *args: str) -> Run
         raise ServiceUnavailableError("stopped here by the test")
 
     monkeypatch.setattr("joynexus.server.serve.build_plane", build_plane)
-    result = CliRunner().invoke(app, ["serve", "--run-dir", str(run_dir), *args])
+    result = CliRunner().invoke(app, ["serve", "--port", "0", "--run-dir", str(run_dir), *args])
     assert result.exit_code == 1, result.output
     assert "stopped here by the test" in result.output
     config = seen["config"]
@@ -67,7 +67,9 @@ def test_serves_deadline_bound_is_the_runtimes() -> None:
     ],
 )
 def test_a_bad_t_or_b_exits_2_naming_the_option(tmp_path: Path, option: str, value: str) -> None:
-    result = CliRunner().invoke(app, ["serve", "--run-dir", str(tmp_path / "run"), option, value])
+    result = CliRunner().invoke(
+        app, ["serve", "--port", "0", "--run-dir", str(tmp_path / "run"), option, value]
+    )
     assert result.exit_code == 2
     assert option in result.output
     assert not (tmp_path / "run").exists()  # refused before anything was created

@@ -51,5 +51,7 @@ def test_cli_round_trip(tmp_path: Path, tiny_model: str) -> None:
 
 
 def test_serve_with_an_unavailable_runtime_says_so(tmp_path: Path) -> None:
-    out = CliRunner().invoke(app, ["serve", "--runtime", "nope", "--run-dir", str(tmp_path)])
+    out = CliRunner().invoke(
+        app, ["serve", "--port", "0", "--runtime", "nope", "--run-dir", str(tmp_path)]
+    )
     assert out.exit_code == 1 and "local" in out.output

@@ -51,7 +51,16 @@ def test_a_second_process_on_a_run_dir_is_refused_naming_the_holder(tmp_path: Pa
         # `joynexus serve` exits at once with that message (before loading any model:
         # the bogus base model would fail later with another message).
         result = CliRunner().invoke(
-            app, ["serve", "--run-dir", str(run_dir), "--base-model", "tiny:no-such-arch"]
+            app,
+            [
+                "serve",
+                "--port",
+                "0",
+                "--run-dir",
+                str(run_dir),
+                "--base-model",
+                "tiny:no-such-arch",
+            ],
         )
         assert result.exit_code == 1, result.output
         assert f"in use by process {holder.pid}" in " ".join(result.output.split())

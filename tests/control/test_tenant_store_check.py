@@ -99,7 +99,7 @@ def test_serve_exits_with_the_message_and_no_traceback(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     _served(run_dir)
     (run_dir / "tenants.sqlite").unlink()
-    result = CliRunner().invoke(app, ["serve", "--run-dir", str(run_dir)])
+    result = CliRunner().invoke(app, ["serve", "--port", "0", "--run-dir", str(run_dir)])
     assert result.exit_code == 1, result.output
     out = " ".join(result.output.split())
     assert "tenant store tenants.sqlite" in out and "is missing" in out
