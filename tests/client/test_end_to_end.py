@@ -106,5 +106,7 @@ def test_two_workloads_and_a_custom_algorithm_share_one_server(
 
         with Client(url, keys["carol"]) as c:
             statuses = c.list_workloads()
-            assert [s.state.value for s in statuses] == ["cancelled"]
+            # The example leaves its workload running: carol keeps serving what it trained.
+            assert [s.state.value for s in statuses] == ["running"]
+            assert statuses[0].policy_version == custom["report"].iterations[-1].policy_version
             assert c.list_sessions() == []

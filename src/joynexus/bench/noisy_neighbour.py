@@ -233,6 +233,7 @@ def run_noisy_neighbour_bench(
     ours_threads: int | None = None,
     model_dir: Path | None = None,
     front_procs: int | None = None,
+    tenant_batch_rows: int | None = None,
     get_data_mib: int = 150,
     get_data_concurrency: int = 4,
     progress: Callable[[str], None] | None = None,
@@ -246,6 +247,7 @@ def run_noisy_neighbour_bench(
         ours_threads: ``OMP_NUM_THREADS`` of the server (default: the usable cores).
         model_dir: A saved model to serve instead of building one.
         front_procs: The server's ``--front-procs`` (default: serve's).
+        tenant_batch_rows: The server's ``--tenant-batch-rows``, C (default: serve's).
         get_data_mib: MiB the get_data phase stores and each of its calls reads (0:
             no get_data phase).
         get_data_concurrency: get_data calls sent at once.
@@ -261,6 +263,8 @@ def run_noisy_neighbour_bench(
     say = progress or (lambda _line: None)
     threads = ours_threads or len(available_cores())
     args = [] if front_procs is None else ["--front-procs", str(front_procs)]
+    if tenant_batch_rows is not None:
+        args += ["--tenant-batch-rows", str(tenant_batch_rows)]
     with tempfile.TemporaryDirectory(prefix="joynexus-bench-noisy-") as tmp:
         root = Path(tmp)
         if model_dir is None:
@@ -296,6 +300,7 @@ def run_noisy_neighbour_bench(
             "floods": [list(f) for f in floods],
             "ours_threads": threads,
             "front_procs": front_procs,
+            "tenant_batch_rows": tenant_batch_rows,
             "observation": f"1 x {IMAGE_SIZE}x{IMAGE_SIZE} camera + state[{STATE_DIM}]",
             "cpu_count": os.cpu_count(),
             "load_avg_1m_at_start": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,

@@ -288,6 +288,14 @@ def bench_serving(
             "phase's; --size, --ours-threads and the first --front-procs apply.",
         ),
     ] = "paired",
+    tenant_batch_rows: Annotated[
+        int | None,
+        typer.Option(
+            "--tenant-batch-rows",
+            min=1,
+            help="noisy-neighbour: the server's --tenant-batch-rows, C (default: serve's).",
+        ),
+    ] = None,
     json_path: JsonOption = None,
 ) -> None:
     """One shared server vs one single-policy server per tenant: req/s, p99, RSS (or,
@@ -310,6 +318,7 @@ def bench_serving(
             size=size,
             ours_threads=ours_threads,
             front_procs=front_procs[0] if front_procs else None,
+            tenant_batch_rows=tenant_batch_rows,
             progress=_progress,
         )
         print_noisy_neighbour_report(noisy, console)
