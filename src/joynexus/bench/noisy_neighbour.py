@@ -35,7 +35,7 @@ import httpx
 import numpy as np
 
 from joynexus.bench.server_procs import RssSampler, Server, running_servers
-from joynexus.bench.serving import IMAGE_SIZE, STATE_DIM, _custom_spec
+from joynexus.bench.serving import IMAGE_SIZE, STATE_DIM, _open_tenant
 from joynexus.wire import MSGPACK_MEDIA_TYPE, packb
 
 if TYPE_CHECKING:
@@ -121,22 +121,6 @@ def _percentiles(latencies: Sequence[float]) -> dict[str, Any]:
         "p99_ms": float(np.percentile(lat, 99) * 1e3),
         "max_ms": float(lat.max() * 1e3),
     }
-
-
-def _tenant(server: Server, tenant: str, model: str | None) -> str:
-    """Create ``tenant`` (with a servable ``custom`` slot when ``model`` is given)."""
-    from joynexus.client import Client
-
-    admin = (server.run_dir / "admin.key").read_text().strip()
-    with Client(server.url, admin, timeout=60) as c:
-        key = str(c.create_tenant(tenant)["api_key"])
-    if model is not None:
-        with Client(server.url, key, timeout=60) as c:
-            st = c.submit(_custom_spec(tenant, model))
-            st = c.wait(st.workload_id, states=["running"], timeout_s=120, poll_s=0.1)
-            if st.state.value != "running":
-                raise RuntimeError(f"tenant {tenant}: workload {st.state.value}: {st.error}")
-    return key
 
 
 def _flood_phase(
@@ -272,8 +256,8 @@ def run_noisy_neighbour_bench(
             model_dir = make_tiny("qwen2_5_vl", root / "model", size=cast("TinySize", size), seed=0)
         model = str(model_dir)
         with running_servers(root, ["server"], model, threads, args) as (server,):
-            victim = _tenant(server, "victim", model)
-            flooder = _tenant(server, "flooder", model)
+            victim = _open_tenant(server, "victim", model)
+            flooder = _open_tenant(server, "flooder", model)
             say(f"quiet: the victim alone for {duration_s:g} s")
             quiet_client = _Client("victim", victim, predict_rows_body(1, 0))
             asyncio.run(_load(server.url, [(quiet_client, 1)], duration_s))
@@ -289,7 +273,7 @@ def run_noisy_neighbour_bench(
             get_data = None
             if get_data_mib > 0:
                 say(f"get_data: {get_data_concurrency} x {get_data_mib} MiB at once (JSON)")
-                reader = _tenant(server, "reader", None)
+                reader = _open_tenant(server, "reader", None)
                 get_data = _get_data_phase(server, reader, get_data_mib, get_data_concurrency)
     return {
         "config": {

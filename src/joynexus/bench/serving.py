@@ -67,13 +67,16 @@ def _custom_spec(tenant: str, model: str) -> dict[str, Any]:
     }
 
 
-def _open_tenant(server: Server, tenant: str, model: str) -> str:
-    """Create ``tenant`` with a ``custom`` slot (a servable policy); its API key."""
+def _open_tenant(server: Server, tenant: str, model: str | None) -> str:
+    """Create ``tenant`` with a ``custom`` slot (a servable policy) of ``model`` (None:
+    no slot); its API key."""
     from joynexus.client import Client
 
     admin = (server.run_dir / "admin.key").read_text().strip()
     with Client(server.url, admin, timeout=60) as c:
         key = str(c.create_tenant(tenant)["api_key"])
+    if model is None:
+        return key
     with Client(server.url, key, timeout=60) as c:
         st = c.submit(_custom_spec(tenant, model))
         st = c.wait(st.workload_id, states=["running"], timeout_s=120, poll_s=0.1)
