@@ -13,12 +13,12 @@ protocol:
 * a **connection cap**: a connection accepted beyond ``max_connections`` is closed at
   once, releasing its descriptor before it can hold one.
 
-Both end where a request is upgraded to a websocket (an openpi robot loop runs for
-minutes with no HTTP request in progress): from then on the connection lives as long
-as its client answers pings: the server pings every ``ws_ping_interval_s`` and closes
-a websocket that has not answered a ping within ``ws_missed_pings`` intervals (a
-half-open or frozen client), through uvicorn's own keepalive. The connection still
-counts toward the cap until it closes.
+The header timer ends where a request is upgraded to a websocket (an openpi robot
+loop runs for minutes with no HTTP request in progress). From then on the connection
+lives as long as its client answers pings: the server pings every
+``ws_ping_interval_s`` and closes a websocket that has not answered a ping within
+``ws_missed_pings`` intervals (a half-open or frozen client), through uvicorn's own
+keepalive. The connection still counts toward the cap until it closes.
 
 :class:`RateLimitedLog` keeps at most ``log_burst`` records of one message per
 ``log_window_s`` on the loggers accept errors go to, and says how many it dropped.
