@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -30,8 +30,6 @@ from joynexus.server.config import (
 )
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
-
     from joynexus.client import Client
 
 console = Console()
@@ -321,7 +319,6 @@ def serve(
                 RuntimeError(f"--runtime ray needs the 'ray' extra (pip install ray): {exc}")
             ) from exc
 
-    import uvicorn
     from pydantic import ValidationError
 
     from joynexus.master.limits import MasterLimits
@@ -334,8 +331,6 @@ def serve(
     from joynexus.server.connections import (
         ConnectionLimits,
         install_log_limits,
-        raise_open_files_limit,
-        uvicorn_options,
     )
     from joynexus.server.serve import build_live_app, build_plane, ensure_admin_key
     from joynexus.spec.workload import BaseModelSpec
@@ -449,38 +444,18 @@ def serve(
     try:
         # Slow or half-open clients and accept-error storms: see server.connections.
         install_log_limits(connection_limits)
-        # Each port (the main one, --openpi-port, and in front mode the model process's
-        # loopback behind them) holds up to --max-connections descriptors.
-        ports = 2 + (openpi_port is not None)
-        soft, need = raise_open_files_limit(connection_limits, ports)
-        if soft < need:
-            console.print(
-                f"[yellow]warning:[/yellow] the open-files limit is {soft}; --max-connections "
-                f"{max_connections} on {ports} listeners needs {need}: lower "
-                "--max-connections or raise the hard limit (ulimit -Hn)"
-            )
-        options = uvicorn_options(connection_limits)
-        from joynexus.server.front.supervisor import default_front_procs, serve_with_fronts
+        from joynexus.server.doors import serve_doors
+        from joynexus.server.front.supervisor import default_front_procs
 
-        fronts = default_front_procs() if front_procs is None else front_procs
-        if fronts > 0:
-            doors = f"ports {port} and {openpi_port}" if openpi_port else f"port {port}"
-            console.print(f"{fronts} front process(es) decode HTTP and websockets on {doors}")
-            if openpi_port is not None:
-                console.print(_openpi_line(host, openpi_port))
-            serve_with_fronts(
-                live.app,
-                host=host,
-                port=port,
-                fronts=fronts,
-                options=options,
-                limits=connection_limits,
-                openpi_port=openpi_port,
-            )
-        elif openpi_port is None:
-            uvicorn.run(live.app, host=host, port=port, log_level="info", **options)
-        else:
-            _serve_with_openpi(live.app, host, port, openpi_port, options)
+        serve_doors(
+            live.app,
+            host=host,
+            port=port,
+            openpi_port=openpi_port,
+            fronts=default_front_procs() if front_procs is None else front_procs,
+            limits=connection_limits,
+            say=console.print,
+        )
     finally:
         live.host.close()  # workload store, scheduler, Ray actors and placement group
         lock.release()
@@ -610,44 +585,4 @@ def _inference_backbone(value: str) -> Literal["shared", "copy"]:
         return "copy"
     raise typer.BadParameter(
         f"{value!r}: expected 'shared' or 'copy'", param_hint="--inference-backbone"
-    )
-
-
-def _serve_with_openpi(
-    app: FastAPI, host: str, port: int, openpi_port: int, options: dict[str, Any]
-) -> None:
-    """The main app (with the connection ``options``) and the openpi port's app in one
-    event loop (one Master behind both)."""
-    import asyncio
-
-    import uvicorn
-
-    from joynexus.server.openpi.app import serve_together
-
-    asyncio.run(
-        serve_together(
-            uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info", **options)),
-            _openpi_server(app, host, openpi_port, options),
-        )
-    )
-
-
-def _openpi_line(host: str, openpi_port: int) -> str:
-    return f"openpi websocket policy endpoint: ws://{host}:{openpi_port} (GET /healthz there)"
-
-
-def _openpi_server(app: FastAPI, host: str, openpi_port: int, options: dict[str, Any]) -> Any:
-    """The openpi port's server (its own app, the main app's state), with the main
-    port's connection ``options``: the same header timeout, cap and websocket pings."""
-    import uvicorn
-
-    from joynexus.server.openpi import OPENPI, openpi_app
-
-    state = app.state.joynexus
-    side = openpi_app(state, state.service(OPENPI))
-    console.print(_openpi_line(host, openpi_port))
-    return uvicorn.Server(
-        uvicorn.Config(
-            side, host=host, port=openpi_port, log_level="info", lifespan="off", **options
-        )
     )
