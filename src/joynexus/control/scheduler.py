@@ -591,14 +591,13 @@ class TrainingScheduler:
             self._store.write(records)
         except Exception as exc:
             # Memory ran ahead of the store: fall back to what is durable, so the two
-            # never disagree, and tell the caller its change did not happen.
+            # never disagree, and tell the caller its change did not happen (a full
+            # disk is the storage's fault, not a bug: 507, and the caller retries).
             self._rebuild()
-            # A full disk is the storage's fault, not a bug: 507, and the caller retries.
             doing = f"could not persist {len(records)} training-job change(s)"
             if (full := as_storage_full(exc, doing)) is not None:
                 raise full from exc
             raise InternalError(
-                f"could not persist {len(records)} training-job change(s): {exc}; "
-                "the scheduler reloaded its last committed state",
+                f"{doing}: {exc}; the scheduler reloaded its last committed state",
                 job_ids=[r.job_id for r in records],
             ) from exc
