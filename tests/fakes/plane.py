@@ -73,6 +73,7 @@ __all__ = [
     "master_on",
     "open_fake_plane",
     "rl_spec",
+    "served_app",
     "start_master",
 ]
 
@@ -167,6 +168,23 @@ async def start_master(master: MasterService) -> MasterService:
     await master.inference.start()
     await master.start()
     return master
+
+
+def served_app(master: MasterService, tenants: Any) -> Any:
+    """The HTTP app over ``master``'s plane with the workload and model routes, tenants
+    from ``tenants`` (a :class:`~joynexus.server.auth.TenantStore`)."""
+    from joynexus.server.app import create_app
+    from joynexus.server.routes import models, workloads
+    from joynexus.server.state import ServiceRegistry
+
+    services = ServiceRegistry(
+        tenants=tenants,
+        scheduler=master.scheduler,
+        training_queue=master.queue,
+        environment=master.env,
+        master=master,
+    )
+    return create_app(services=services, extra_routers=(workloads.router, models.router))
 
 
 # -------------------------------------------------------------------------- process

@@ -20,13 +20,16 @@ from safetensors import SafetensorError
 
 from joynexus.master.service import MasterService
 from joynexus.master.store import SQLiteWorkloadStore
-from joynexus.server.app import create_app
 from joynexus.server.auth import TenantStore
 from joynexus.server.config import TenantQuotas
 from joynexus.server.quotas import QUOTA_REASONS
-from joynexus.server.routes import models, workloads
-from joynexus.server.state import ServiceRegistry
-from tests.fakes.plane import FakeProcess, custom_spec, make_fake_master, start_master
+from tests.fakes.plane import (
+    FakeProcess,
+    custom_spec,
+    make_fake_master,
+    served_app,
+    start_master,
+)
 from tests.fakes.training import FakeTrainingService
 
 A, B = "alice", "bob"
@@ -68,14 +71,7 @@ class Served:
 async def _setup(tmp_path: Path) -> Served:
     master = await start_master(make_fake_master(tmp_path / "run"))
     tenants = TenantStore.in_memory()
-    services = ServiceRegistry(
-        tenants=tenants,
-        scheduler=master.scheduler,
-        training_queue=master.queue,
-        environment=master.env,
-        master=master,
-    )
-    app = create_app(services=services, extra_routers=(workloads.router, models.router))
+    app = served_app(master, tenants)
     tenants.create_tenant(A, quotas=TenantQuotas(max_disk_bytes=QUOTA))
     tenants.create_tenant(B)
     keys = {t: tenants.create_key(t).api_key for t in (A, B)}

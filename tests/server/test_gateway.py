@@ -24,12 +24,15 @@ import pytest
 from joynexus.envs.base import EnvSpec
 from joynexus.errors import unknown_id
 from joynexus.master.service import MasterService
-from joynexus.server.app import create_app
 from joynexus.server.auth import TenantStore
-from joynexus.server.routes import models, workloads
-from joynexus.server.state import ServiceRegistry
 from joynexus.wire import packb
-from tests.fakes.plane import FakeProcess, custom_spec, make_fake_master, start_master
+from tests.fakes.plane import (
+    FakeProcess,
+    custom_spec,
+    make_fake_master,
+    served_app,
+    start_master,
+)
 from tests.server.conftest import MSGPACK
 
 _JOB = {
@@ -226,14 +229,7 @@ class Harness:
 async def _setup(tmp_path: Path) -> tuple[Harness, MasterService]:
     master = await start_master(make_fake_master(tmp_path / "run"))
     tenants = TenantStore.in_memory()
-    services = ServiceRegistry(
-        tenants=tenants,
-        scheduler=master.scheduler,
-        training_queue=master.queue,
-        environment=master.env,
-        master=master,
-    )
-    app = create_app(services=services, extra_routers=(workloads.router, models.router))
+    app = served_app(master, tenants)
     keys = {}
     for tenant in ("alice", "bob"):
         tenants.create_tenant(tenant)
