@@ -10,17 +10,25 @@ low-level primitives on a real observation.
 3. ``predict`` actions with the trained policy (``float32 [N, chunk, action_dim]``) and
    ``step`` the session with the first action of each chunk.
 
-Run it against a server (see the README), with the key of the tenant the spec names::
+Run it against a server (see the README's tour) with the admin key the server wrote to
+``<run-dir>/admin.key``: it creates a tenant of its own (``quickstart-<random>``, or
+``--tenant NAME``), prints its key, and trains that tenant::
 
     joynexus serve --run-dir runs/server --base-model tiny:qwen2_5_vl
-    JOYNEXUS_API_KEY=<admin key> joynexus tenants create reach-ppo
-    JOYNEXUS_URL=http://127.0.0.1:8000 JOYNEXUS_API_KEY=<reach-ppo's key> \\
+    JOYNEXUS_URL=http://127.0.0.1:8000 JOYNEXUS_ADMIN_KEY=$(cat runs/server/admin.key) \\
         python examples/quickstart.py --updates 4
+
+With a tenant's key instead (``--api-key`` / ``JOYNEXUS_API_KEY``, and no admin key) it
+trains the tenant the spec names (``reach-ppo``), which must exist and must not have
+completed an ``rl`` workload already.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +36,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from joynexus.client import Client, WorkloadStatus
+from joynexus.client import APIError, Client, WorkloadStatus
 
 SPEC = Path(__file__).resolve().parent / "workloads" / "rl-reach2d.yaml"
 
@@ -87,23 +95,54 @@ def run(
     return Result(final, pred.actions, pred.policy_version, reward)
 
 
+def new_tenant(url: str | None, admin_key: str, tenant: str | None) -> tuple[str, str]:
+    """Create ``tenant`` (default ``quickstart-<random>``) with the admin key: (name, key)."""
+    name = tenant or f"quickstart-{secrets.token_hex(3)}"
+    with Client(url, admin_key) as admin:
+        key = str(admin.create_tenant(name)["api_key"])
+    print(f"created tenant {name} (API key: {key})")
+    return name, key
+
+
 def main(argv: list[str] | None = None) -> Result:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default=None, help="default: $JOYNEXUS_URL")
-    parser.add_argument("--api-key", default=None, help="the tenant's key ($JOYNEXUS_API_KEY)")
+    parser.add_argument(
+        "--admin-key",
+        default=os.environ.get("JOYNEXUS_ADMIN_KEY"),
+        help="create a tenant of its own with this admin key (default: $JOYNEXUS_ADMIN_KEY)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        help="without an admin key: train the spec's tenant with its key ($JOYNEXUS_API_KEY)",
+    )
     parser.add_argument("--spec", type=Path, default=SPEC, help="an RL workload spec")
-    parser.add_argument("--tenant", default=None, help="default: the spec's tenant")
+    parser.add_argument(
+        "--tenant",
+        default=None,
+        help="the tenant to train (default: quickstart-<random> with an admin key, else the "
+        "spec's tenant)",
+    )
     parser.add_argument("--base-model", default=None, help="default: the spec's base model")
     parser.add_argument("--updates", type=int, default=4, help="PPO updates before predicting")
     args = parser.parse_args(argv)
-    with Client(args.url, args.api_key) as client:
-        return run(
-            client,
-            spec_path=args.spec,
-            tenant=args.tenant,
-            base_model=args.base_model,
-            updates=args.updates,
-        )
+    api_key, tenant = args.api_key, args.tenant
+    try:
+        if args.admin_key:
+            # Its own tenant: a tenant that already completed an rl workload (the tour's
+            # reach-ppo) takes no new RL jobs, so the example never reuses one.
+            tenant, api_key = new_tenant(args.url, args.admin_key, tenant)
+        with Client(args.url, api_key) as client:
+            return run(
+                client,
+                spec_path=args.spec,
+                tenant=tenant,
+                base_model=args.base_model,
+                updates=args.updates,
+            )
+    except APIError as exc:
+        sys.exit(f"error: {exc}")
 
 
 if __name__ == "__main__":
