@@ -24,6 +24,11 @@ def _obs(arrays, tenant, prompt):
     return out
 
 
+def alice_again(url, keys):
+    """A new connection of alice's (the one before was closed by its error)."""
+    return websocket_client_policy.WebsocketClientPolicy(url, api_key=keys["alice"])
+
+
 def main() -> None:
     with open(sys.argv[1]) as fh:
         cfg = json.load(fh)
@@ -53,6 +58,17 @@ def main() -> None:
         alice._ws.recv(timeout=10)
     except websockets.exceptions.ConnectionClosed as exc:
         out["wrong_key_close_code"] = exc.rcvd.code if exc.rcvd else None
+
+    # openpi's LIBERO example observation, as that client sends it: 224x224 uint8 frames
+    # (alice's cameras are 32x32) and 8 float64 state values; resized with padding.
+    libero = _obs(arrays, "libero", prompt)
+    out["libero_actions"] = np.asarray(alice_again(url, keys).infer(libero)["actions"]).tolist()
+    four = dict(libero, **{"observation/image": np.zeros((224, 224, 4), np.uint8)})
+    try:  # ... but 4 channels cannot be mapped onto RGB: the reason is in the exception
+        alice_again(url, keys).infer(four)
+        out["four_channel_error"] = None
+    except RuntimeError as exc:
+        out["four_channel_error"] = str(exc)
 
     # The same endpoint under a path of the main port.
     main = websocket_client_policy.WebsocketClientPolicy(cfg["main_url"], api_key=keys["alice"])

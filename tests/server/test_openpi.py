@@ -24,6 +24,7 @@ from joynexus.server.openpi import OPENPI, openpi_app
 from joynexus.server.openpi.codec import packb as openpi_packb
 from joynexus.server.openpi.codec import unpackb as openpi_unpackb
 from joynexus.server.openpi.observations import ObservationAdapter
+from joynexus.server.openpi.resize import resize_with_pad
 from joynexus.spec.serving import OpenPIServing
 from joynexus.wire import MSGPACK_MEDIA_TYPE, packb, unpackb
 from tests.server.livesrv import make_live
@@ -110,6 +111,10 @@ def _observations() -> dict[str, np.ndarray]:
         "alice/observation/wrist_image": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8),
         # float64, as LIBERO's example concatenates it: served as float32
         "alice/observation/state": rng.normal(size=8).astype(np.float32).astype(np.float64),
+        # openpi's LIBERO example: 224x224 frames whatever the policy's input size
+        "libero/observation/image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+        "libero/observation/wrist_image": rng.integers(0, 256, (224, 224, 3), dtype=np.uint8),
+        "libero/observation/state": rng.normal(size=8),
         "bob/observation/exterior_image_1_left": rng.integers(0, 256, (24, 32, 3), np.uint8),
         "bob/observation/joint_position": rng.normal(size=7).astype(np.float32),
         "bob/observation/gripper_position": np.array([0.5], dtype=np.float32),
@@ -155,29 +160,15 @@ def test_openpi_client_reaches_each_tenants_batched_policy(tmp_path: Path, tiny_
         assert run.returncode == 0, run.stderr[-3000:]
         seen = json.loads(run.stdout)
 
-        # The same observation over HTTP predict (mode mean).
-        body = {
-            "observations": {
-                "cameras": {
-                    "image": arrays["alice/observation/image"][None],
-                    "wrist_image": arrays["alice/observation/wrist_image"][None],
-                },
-                "state": arrays["alice/observation/state"][None].astype(np.float32),
-                "instructions": [PROMPT],
-            },
-            "mode": "mean",
-        }
-        r = http.post(
-            "/v1/models/alice/predict",
-            content=packb(body),
-            headers={
-                "Authorization": f"Bearer {keys['alice']}",
-                "Content-Type": MSGPACK_MEDIA_TYPE,
-                "Accept": MSGPACK_MEDIA_TYPE,
-            },
+        # The same observations over HTTP predict (mode mean); LIBERO's 224 px frames
+        # resized with padding to alice's 32 px here, as the openpi door does.
+        expected = _predict(http, keys["alice"], arrays, "alice")
+        libero_expected = _predict(
+            http,
+            keys["alice"],
+            {k: resize_with_pad(v, 32, 32) if "image" in k else v for k, v in arrays.items()},
+            "libero",
         )
-        assert r.status_code == 200, r.text
-        expected = unpackb(r.content)["actions"][0]
     histogram = srv.plane.inference.metrics.batch_size_histogram
 
     meta = seen["alice_metadata"]
@@ -196,6 +187,13 @@ def test_openpi_client_reaches_each_tenants_batched_policy(tmp_path: Path, tiny_
     assert {"actions", "policy_timing", "server_timing"} <= set(seen["alice_answer_keys"])
     assert seen["alice_server_timing"] == ["infer_ms"]
     assert seen["alice_second_timing"] == ["infer_ms", "prev_total_ms"]
+
+    libero_actions = np.asarray(seen["libero_actions"])
+    assert libero_actions.shape == (4, 7)
+    np.testing.assert_allclose(libero_actions, libero_expected, atol=1e-5, rtol=0)
+    four = seen["four_channel_error"]
+    assert four is not None and "'observation/image' has shape [224, 224, 4]" in four
+    assert "3 channel(s) expected" in four and "convert the camera's image to RGB" in four
 
     error = seen["wrong_key_error"]
     assert error is not None and "missing ['observation/image']" in error
@@ -222,6 +220,32 @@ def test_openpi_client_reaches_each_tenants_batched_policy(tmp_path: Path, tiny_
         for s in r
     )
     assert max(histogram) > 1, histogram  # robots of two tenants shared forwards
+
+
+def _predict(http: httpx.Client, key: str, arrays: dict[str, np.ndarray], of: str) -> np.ndarray:
+    """Actions for ``of``'s observation (an alice-shaped one) over HTTP predict."""
+    body = {
+        "observations": {
+            "cameras": {
+                "image": arrays[f"{of}/observation/image"][None],
+                "wrist_image": arrays[f"{of}/observation/wrist_image"][None],
+            },
+            "state": arrays[f"{of}/observation/state"][None].astype(np.float32),
+            "instructions": [PROMPT],
+        },
+        "mode": "mean",
+    }
+    r = http.post(
+        "/v1/models/alice/predict",
+        content=packb(body),
+        headers={
+            "Authorization": f"Bearer {key}",
+            "Content-Type": MSGPACK_MEDIA_TYPE,
+            "Accept": MSGPACK_MEDIA_TYPE,
+        },
+    )
+    assert r.status_code == 200, r.text
+    return np.asarray(unpackb(r.content)["actions"][0])
 
 
 def test_codec_speaks_openpis_msgpack_numpy() -> None:
@@ -287,12 +311,13 @@ def test_adapter_maps_keys_and_names_what_it_expects() -> None:
                 "prompt": "go",
             }
         )
-    with pytest.raises(SchemaMismatchError, match=r"shape \[4, 4, 3\], not \[4, 6, 3\]"):
-        adapter.batch(
-            {
-                "observation/image": np.zeros((4, 4, 3), np.uint8),
-                "observation/joints": [1, 2],
-                "observation/gripper": [0],
-                "prompt": "go",
-            }
-        )
+    # Another size is resized with padding (tests/server/test_openpi_resize.py), not refused.
+    resized = adapter.batch(
+        {
+            "observation/image": np.full((4, 4, 3), 9, np.uint8),
+            "observation/joints": [1, 2],
+            "observation/gripper": [0],
+            "prompt": "go",
+        }
+    ).cameras["image"][0]
+    assert (resized[:, 1:5] == 9).all() and not resized[:, [0, 5]].any()

@@ -5,10 +5,14 @@ openpi clients send a flat dict per decision: images under ``observation/<camera
 float images in [0, 1] too), the robot state under ``observation/state`` and the
 instruction under ``prompt``. :class:`ObservationAdapter` maps those keys — or the ones
 the tenant's ``serving.openpi`` section names — onto the tenant's
-:class:`~joynexus.models.schema.DataSchema`. Keys it does not use are ignored (robots
-send extras, e.g. DROID's second exterior camera). A missing or misshapen key is a
-:class:`~joynexus.errors.SchemaMismatchError` whose message lists every expected key
-with its dtype and shape, so the text frame the robot gets says what to send.
+:class:`~joynexus.models.schema.DataSchema`. An image of another height and width than
+the tenant's camera is resized with padding to it (:mod:`.resize`), as openpi's input
+transforms do: LIBERO's example sends 224×224 whatever the policy's input. Keys it does
+not use are ignored (robots send extras, e.g. DROID's second exterior camera). A missing
+key, or a value that cannot be mapped (another channel count, not an image, a state of
+another length), is a :class:`~joynexus.errors.SchemaMismatchError` whose message lists
+every expected key with its dtype and shape, so the text frame the robot gets says what
+to send.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 from joynexus.errors import SchemaMismatchError, SpecError
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.schema import DataSchema
+from joynexus.server.openpi.resize import resize_with_pad
 
 if TYPE_CHECKING:  # the spec package loads torch; a front process builds adapters too
     from joynexus.spec.serving import OpenPIServing
@@ -27,6 +32,8 @@ if TYPE_CHECKING:  # the spec package loads torch; a front process builds adapte
 __all__ = ["MAX_PROMPT_CHARS", "ObservationAdapter"]
 
 MAX_PROMPT_CHARS = 4096
+#: What to convert a camera's image to, by the channel count the tenant's schema gives.
+_CHANNELS = {1: "grayscale", 3: "RGB", 4: "RGBA"}
 
 
 class ObservationAdapter:
@@ -68,7 +75,10 @@ class ObservationAdapter:
     def expected(self) -> dict[str, str]:
         """Request key -> what it must hold (the metadata frame and every error show it)."""
         out = {
-            key: f"uint8 {list(self.schema.cameras[cam].shape)} (H, W, C)"
+            key: (
+                f"uint8 {list(self.schema.cameras[cam].shape)} (H, W, C; "
+                "another H×W is resized with padding)"
+            )
             for cam, key in self.camera_keys.items()
         }
         if len(self.state_keys) == 1:
@@ -109,20 +119,30 @@ class ObservationAdapter:
         )
 
     def _image(self, value: Any, cam: str, key: str) -> np.ndarray:
-        want = self.schema.cameras[cam].shape
+        height, width, channels = self.schema.cameras[cam].shape
         if not isinstance(value, np.ndarray):
             raise self._fail(f"{key!r} must be a numpy array, got {type(value).__name__}", key)
-        img = value
-        if img.ndim == 3 and img.shape != want and img.shape == (want[2], want[0], want[1]):
+        img = value[:, :, None] if value.ndim == 2 and channels == 1 else value
+        if img.ndim != 3:
+            raise self._fail(
+                f"{key!r} has shape {list(value.shape)}: an image is H×W×{channels}", key
+            )
+        if img.shape[2] != channels and img.shape[0] == channels:
             img = np.moveaxis(img, 0, -1)  # C×H×W, as openpi's ALOHA example sends it
-        if img.shape != want:
-            raise self._fail(f"{key!r} has shape {list(value.shape)}, not {list(want)}", key)
-        if img.dtype.kind == "f":
-            # openpi's input transforms read float images as [0, 1]
-            img = (np.clip(np.nan_to_num(img), 0.0, 1.0) * 255.0).round().astype(np.uint8)
-        elif img.dtype != np.uint8:
-            raise self._fail(f"{key!r} has dtype {img.dtype}, not uint8", key)
-        return np.ascontiguousarray(img)[None]
+        if img.shape[2] != channels:
+            raise self._fail(
+                f"{key!r} has shape {list(value.shape)}: {channels} channel(s) expected "
+                f"(H×W×{channels} or {channels}×H×W); convert the camera's image to "
+                f"{_CHANNELS.get(channels, f'{channels} channels')} before sending",
+                key,
+            )
+        if img.dtype != np.uint8 and img.dtype.kind != "f":
+            raise self._fail(f"{key!r} has dtype {img.dtype}, not uint8 (or float in [0, 1])", key)
+        if min(img.shape[:2]) < 1:
+            raise self._fail(f"{key!r} has shape {list(value.shape)}: the image is empty", key)
+        # Another size is scaled to fit and padded black, as openpi's input transforms do;
+        # float images read as [0, 1], also as there.
+        return resize_with_pad(img, height, width)[None]
 
     def _state(self, obs: dict[Any, Any]) -> np.ndarray:
         parts: list[np.ndarray] = []
