@@ -18,12 +18,18 @@ import numpy as np
 import pytest
 
 from joynexus.bench.robots import openpi_python, serving
-from joynexus.errors import InvalidRequestError, SchemaMismatchError
+from joynexus.errors import (
+    AuthenticationError,
+    InvalidRequestError,
+    QuotaExceededError,
+    SchemaMismatchError,
+)
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.server.openpi import OPENPI, openpi_app
 from joynexus.server.openpi.codec import packb as openpi_packb
 from joynexus.server.openpi.codec import unpackb as openpi_unpackb
 from joynexus.server.openpi.observations import ObservationAdapter
+from joynexus.server.openpi.refusal import MAX_CLOSE_REASON_BYTES, close_code, close_reason
 from joynexus.server.openpi.resize import resize_with_pad
 from joynexus.spec.serving import OpenPIServing
 from joynexus.wire import MSGPACK_MEDIA_TYPE, packb, unpackb
@@ -204,13 +210,14 @@ def test_openpi_client_reaches_each_tenants_batched_policy(tmp_path: Path, tiny_
     assert seen["bob_metadata"]["action_dim"] == 8
     assert seen["bob_actions_shape"] == [2, 8]
     assert "observation/exterior_image_1_left" in seen["bob_with_alice_obs_error"]
-    assert seen["bad_key_status"] == 401
-    # openpi_client's exception says only the status; the reason is the body, short
-    # and explicit, as docs/OPENPI.md tells a user to read it.
-    assert seen["bad_key_text"] == "server rejected WebSocket connection: HTTP 401"
-    assert seen["bad_key_body"] == "unauthenticated: invalid or revoked API key\n"
-    status, reason = seen["carol_second"]
-    assert status == 429 and "max_connections" in reason
+    # The refusal's reason is in the text of the exception openpi_client raises (a close
+    # frame of code 4000 + the HTTP status, docs/OPENPI.md), not only in a response body.
+    assert seen["bad_key_code"] == 4401
+    assert seen["bad_key_text"].startswith(
+        "received 4401 (private use) invalid or revoked API key"
+    ), seen["bad_key_text"]
+    code, text = seen["carol_second"]
+    assert code == 4429 and "max_connections" in text and "close one or raise" in text
 
     assert seen["concurrent_errors"] == []
     assert [len(s) for s in seen["concurrent_shapes"]] == [3] * 8
@@ -246,6 +253,19 @@ def _predict(http: httpx.Client, key: str, arrays: dict[str, np.ndarray], of: st
     )
     assert r.status_code == 200, r.text
     return np.asarray(unpackb(r.content)["actions"][0])
+
+
+def test_refusals_fit_a_close_frame() -> None:
+    assert close_code(AuthenticationError("x")) == 4401
+    assert close_code(QuotaExceededError("x", reason="openpi_connections")) == 4429
+    short = "invalid or revoked API key"
+    assert close_reason(short) == short
+    long = "tenant 'é" + "x" * 200 + "' has no model slot;\nsubmit a workload first"
+    cut = close_reason(long)
+    assert len(cut.encode()) <= MAX_CLOSE_REASON_BYTES and cut.endswith("…")
+    assert cut.startswith("tenant 'éxxx") and "\n" not in cut
+    multibyte = close_reason("é" * 100)  # 200 bytes: cut between characters, not inside
+    assert multibyte == "é" * 60 + "…" and len(multibyte.encode()) == 123
 
 
 def test_codec_speaks_openpis_msgpack_numpy() -> None:

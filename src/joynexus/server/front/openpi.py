@@ -2,13 +2,14 @@
 
 The front opens the robot's connection upstream, on the model process's own gateway,
 with the server's front token (:data:`~joynexus.server.openpi.gateway.FRONT_HEADER`):
-the handshake and its refusals (401/403/404/409/429, answered to the robot with the
-same status and body), the per-tenant connection bound and the metadata frame are the
-gateway's, unchanged. The gateway then sends the connection's description (tenant,
-pinned version, schema and openpi options) and holds the upstream connection open — it
-counts toward the bound until the robot leaves. Each request frame is decoded and
-validated here by the gateway's own :func:`~joynexus.server.openpi.gateway.answer_frames`
-and :class:`~joynexus.server.openpi.observations.ObservationAdapter`; the observation
+the handshake and its refusals (401/403/404/409/429, a close frame of code 4000 + the
+status whose reason the robot gets unchanged), the per-tenant connection bound and the
+metadata frame are the gateway's, unchanged. The gateway then sends the connection's
+description (tenant, pinned version, schema and openpi options) and holds the upstream
+connection open — it counts toward the bound until the robot leaves. Each request
+frame is decoded and validated here by the gateway's own
+:func:`~joynexus.server.openpi.gateway.answer_frames` and
+:class:`~joynexus.server.openpi.observations.ObservationAdapter`; the observation
 tensors go to the model process through this front's shared-memory slots, like a
 predict's (``HubClient.openpi``), and the answer frame is encoded here. An error
 is the gateway's text frame and close 1011, with the gateway's text.
@@ -106,9 +107,13 @@ async def decode_websocket(
     try:
         metadata = await upstream.recv()
         conn = described(await upstream.recv())
-    except ConnectionClosed:  # the model process went away before the metadata
+    except ConnectionClosed:  # refused (its code and reason relayed), or the model
+        # process went away before the metadata
         with contextlib.suppress(Exception):
-            await websocket.close(code=upstream.close_code or CLOSE_INTERNAL_ERROR)
+            await websocket.close(
+                code=upstream.close_code or CLOSE_INTERNAL_ERROR,
+                reason=upstream.close_reason or "",
+            )
         await upstream.close()
         return
     await websocket.send_bytes(metadata)

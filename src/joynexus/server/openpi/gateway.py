@@ -20,11 +20,12 @@ Queue and share grouped backbone forwards, and a slow or dead connection holds o
 own coroutine. ``sequential=True`` is the openpi model, for ``joynexus bench robots``:
 one lock around every predict of every connection.
 
-Before the handshake (answered as an HTTP status with a text body, which the websocket
-client raises as ``InvalidStatus``): the ``Authorization: Api-Key <key>`` header picks
-the tenant (``Bearer <key>`` works too; 401 without a valid tenant key, 403 for an
-admin key); a tenant without a served policy is 404; a pinned version that is not
-served is 409; a tenant at its ``serving.openpi.max_connections`` is 429.
+At the handshake (a refusal is a close frame right after it whose code is 4000 + the
+HTTP status and whose reason is the message, :mod:`.refusal`, so the client's exception
+says why): the ``Authorization: Api-Key <key>`` header picks the tenant (``Bearer
+<key>`` works too; 401 without a valid tenant key, 403 for an admin key); a tenant
+without a served policy is 404; a pinned version that is not served is 409; a tenant at
+its ``serving.openpi.max_connections`` is 429.
 
 A connection pins a version with the query ``?policy_version=N`` (or ``=current``, the
 version served when it connects): its requests are all answered by that version while
@@ -52,7 +53,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from starlette.responses import PlainTextResponse
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from joynexus.errors import (
@@ -67,6 +67,7 @@ from joynexus.models.batch import ObservationBatch
 from joynexus.models.schema import DataSchema
 from joynexus.server.openpi.codec import packb, unpackb
 from joynexus.server.openpi.observations import ObservationAdapter
+from joynexus.server.openpi.refusal import refuse
 
 if TYPE_CHECKING:
     from joynexus.master.service import MasterService
@@ -345,12 +346,8 @@ def _pin(raw: str | None, current: int) -> int | None:
 
 
 async def _deny(websocket: WebSocket, exc: JoyNexusError) -> None:
-    """Refuse the handshake with the error's HTTP status and its message as the body."""
-    body = PlainTextResponse(f"{exc.code}: {exc.message}\n", status_code=exc.http_status)
-    if "websocket.http.response" in websocket.scope.get("extensions", {}):
-        await websocket.send_denial_response(body)
-    else:  # a server without denial responses: a plain 403 close
-        await websocket.close(code=1008, reason=exc.message[:120])
+    """Refuse the connection with the error's status and message in the close frame."""
+    await refuse(websocket, exc)
 
 
 async def fail(websocket: WebSocket, text: str) -> None:
