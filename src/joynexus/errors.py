@@ -28,7 +28,6 @@ so the API layer never has to guess (and never answers 500 for bad input)::
     │   ├── MemoryCapExceededError     memory_cap_exceeded  429
     │   └── QuotaExceededError         quota_exceeded       429
     ├── DeadlineExceededError          deadline_exceeded    504
-    ├── CancelledRequestError          cancelled            499
     ├── EnvironmentServiceError        environment_error    502
     │   └── SimulatorCrashedError      simulator_crashed    502
     ├── ServiceUnavailableError        unavailable          503
@@ -219,13 +218,6 @@ class DeadlineExceededError(JoyNexusError):
 
     code = "deadline_exceeded"
     http_status = 504
-
-
-class CancelledRequestError(JoyNexusError):
-    """A request was cancelled by its caller before it completed."""
-
-    code = "cancelled"
-    http_status = 499
 
 
 class EnvironmentServiceError(JoyNexusError):

@@ -571,7 +571,7 @@ def test_custom_workload_updates_are_checkpointed_and_survive_a_kill(server: Fak
     )
     batch = TrainBatch(obs, loss="reinforce", advantages=np.ones(2, np.float32))
     for expected in (1, 2):
-        assert server.run(m.train_batch(A, batch)).policy_version == expected
+        assert server.run(m.primitives.train_batch(A, batch)).policy_version == expected
     server.restart(kill=True)
     server.run_until(lambda: _status(server, st.workload_id).state is WorkloadState.RUNNING)
     assert server.plane.training.policy_version(A) == 2  # resumed from the checkpoint

@@ -7,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from joynexus.metrics.events import MetricsService
-from joynexus.metrics.jsonl import TenantJsonlSink, read_jsonl
+from joynexus.metrics.events import MetricEvent, MetricsService
+from joynexus.metrics.jsonl import TenantJsonlSink
+
+
+def read_jsonl(path: Path) -> list[MetricEvent]:
+    """Every line of a metrics JSONL file, each a whole event."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [MetricEvent.model_validate_json(line) for line in lines if line.strip()]
 
 
 def emit_curves(svc: MetricsService) -> None:
@@ -67,10 +73,13 @@ def test_jsonl_sink_writes_each_tenants_output_dir(tmp_path: Path) -> None:
     assert [e.name for e in b] == ["train.loss", "policy_staleness"]
     assert [e.name for e in read_jsonl(tmp_path / "svc.jsonl")] == ["inference.batch_latency_s"]
     svc.stop()
-    # A later service appends; a torn last line (a crash mid-write) is skipped.
-    with sink.path_of("a").open("a") as f:
-        f.write('{"category": "learn')
-    assert len(read_jsonl(sink.path_of("a"))) == 5
+    # A later service (a restarted server) appends to the same files.
+    again = MetricsService(prometheus=False)
+    again.subscribe(TenantJsonlSink(lambda tid: tmp_path / "out" / tid))
+    again.emit_value("learning", "train.loss", 0.3, tenant_id="a", step=4)
+    again.drain()
+    again.stop()
+    assert [e.step for e in read_jsonl(sink.path_of("a"))] == [1, 2, 3, None, None, 4]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb not installed")

@@ -76,21 +76,18 @@ def test_other_tenants_are_refused_and_limits_hold() -> None:
             svc.reset(a1.session_id, "r", tenant_id="bob"),
             svc.step(a1.session_id, np.zeros((2, 2)), tenant_id="bob"),
             svc.close(a1.session_id, tenant_id="bob"),
-            svc.batch_step(
-                {bob.session_id: np.zeros((2, 2)), a2.session_id: np.zeros((2, 2))},
-                tenant_id="bob",
-            ),
         ):
             # Another tenant's session answers exactly as an unknown one (no oracle).
             with pytest.raises(NotFoundError, match="no environment session"):
                 await call
         assert {s.session_id for s in await svc.list_sessions("bob")} == {bob.session_id}
         # alice's sessions are untouched by bob's refused calls
-        res = await svc.batch_step(
-            {a1.session_id: np.ones((2, 2)), a2.session_id: -np.ones((2, 2))}, tenant_id="alice"
+        one, two = await asyncio.gather(
+            svc.step(a1.session_id, np.ones((2, 2)), tenant_id="alice"),
+            svc.step(a2.session_id, -np.ones((2, 2)), tenant_id="alice"),
         )
-        assert res[a1.session_id].reward.tolist() == [1.0, 1.0]  # type: ignore[union-attr]
-        assert res[a2.session_id].reward.tolist() == [-1.0, -1.0]  # type: ignore[union-attr]
+        assert one.reward.tolist() == [1.0, 1.0]
+        assert two.reward.tolist() == [-1.0, -1.0]
         await svc.close(a1.session_id, tenant_id="alice")
         await svc.create_session("alice", FAKE)  # a freed slot can be reused
         with pytest.raises(SpecError, match="known kinds"):
@@ -133,10 +130,11 @@ def test_crashed_and_hung_simulators_fail_only_their_own_sessions() -> None:
         )
         one = np.zeros((1, 2))
         await svc.step(crashy.session_id, one, tenant_id="alice")
-        results = await svc.batch_step(
-            {crashy.session_id: one, hangy.session_id: one}, tenant_id="alice"
+        crashed, hung = await asyncio.gather(
+            svc.step(crashy.session_id, one, tenant_id="alice"),
+            svc.step(hangy.session_id, one, tenant_id="alice"),
+            return_exceptions=True,
         )
-        crashed, hung = results[crashy.session_id], results[hangy.session_id]
         assert isinstance(crashed, SimulatorCrashedError)
         assert "died" in crashed.message and "exit code 3" in crashed.message
         assert isinstance(hung, SimulatorCrashedError) and "timeout" in hung.message

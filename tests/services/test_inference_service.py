@@ -21,7 +21,7 @@ from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService
 from joynexus.services.tenancy import TenantConfig
-from joynexus.utils.intra_op import thread_blas_threads
+from tests.utils.blas import thread_blas_threads
 
 SCHEMA = DataSchema(
     name="tiny",

@@ -8,11 +8,8 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from joynexus.utils.intra_op import (
-    serial_intra_op,
-    thread_blas_threads,
-    thread_intra_op_threads,
-)
+from joynexus.utils.intra_op import serial_intra_op, thread_intra_op_threads
+from tests.utils.blas import thread_blas_threads
 
 needs_mkl = pytest.mark.skipif(thread_blas_threads() is None, reason="torch without MKL")
 

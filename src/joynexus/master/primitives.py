@@ -34,7 +34,11 @@ __all__ = ["ModelPrimitives"]
 
 class ModelPrimitives:
     """``predict``, ``train_batch``, ``export_params``, ``export``, ``load_weights``,
-    ``save``, ``rollout`` and ``train_job`` on the caller's own slot."""
+    ``save``, ``rollout`` and ``train_job`` on the caller's own slot.
+
+    The one model surface: the HTTP routes, the fronts' hub, the openpi gateway and
+    in-process callers all call it (``master.primitives``); the Master repeats none of it.
+    """
 
     def __init__(
         self,
@@ -62,6 +66,11 @@ class ModelPrimitives:
                 tenant_id=tenant_id,
             )
         return tenant
+
+    def served_version(self, tenant_id: str) -> int:
+        """The tenant's latest published (served) policy version."""
+        self.require_slot(tenant_id)
+        return self.inference.current_policy_version(tenant_id)
 
     async def predict(
         self,

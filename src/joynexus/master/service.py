@@ -26,7 +26,8 @@ and files): :class:`~joynexus.master.compiler.SpecCompiler` (the tenant creator)
 watchdog, visible failure), :class:`~joynexus.master.recovery.Recovery` (restart: the
 one reader of the checkpoint ledger), :class:`~joynexus.master.reporting.Reporter`
 (status, metrics, artifacts, health views) and
-:class:`~joynexus.master.primitives.ModelPrimitives` (the low-level model calls).
+:class:`~joynexus.master.primitives.ModelPrimitives` (the low-level model calls, which
+callers reach as ``master.primitives``: the Master does not repeat them).
 Another tenant's id answers everywhere as an unknown one
 (:func:`joynexus.errors.unknown_id`).
 
@@ -41,11 +42,8 @@ SIGTERM restart resumes exactly like a crash does.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
-
-import numpy as np
+from typing import Any
 
 from joynexus.api import WorkloadMetrics, WorkloadStatus
 from joynexus.control.scheduler import TrainingScheduler
@@ -60,16 +58,12 @@ from joynexus.master.reporting import Reporter
 from joynexus.master.store import InMemoryWorkloadStore, WorkloadStore
 from joynexus.master.supervision import SupervisionSettings, Supervisor
 from joynexus.models.backbone import ResidentBaseModel
-from joynexus.models.batch import ObservationBatch
-from joynexus.models.slots import StepResult
 from joynexus.services.protocols import (
     EnvironmentServiceAPI,
     InferenceModelServiceAPI,
     TrainingModelServiceAPI,
     TrainingQueueAPI,
 )
-from joynexus.services.rollout import PredictResult
-from joynexus.services.training import TrainBatch
 from joynexus.spec.workload import WorkloadSpec
 from joynexus.utils.clock import Clock, SystemClock
 from joynexus.workflows import launch
@@ -309,58 +303,3 @@ class MasterService:
 
     def artifact_root(self, tenant_id: str, workload_id: str) -> Path:
         return self.reporter.artifact_root(tenant_id, workload_id)
-
-    # -------------------------------------------------------- model primitives
-
-    def require_slot(self, tenant_id: str) -> WorkflowTenant:
-        return self.primitives.require_slot(tenant_id)
-
-    async def predict(
-        self,
-        tenant_id: str,
-        observations: ObservationBatch,
-        policy_version: int | None = None,
-        mode: Literal["mean", "sample"] = "mean",
-    ) -> PredictResult:
-        return await self.primitives.predict(tenant_id, observations, policy_version, mode)
-
-    async def train_batch(self, tenant_id: str, batch: TrainBatch) -> StepResult:
-        return await self.primitives.train_batch(tenant_id, batch)
-
-    async def export_params(self, tenant_id: str) -> tuple[int, str, dict[str, np.ndarray]]:
-        return await self.primitives.export_params(tenant_id)
-
-    async def export(self, tenant_id: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        return await self.primitives.export(tenant_id)
-
-    async def load_weights(
-        self, tenant_id: str, version: int, named: Mapping[str, np.ndarray]
-    ) -> int:
-        return await self.primitives.load_weights(tenant_id, version, named)
-
-    async def save(self, tenant_id: str, include_optim: bool = True) -> list[str]:
-        return await self.primitives.save(tenant_id, include_optim)
-
-    async def rollout(
-        self,
-        tenant_id: str,
-        job_id: str,
-        session_id: str,
-        *,
-        num_envs: int,
-        horizon: int,
-        version: int | None = None,
-        seed: int | None = None,
-    ) -> dict[str, Any]:
-        return await self.primitives.rollout(
-            tenant_id,
-            job_id,
-            session_id,
-            num_envs=num_envs,
-            horizon=horizon,
-            version=version,
-            seed=seed,
-        )
-
-    async def train_job(self, tenant_id: str, job_id: str) -> dict[str, Any]:
-        return await self.primitives.train_job(tenant_id, job_id)

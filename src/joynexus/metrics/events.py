@@ -236,8 +236,8 @@ class MetricsService:
     ) -> MetricSink:
         """Deliver events of ``categories`` (default all) to ``sink``.
 
-        A plain callable receives one event at a time. Returns the sink (for
-        :meth:`unsubscribe`).
+        A plain callable receives one event at a time (wrapped in a sink, which is
+        returned). A sink stays subscribed for the service's lifetime.
         """
         real: MetricSink = sink if isinstance(sink, _SinkLike) else _CallbackSink(sink)
         cats = frozenset(categories if categories is not None else CATEGORIES)
@@ -247,10 +247,6 @@ class MetricsService:
         with self._subs_lock:
             self._subs.append(_Subscription(real, cats, name or type(real).__name__))
         return real
-
-    def unsubscribe(self, sink: MetricSink) -> None:
-        with self._subs_lock:
-            self._subs = [s for s in self._subs if s.sink is not sink]
 
     # --- delivery ------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from typing import IO
 
 from joynexus.metrics.events import MetricCategory, MetricEvent
 
-__all__ = ["METRICS_FILE", "TenantJsonlSink", "read_jsonl"]
+__all__ = ["METRICS_FILE", "TenantJsonlSink"]
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -79,19 +79,3 @@ class TenantJsonlSink:
             for f in self._files.values():
                 f.close()
             self._files.clear()
-
-
-def read_jsonl(path: str | Path) -> list[MetricEvent]:
-    """Events of a metrics JSONL file (a torn last line, from a crash, is skipped)."""
-    out: list[MetricEvent] = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            out.append(MetricEvent.model_validate_json(line))
-        except ValueError:
-            if i == len(lines) - 1:
-                break
-            raise
-    return out

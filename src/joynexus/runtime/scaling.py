@@ -30,9 +30,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -53,8 +53,6 @@ from joynexus.utils.clock import Clock, SystemClock
 if TYPE_CHECKING:
     import torch
 
-    from joynexus.models.batch import ObservationBatch
-    from joynexus.services.rollout import EvalResult, PredictResult, RolloutConfig, RolloutStats
 
 __all__ = [
     "EngineHandle",
@@ -65,6 +63,27 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _on_engine(
+    method: Callable[Concatenate[InferenceModelServiceAPI, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[EnginePool, P], Coroutine[Any, Any, R]]:
+    """``method`` of the protocol as a pool method: the call goes to the engine that
+    :meth:`EnginePool._dispatch` picks, with the caller's arguments as they are."""
+    name = method.__name__
+
+    async def on_engine(pool: EnginePool, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        async with pool._dispatch() as m:
+            result: R = await getattr(m.handle.engine, name)(*args, **kwargs)
+            return result
+
+    on_engine.__name__ = on_engine.__qualname__ = name
+    on_engine.__doc__ = method.__doc__ or f"``{name}`` on the engine the pool dispatches to."
+    return on_engine
+
 
 EngineState = Literal["warming", "serving", "draining"]
 
@@ -378,61 +397,11 @@ class EnginePool:
             if m.in_flight == 0:
                 m.idle.set()
 
-    # The engine's own signatures, so the pool type-checks as an inference service.
-
-    async def predict(
-        self,
-        observations: ObservationBatch,
-        tenant_id: str,
-        policy_version: int | None = None,
-        *,
-        mode: Literal["mean", "sample"] = "mean",
-        session_id: str = "predict",
-    ) -> PredictResult:
-        async with self._dispatch() as m:
-            return await m.handle.engine.predict(
-                observations, tenant_id, policy_version, mode=mode, session_id=session_id
-            )
-
-    async def rollout(
-        self,
-        config: RolloutConfig,
-        job_id: str,
-        partition_id: str,
-        num_envs: int,
-        horizon: int,
-        version: int,
-        *,
-        heartbeat: Callable[[], None] | None = None,
-    ) -> RolloutStats:
-        async with self._dispatch() as m:
-            return await m.handle.engine.rollout(
-                config, job_id, partition_id, num_envs, horizon, version, heartbeat=heartbeat
-            )
-
-    async def evaluate(
-        self,
-        tenant_id: str,
-        session_id: str,
-        *,
-        episodes: int,
-        version: int | None = None,
-        deterministic: bool = True,
-        session_tenant: str | None = None,
-        seed: int | None = None,
-        max_decisions: int = 100_000,
-    ) -> EvalResult:
-        async with self._dispatch() as m:
-            return await m.handle.engine.evaluate(
-                tenant_id,
-                session_id,
-                episodes=episodes,
-                version=version,
-                deterministic=deterministic,
-                session_tenant=session_tenant,
-                seed=seed,
-                max_decisions=max_decisions,
-            )
+    # Dispatched calls, derived from the protocol: the signatures are written once
+    # (services.protocols), so the pool cannot drift from what an engine answers.
+    predict = _on_engine(InferenceModelServiceAPI.predict)
+    rollout = _on_engine(InferenceModelServiceAPI.rollout)
+    evaluate = _on_engine(InferenceModelServiceAPI.evaluate)
 
     # ------------------------------------------------------------------ scaling
 

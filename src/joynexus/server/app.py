@@ -1,10 +1,12 @@
 """The FastAPI application factory of the JoyNexus server.
 
 ``create_app`` wires injected services to routers, one per concern (health, tenants,
-futures, environment, training queue, scheduler), installs the error handlers, a
+futures, environment, training queue, scheduler:
+:data:`~joynexus.server.routers.CORE_ROUTERS`), installs the error handlers, a
 request-id middleware and every route's request-body limit, and publishes the OpenAPI
-document at ``/openapi.json``. Later routers (model services, the Master's workloads)
-are passed as ``extra_routers`` and find their services in ``ServiceRegistry.extras``.
+document at ``/openapi.json``. The routers over a Master (model primitives, workloads;
+:func:`~joynexus.server.routers.live_routers`) are passed as ``extra_routers`` and find
+their services in ``ServiceRegistry.extras``.
 
 This module never imports torch (the Training Queue instance it receives may).
 """
@@ -34,7 +36,7 @@ from joynexus.server.futures import FutureRegistry
 from joynexus.server.gateway import TenantGateway
 from joynexus.server.ownership import PartitionOwnership
 from joynexus.server.quotas import QuotaManager
-from joynexus.server.routes import env, futures, health, queue, scheduler, tenants
+from joynexus.server.routers import CORE_ROUTERS
 from joynexus.server.state import ServerState, ServiceRegistry
 from joynexus.server.wire import add_component_schemas
 from joynexus.utils.clock import Clock, SystemClock
@@ -122,15 +124,7 @@ def create_app(
 
     install_request_ids(app)
 
-    routers = (
-        health.router,
-        tenants.router,
-        futures.router,
-        env.router,
-        queue.router,
-        scheduler.router,
-        *extra_routers,
-    )
+    routers = (*CORE_ROUTERS, *extra_routers)
     for router in routers:
         app.include_router(router)
     body_limits.add_routers(routers)

@@ -9,7 +9,9 @@ exist. The one answer that differs is inherent to names a tenant chooses:
 
 Routes reach the Training Scheduler, the Training Queue, the Environment Service, the
 futures and the Master through this object only; the checks are here, once, and a
-route cannot call a service with an id it has not checked.
+route cannot call a service with an id it has not checked. Every entry that reaches a
+tenant's model slot — the ``/v1/models`` routes, the fronts' hub and the openpi
+gateway — goes through :attr:`TenantGateway.primitives`, the one predict surface.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from joynexus.server.ownership import PartitionOwnership
 if TYPE_CHECKING:  # the Training Queue and the Master import torch; the server must not
     from joynexus.control.job import JobState, TrainingJob
     from joynexus.control.scheduler import TrainingScheduler
+    from joynexus.master.primitives import ModelPrimitives
     from joynexus.master.service import MasterService
     from joynexus.queues._arrays import Array
     from joynexus.queues.meta import BatchMeta, PartitionInfo
@@ -69,8 +72,9 @@ class TenantGateway:
         return self._master
 
     @property
-    def has_master(self) -> bool:
-        return self._master is not None
+    def primitives(self) -> ModelPrimitives:
+        """The Master's model primitives on the caller's slot; 503 without a Master."""
+        return self.master.primitives
 
     # --------------------------------------------------------------- model slots
 

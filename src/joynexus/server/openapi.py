@@ -20,8 +20,7 @@ def openapi_document() -> dict[str, Any]:
     from joynexus.queues.training import TrainingQueue
     from joynexus.server.app import create_app
     from joynexus.server.auth import TenantStore
-    from joynexus.server.routes import dashboard, models, workloads
-    from joynexus.server.routes import metrics as metrics_routes
+    from joynexus.server.routers import live_routers
     from joynexus.server.state import ServiceRegistry
     from joynexus.services.environment import EnvironmentService
 
@@ -32,9 +31,8 @@ def openapi_document() -> dict[str, Any]:
             training_queue=TrainingQueue(),
             environment=EnvironmentService(),
         ),
-        # The routers joynexus serve mounts with a live Master, Metrics Service, usage
-        # meter and dashboard.
-        extra_routers=(workloads.router, models.router, metrics_routes.router, dashboard.router),
+        # Exactly the routers joynexus serve mounts over a live Master.
+        extra_routers=live_routers(),
     )
     return app.openapi()
 

@@ -59,8 +59,8 @@ from joynexus.server.auth import TenantStore
 from joynexus.server.config import ServerConfig
 from joynexus.server.dashboard import DashboardFeed
 from joynexus.server.openpi import OPENPI, OpenPIGateway
-from joynexus.server.openpi import router as openpi_router
-from joynexus.server.routes import dashboard, engines, models, workloads
+from joynexus.server.routers import live_routers
+from joynexus.server.routes import dashboard, engines
 from joynexus.server.routes import health as health_routes
 from joynexus.server.routes import metrics as metrics_routes
 from joynexus.server.routes.metrics import MetricsAuth
@@ -187,14 +187,7 @@ def build_live_app(
         config=config,
         services=services,
         clock=clk,
-        extra_routers=(
-            workloads.router,
-            models.router,
-            metrics_routes.router,
-            dashboard.router,
-            engines.router,
-            openpi_router,
-        ),
+        extra_routers=live_routers(),
     )
     inner = app.router.lifespan_context
 

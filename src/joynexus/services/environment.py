@@ -35,7 +35,6 @@ from joynexus.errors import (
     CapacityError,
     EnvironmentServiceError,
     InvalidRequestError,
-    JoyNexusError,
     SimulatorCrashedError,
     unknown_id,
 )
@@ -293,33 +292,6 @@ class EnvironmentService:
             if self.on_crash is not None:
                 self.on_crash(session.session_id, session.tenant_id, error.message)
             raise
-
-    async def batch_step(
-        self, actions: dict[str, Any], *, tenant_id: str
-    ) -> dict[str, EnvStep | JoyNexusError]:
-        """Step several of the tenant's sessions concurrently.
-
-        Ownership of every session is checked before anything steps. Each session then
-        gets its own result or its own error (one crashed simulator does not hide the
-        others' steps).
-
-        Raises:
-            NotFoundError: Any session is unknown or not the tenant's.
-        """
-        for session_id in actions:
-            self._owned(session_id, tenant_id)
-        ids = list(actions)
-        results = await asyncio.gather(
-            *(self.step(sid, actions[sid], tenant_id=tenant_id) for sid in ids),
-            return_exceptions=True,
-        )
-        out: dict[str, EnvStep | JoyNexusError] = {}
-        for sid, res in zip(ids, results, strict=True):
-            if isinstance(res, JoyNexusError | EnvStep):
-                out[sid] = res
-            elif isinstance(res, BaseException):
-                raise res
-        return out
 
     async def close(self, session_id: str, *, tenant_id: str) -> None:
         """Close the session and stop its worker (also after a crash).

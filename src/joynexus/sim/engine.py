@@ -163,10 +163,6 @@ class Engine:
     def _schedule(self, dt: float, proc: Process, token: int, value: Any) -> None:
         heapq.heappush(self._heap, (self.now + dt, next(self._seq), proc, token, value))
 
-    def peek(self) -> float | None:
-        """Time of the next pending event, or None when nothing is scheduled."""
-        return self._heap[0][0] if self._heap else None
-
     def run(self, until: float | None = None, stop: Callable[[], bool] | None = None) -> float:
         """Process events in order until none remain, time would pass ``until``, or
         ``stop()`` returns True (checked after every event). Returns the current time.

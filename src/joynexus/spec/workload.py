@@ -10,9 +10,10 @@ Validation happens in two layers, both before any service starts:
 
 * **Shape** (this module, pydantic): unknown keys, wrong types, out-of-range numbers,
   and cross-field rules (RL needs an environment, SFT a dataset, evaluation targets).
-* **Capabilities** (:func:`joynexus.spec.validate.check_capabilities`): the environment
-  kind is registered, the dataset exists and matches the schema, the head supports the
-  task. Errors list what is allowed.
+* **Capabilities** (:func:`joynexus.workflows.compile.compile_workloads`, which the
+  Master's tenant creator and ``joynexus spec check`` call): the environment kind is
+  registered and runnable here, the dataset exists and matches the schema, the head
+  supports the task. Errors list what is allowed.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["serial_intra_op", "thread_blas_threads", "thread_intra_op_threads"]
+__all__ = ["serial_intra_op", "thread_intra_op_threads"]
 
 
 @functools.cache
@@ -77,13 +77,6 @@ def _set_mkl_local(lib: Any, threads: int) -> int:
     """Set MKL's thread count for the calling thread (0: the process-wide one); the
     previous thread-local count."""
     return int(lib.mkl_set_num_threads_local_(ctypes.byref(ctypes.c_int(threads))))
-
-
-def thread_blas_threads() -> int | None:
-    """The threads an MKL matrix product of the calling thread would use now (None
-    where torch has no MKL)."""
-    lib = _mkl()
-    return None if lib is None else int(lib.mkl_get_max_threads())
 
 
 def thread_intra_op_threads() -> int:

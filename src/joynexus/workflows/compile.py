@@ -104,14 +104,6 @@ class CompiledRun:
     def by_tenant(self) -> dict[str, CompiledWorkload]:
         return {w.tenant_id: w for w in self.workloads}
 
-    def eval_targets(self) -> set[str]:
-        """Tenants some evaluation in this run reads (they must be served)."""
-        out: set[str] = set()
-        for w in self.workloads:
-            if w.spec.evaluation is not None:
-                out.update(w.spec.evaluation.targets)
-        return out
-
 
 def feature_map_of(spec: WorkloadSpec, schema: DataSchema) -> SFTFeatureMap | None:
     """The explicit dataset feature map of an SFT spec, or None to infer it."""

@@ -70,7 +70,7 @@ from joynexus.server.openpi.observations import ObservationAdapter
 from joynexus.server.openpi.refusal import refuse
 
 if TYPE_CHECKING:
-    from joynexus.master.service import MasterService
+    from joynexus.master.primitives import ModelPrimitives
     from joynexus.server.state import ServerState
     from joynexus.spec.serving import OpenPIServing
 
@@ -209,11 +209,11 @@ class OpenPIGateway:
 
     def _admit(self, websocket: WebSocket, state: ServerState) -> _Connection:
         tenant_id = _tenant_of(websocket, state)
-        master = _master(state)
-        tenant = master.require_slot(tenant_id)
+        slots = _primitives(state)
+        tenant = slots.require_slot(tenant_id)
         options: OpenPIServing = tenant.spec.serving.openpi
         adapter = ObservationAdapter(tenant.schema, options)
-        current = master.inference.current_policy_version(tenant_id)
+        current = slots.served_version(tenant_id)
         version = _pin(websocket.query_params.get("policy_version"), current)
         schema = tenant.schema
         metadata: dict[str, Any] = {
@@ -240,12 +240,12 @@ class OpenPIGateway:
         """One decoded observation's answer: the rate-limit token, then the Master's
         ``predict`` (under the one lock in the sequential model)."""
         state.quotas.take_request(tenant_id, state.quotas_of(tenant_id))
-        master = _master(state)
+        slots = _primitives(state)
         if self._lock is None:
-            result = await master.predict(tenant_id, obs, version, "mean")
+            result = await slots.predict(tenant_id, obs, version, "mean")
         else:
             async with self._lock:
-                result = await master.predict(tenant_id, obs, version, "mean")
+                result = await slots.predict(tenant_id, obs, version, "mean")
         return result.actions[0], int(result.policy_version)
 
 
@@ -305,9 +305,9 @@ def _meter(state: ServerState, stage: str, seconds: float) -> None:
         stages.add(stage, seconds)
 
 
-def _master(state: ServerState) -> MasterService:
-    """The Master behind the tenant gateway (503 when this server has none)."""
-    return state.gateway.master
+def _primitives(state: ServerState) -> ModelPrimitives:
+    """The model primitives behind the tenant gateway (503 when this server has none)."""
+    return state.gateway.primitives
 
 
 def _tenant_of(websocket: WebSocket, state: ServerState) -> str:

@@ -209,7 +209,7 @@ OwnSlot = Annotated[str, Depends(own_slot)]
 
 def primitives(state: ServerState) -> ModelPrimitives:
     """The Master's model primitives behind the gateway (503 without a Master)."""
-    return state.gateway.master.primitives
+    return state.gateway.primitives
 
 
 async def _body(request: Request, state: ServerState, model: type[Any]) -> Any:
@@ -311,7 +311,8 @@ async def train_batch(tenant: OwnSlot, request: Request, state: State) -> StepOu
         action_is_pad=None if body.action_is_pad is None else np.asarray(body.action_is_pad),
         flow_chain=_f32(body.flow_chain),
     )
-    batch.check()  # every field against the batch: a bad one never reaches the optimizer
+    # Checked once, by the Training Model Service before it steps (TrainBatch.check),
+    # for this route and every in-process or Ray caller alike.
     step = await primitives(state).train_batch(tenant, batch)
     return StepOut(
         loss=float(step.loss), policy_version=int(step.policy_version), grad_norm=step.grad_norm
