@@ -13,7 +13,8 @@ from joynexus.demo.phase import (
     window_busy_seconds,
     window_union_seconds,
 )
-from joynexus.demo.report import device_time_bound, verdict
+from joynexus.demo.readout import verdict
+from joynexus.demo.report import device_time_bound
 from joynexus.workflows.summary import RunSummary
 
 

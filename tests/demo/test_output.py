@@ -21,12 +21,8 @@ from joynexus.api import UsageReport
 from joynexus.cli.demo import PLAIN_WIDTH, demo_console
 from joynexus.demo.phase import Interval, JobRecord, PhaseTrace
 from joynexus.demo.plots import MULTI_TENANT_COLOR, device_time_bars
-from joynexus.demo.report import (
-    HOW_TO_READ,
-    build_report,
-    report_tables,
-    verdict,
-)
+from joynexus.demo.readout import report_tables, verdict
+from joynexus.demo.report import HOW_TO_READ, build_report
 from joynexus.demo.runner import PlainProgress, _Bars, _reporter
 from joynexus.workflows.summary import RunSummary, TenantProgress
 
@@ -144,7 +140,9 @@ def test_tables_are_not_cut_and_say_which_way_is_good(tmp_path: Path) -> None:
     assert any("MT time to matched (s)" in ln and "return first→last (MT)" in ln for ln in lines)
     assert "…" not in text  # nothing truncated
     flat = " ".join(text.split())
-    assert "above 1x the shared service was busier (better)" in flat
+    assert (
+        "training: multi-tenant 50.0% vs isolated RL replays 50.0% (multi-tenant / isolated" in flat
+    )
     assert "isolated / multi-tenant above 1x: the multi-tenant run needed less device" in flat
 
 

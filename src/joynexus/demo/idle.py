@@ -31,7 +31,7 @@ from typing import Any
 
 from joynexus.demo.phase import DEVICE_SERVICES, PhaseTrace
 
-__all__ = ["IDLE_CAUSES", "device_idle", "idle_timeline"]
+__all__ = ["IDLE_CAUSES", "device_idle", "idle_timeline", "split_stretch"]
 
 #: Idle causes in the order they are tried (see the module docstring).
 IDLE_CAUSES = ("host_work_of_a_leased_job", "waiting_for_simulators", "nothing_measured")
@@ -97,6 +97,25 @@ def idle_timeline(trace: PhaseTrace, bins: int = 60) -> dict[str, list[float]]:
             a += piece
             k += 1
     return out
+
+
+def split_stretch(
+    busy: list[float], device_busy_s: float, isolated_device_busy_s: float
+) -> tuple[list[float], list[float]]:
+    """Split each bin's busy fraction into the replays' device work and stretch.
+
+    Stretch is a total over the window (the same work, longer on the device), not a
+    moment one can point at; it is drawn spread over the busy time in proportion, so
+    the two parts add up to the busy bins and their totals to ``isolated_device_busy_s``
+    and ``stretch_s``. A negative stretch (the work took less device time shared) draws
+    none: every busy moment is the replays' work.
+
+    Returns:
+        (work, stretch) per bin, as fractions of the bin.
+    """
+    stretch_s = device_busy_s - isolated_device_busy_s
+    share = stretch_s / device_busy_s if device_busy_s > 0 and stretch_s > 0 else 0.0
+    return [b * (1.0 - share) for b in busy], [b * share for b in busy]
 
 
 def device_idle(multi: PhaseTrace, isolated: Sequence[PhaseTrace]) -> dict[str, Any]:

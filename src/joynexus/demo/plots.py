@@ -10,11 +10,22 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from joynexus.demo.idle import IDLE_CAUSES, idle_timeline
+from joynexus.demo.idle import IDLE_CAUSES, idle_timeline, split_stretch
 from joynexus.demo.phase import PhaseTrace
-from joynexus.demo.report import episodes_label, loss_curve, return_curve
+from joynexus.demo.readout import episodes_label
+from joynexus.demo.report import loss_curve, return_curve
 
-__all__ = ["MULTI_TENANT_COLOR", "device_time_bars", "plot_report", "success_bars"]
+__all__ = [
+    "IDLE_STYLE",
+    "MULTI_TENANT_COLOR",
+    "device_idle_figure",
+    "device_time_bars",
+    "device_time_figure",
+    "label_spans",
+    "plot_report",
+    "success_bars",
+    "utilization_figure",
+]
 
 #: The multi-tenant bar of ``device_time.png``: one run of every tenant together, so a
 #: neutral colour no tenant of the isolated stack gets.
@@ -48,6 +59,14 @@ def _timeline(trace: PhaseTrace, service: str, bins: int) -> tuple[list[float], 
     return xs, ys
 
 
+def _save(fig: Any, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
 def plot_report(
     report: dict[str, Any],
     multi: PhaseTrace,
@@ -63,70 +82,184 @@ def plot_report(
     import matplotlib.pyplot as plt
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths: list[Path] = []
-    colors = {"training": "tab:blue", "inference": "tab:orange"}
+    paths = [
+        _save(utilization_figure(multi, isolated), out_dir / "utilization.png"),
+        _save(device_time_figure(report, multi, isolated), out_dir / "device_time.png"),
+        _save(device_idle_figure(report, multi), out_dir / "device_idle.png"),
+        _save(_curves_figure(report, multi, isolated), out_dir / "curves.png"),
+    ]
+    rows = (report.get("success_rates") or {}).get("tenants", {})
+    measured = {t: r for t, r in rows.items() if r.get("eval_episodes")}
+    if measured:
+        fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(measured) + 2), 3.8))
+        success_bars(ax, measured)
+        fig.tight_layout()
+        paths.append(_save(fig, out_dir / "success.png"))
+    return paths
 
-    fig, axes = plt.subplots(2, 1, figsize=(9, 5.5), sharey=True)
+
+def _legend_outside(ax: Any, **kwargs: Any) -> Any:
+    """A legend to the right of the axes, off the data."""
+    return ax.legend(
+        loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=8, **kwargs
+    )
+
+
+#: Height of one row of replay names above the isolated panel, in points.
+_ROW_PT = 10.0
+#: Rows of names before a name is left to the legend alone.
+_MAX_ROWS = 4
+
+
+def label_spans(ax: Any, spans: Sequence[tuple[float, str]]) -> list[Any]:
+    """Name each span (start in data coordinates, name) above the axes; a name that
+    would overlap one already placed goes up a row, so short neighbouring replays stay
+    readable (after :data:`_MAX_ROWS` rows the legend alone names it). Call it once the
+    figure's layout is fixed: the check uses the names' drawn sizes. The names placed."""
+    renderer = ax.figure.canvas.get_renderer()
+    placed: list[tuple[Any, Any]] = []
+    for start, name in spans:
+        for row in range(_MAX_ROWS):
+            text = ax.annotate(
+                name,
+                xy=(start, 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(2.0, 3.0 + row * _ROW_PT),
+                textcoords="offset points",
+                fontsize=7,
+                va="bottom",
+            )
+            box = text.get_window_extent(renderer).expanded(1.05, 1.0)
+            if not any(box.overlaps(other) for _, other in placed):
+                placed.append((text, box))
+                break
+            text.remove()
+    return [text for text, _ in placed]
+
+
+def utilization_figure(multi: PhaseTrace, isolated: Sequence[PhaseTrace]) -> Any:
+    """Busy fraction per time bin: the multi-tenant run above, the isolated replays one
+    after another below, each replay's span shaded in its tenant's colour, named above
+    the panel and in the legend."""
+    import matplotlib.pyplot as plt
+
+    colors = {"training": "tab:blue", "inference": "tab:orange"}
+    fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharey=True)
+    # A fixed layout: the names above the lower panel are placed by their drawn size.
+    fig.subplots_adjust(left=0.07, right=0.75, bottom=0.09, top=0.94, hspace=0.62)
     for service, color in colors.items():
         xs, ys = _timeline(multi, service, 40)
         axes[0].plot(xs, ys, color=color, label=service)
-    axes[0].set_title("multi-tenant: busy fraction per time bin")
-    offset = 0.0
+    axes[0].set_title("multi-tenant: busy fraction per time bin", fontsize=10)
+    offset, spans = 0.0, []
     for i, tr in enumerate(isolated):
+        tenant = next(iter(tr.matched))
+        axes[1].axvspan(
+            offset,
+            offset + tr.window_s,
+            color=_TENANT_COLORS[i % len(_TENANT_COLORS)],
+            alpha=0.12,
+            lw=0,
+            label=f"isolated: {tenant}",
+        )
         for service, color in colors.items():
             xs, ys = _timeline(tr, service, 15)
             axes[1].plot(
                 [x + offset for x in xs], ys, color=color, label=service if i == 0 else None
             )
-        axes[1].axvline(offset, color="grey", lw=0.6, ls=":")
-        axes[1].text(offset, 1.02, next(iter(tr.matched)), fontsize=7, va="bottom")
+        spans.append((offset, tenant))
         offset += tr.window_s
-    axes[1].set_title("isolated replays, one after another", pad=14)
+    axes[1].set_xlim(0, max(offset, 1e-9))
     for ax in axes:
         ax.set_ylim(0, 1.0)
         ax.set_ylabel("utilization")
-        ax.legend(loc="upper right", fontsize=8)
+        # The services first, then the replays' spans in the order they ran.
+        handles, labels = ax.get_legend_handles_labels()
+        order = sorted(range(len(labels)), key=lambda k: labels[k].startswith("isolated"))
+        _legend_outside(ax, handles=[handles[k] for k in order], labels=[labels[k] for k in order])
     axes[1].set_xlabel("seconds since the loops started")
-    fig.tight_layout()
-    p = out_dir / "utilization.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    paths.append(p)
+    names = label_spans(axes[1], spans)
+    rows = 1 + max((round((t.xyann[1] - 3.0) / _ROW_PT) for t in names), default=0)
+    axes[1].set_title(
+        "isolated replays, one after another", fontsize=10, pad=6.0 + rows * _ROW_PT + 4.0
+    )
+    return fig
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+
+def device_time_figure(
+    report: dict[str, Any], multi: PhaseTrace, isolated: Sequence[PhaseTrace]
+) -> Any:
+    """The device-time bars, the ratio, bound and efficiency in the title, the legend
+    beside the axes."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    fig.subplots_adjust(left=0.1, right=0.62, bottom=0.1, top=0.84)
     device_time_bars(ax, multi.window_s, [(next(iter(tr.matched)), tr.window_s) for tr in isolated])
     ax.set_ylabel("device-seconds (window x 1 machine)")
-    ax.set_title(
-        f"device time, same matched work: isolated / multi-tenant = "
-        f"{report['device_time_ratio']}x (above 1 is better)",
-        fontsize=9,
+    title = (
+        "device time, same matched work: isolated / multi-tenant = "
+        f"{report['device_time_ratio']}x (above 1 is better)"
     )
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    p = out_dir / "device_time.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    paths.append(p)
+    bound = report.get("device_time_bound") or {}
+    if isinstance(bound.get("bound"), int | float):
+        eff = bound.get("efficiency")
+        title += f"\nbound {bound['bound']}x (limited by the {bound['limited_by']})"
+        title += "" if eff is None else f", efficiency {eff}"
+    ax.set_title(title, fontsize=9)
+    _legend_outside(ax, title="one colour per run")
+    return fig
+
+
+#: ``device_idle.png``'s colours and hatches: stretch is busy but drawn apart from the
+#: replays' own device work.
+IDLE_STYLE = {
+    "work": ("tab:blue", "", "device busy: the replays' work"),
+    "stretch": ("#9ecae1", "///", "device busy: stretch (longer than alone)"),
+    "host_work_of_a_leased_job": ("tab:red", "", "idle: host work of a leased job"),
+    "waiting_for_simulators": ("tab:orange", "", "idle: waiting for simulators"),
+    "nothing_measured": ("lightgrey", "", "idle: nothing measured"),
+}
+
+
+def device_idle_figure(report: dict[str, Any], multi: PhaseTrace) -> Any:
+    """The multi-tenant window per time bin: the replays' device work, stretch (spread
+    over the busy time in proportion, see :func:`~joynexus.demo.idle.split_stretch`)
+    and idle by cause, the legend beside the axes."""
+    import matplotlib.pyplot as plt
 
     tl = idle_timeline(multi, bins=60)
-    fig, ax = plt.subplots(figsize=(9, 3.2))
-    keys = ("busy", *IDLE_CAUSES)
+    idle = report.get("device_idle") or {}
+    work, stretch = split_stretch(
+        tl["busy"],
+        float(idle.get("device_busy_s") or 0.0),
+        float(idle.get("isolated_device_busy_s") or 0.0),
+    )
+    series = {"work": work, "stretch": stretch, **{c: tl[c] for c in IDLE_CAUSES}}
+    fig, ax = plt.subplots(figsize=(10, 3.4))
+    fig.subplots_adjust(left=0.07, right=0.68, bottom=0.15, top=0.88)
     ax.stackplot(
         tl["t"],
-        *[tl[k] for k in keys],
-        labels=["device busy", *(f"idle: {c.replace('_', ' ')}" for c in IDLE_CAUSES)],
-        colors=["tab:blue", "tab:red", "tab:orange", "lightgrey"],
+        *series.values(),
+        labels=[IDLE_STYLE[k][2] for k in series],
+        colors=[IDLE_STYLE[k][0] for k in series],
+        hatch=[IDLE_STYLE[k][1] for k in series],
+        edgecolor="white",
+        lw=0.0,
     )
     ax.set_ylim(0, 1.0)
+    ax.set_xlim(0, multi.window_s)
     ax.set_xlabel("seconds since the loops started (multi-tenant window)")
     ax.set_ylabel("fraction of the bin")
     ax.set_title("multi-tenant: where the device was busy, and why it idled", fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    p = out_dir / "device_idle.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    paths.append(p)
+    _legend_outside(ax)
+    return fig
+
+
+def _curves_figure(
+    report: dict[str, Any], multi: PhaseTrace, isolated: Sequence[PhaseTrace]
+) -> Any:
+    import matplotlib.pyplot as plt
 
     tenants = list(report["multi_tenant"]["tenants"])
     iso_by_tenant = {next(iter(tr.matched)): tr for tr in isolated}
@@ -156,22 +289,7 @@ def plot_report(
         if not ax_r.lines:
             ax_r.text(0.5, 0.5, "SFT: no rollouts", ha="center", transform=ax_r.transAxes)
     fig.tight_layout()
-    p = out_dir / "curves.png"
-    fig.savefig(p, dpi=90)
-    plt.close(fig)
-    paths.append(p)
-
-    rows = (report.get("success_rates") or {}).get("tenants", {})
-    measured = {t: r for t, r in rows.items() if r.get("eval_episodes")}
-    if measured:
-        fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(measured) + 2), 3.8))
-        success_bars(ax, measured)
-        fig.tight_layout()
-        p = out_dir / "success.png"
-        fig.savefig(p, dpi=90)
-        plt.close(fig)
-        paths.append(p)
-    return paths
+    return fig
 
 
 def success_bars(ax: Any, rows: dict[str, dict[str, Any]]) -> list[Any]:

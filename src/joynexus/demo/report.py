@@ -33,10 +33,19 @@ Definitions (all from the traces of :mod:`joynexus.demo.phase`):
   ``joynexus demo --success-episodes 0`` leaves the measurements out.
 
 Which way is good (``report.json``'s ``how_to_read``, the tables' captions and the
-closing :func:`verdict` line say it too): a ``device_time_ratio`` above 1 means the
-isolated replays needed more device time than the multi-tenant run for the same work,
-so sharing saved device time; below 1, sharing cost time. A utilization ``improvement``
-above 1 means the shared services were busier under multi-tenancy.
+verdict line say it too): a ``device_time_ratio`` above 1 means the isolated replays
+needed more device time than the multi-tenant run for the same work, so sharing saved
+device time; below 1, sharing cost time.
+
+Utilization is given as the two utilizations side by side (``utilization``), with a
+ratio multi-tenant / isolated only where the isolated service was mostly busy: the
+isolated RL replays' services mostly wait for their simulators, and a ratio over that
+waiting would read as a large "improvement" that sharing did not make
+(:func:`joynexus.demo.readout.utilization_reading`).
+
+``report.json`` leads with ``headline`` — the device-time verdict (ratio, bound,
+efficiency), each tenant's success before → after, the utilization readings — in the
+order ``joynexus demo`` prints them (:func:`joynexus.demo.readout.print_report`).
 """
 
 from __future__ import annotations
@@ -48,11 +57,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-from rich.table import Table
-
 from joynexus.demo.idle import device_idle
 from joynexus.demo.phase import PhaseTrace
+from joynexus.demo.readout import format_success, success_reading, utilization_reading, verdict
 
 __all__ = [
     "HOW_TO_READ",
@@ -60,13 +67,9 @@ __all__ = [
     "LAYOUT_DEVICES_MULTI",
     "build_report",
     "device_time_bound",
-    "episodes_label",
-    "format_success",
+    "headline",
     "loss_curve",
-    "report_tables",
     "return_curve",
-    "success_reading",
-    "verdict",
     "write_report",
 ]
 
@@ -98,9 +101,11 @@ HOW_TO_READ = {
         "limits it) = stretch_s (the same work kept the device busy longer than in the "
         "replays: contention) + idle_s (see device_idle.png and joynexus.demo.idle)"
     ),
-    "improvement": (
-        "multi-tenant / isolated utilization of a shared service: above 1 means the "
-        "service was busier when shared (higher is better), below 1 that it idled more"
+    "utilization": (
+        "busy seconds / window of a shared service, multi-tenant and isolated side by "
+        "side; ratio = multi-tenant / isolated only where the isolated service was mostly "
+        "busy (otherwise null: the isolated RL replays mostly wait for their simulators, "
+        "and a ratio would measure that waiting, not a gain from sharing)"
     ),
     "success_rate": (
         "episodes succeeded / eval_episodes on fixed evaluation seeds, before the "
@@ -275,22 +280,9 @@ def build_report(
     bound = device_time_bound(isolated, ratio)
     layout = (iso_window * LAYOUT_DEVICES_ISOLATED) / (multi.window_s * LAYOUT_DEVICES_MULTI)
 
-    def gain(key: str) -> float | None:
-        a, b = mt.get(key), iso.get(key)
-        return _r(a / b, 3) if isinstance(a, float) and isinstance(b, float) and b > 0 else None
-
-    return {
-        "profile": profile,
-        "env_choice_reason": reason,
-        "knobs": knobs,
-        "machine": {"cpu_cores": os.cpu_count(), "devices": "one CPU machine, shared by all"},
-        "matched_updates": dict(multi.matched),
-        "multi_tenant": mt,
-        "isolated": iso,
-        "improvement": {
-            "training_utilization": gain("training_utilization"),
-            "inference_utilization": gain("inference_utilization"),
-        },
+    report: dict[str, Any] = {
+        "device_time_ratio": _r(ratio, 3),
+        "device_time_bound": bound,
         "device_time": {
             "definition": (
                 "window x devices; both phases ran on the same single machine, so "
@@ -308,9 +300,7 @@ def build_report(
                 "isolated_device_s": _r(iso_window * LAYOUT_DEVICES_ISOLATED, 2),
             },
         },
-        "device_time_ratio": _r(ratio, 3),
         "device_time_ratio_layout_weighted": _r(layout, 3),
-        "device_time_bound": bound,
         "device_idle": device_idle(multi, isolated),
         "success_rates": {
             "measured_in": "isolated replays (each tenant alone, its matched updates)",
@@ -324,7 +314,63 @@ def build_report(
                 for r in replays
             },
         },
+        "utilization": _utilization(mt, iso, rl_replays),
+        "profile": profile,
+        "env_choice_reason": reason,
+        "knobs": knobs,
+        "machine": _machine(),
+        "matched_updates": dict(multi.matched),
+        "multi_tenant": mt,
+        "isolated": iso,
         "how_to_read": dict(HOW_TO_READ),
+    }
+    return {"headline": headline(report), **report}
+
+
+def _utilization(
+    mt: dict[str, Any], iso: dict[str, Any], rl_replays: Sequence[PhaseTrace]
+) -> dict[str, Any]:
+    """Each shared service's utilization, multi-tenant and isolated side by side, with a
+    ratio only where it means a gain (see ``HOW_TO_READ["utilization"]``)."""
+    windows = sum(tr.window_s for tr in rl_replays)
+    sims = sum(tr.busy_seconds("environment") for tr in rl_replays) / windows if windows else None
+    services = {}
+    for service in ("training", "inference"):
+        key = f"{service}_utilization"
+        ratio, reading = utilization_reading(service, mt[key], iso[key], sims)
+        services[service] = {
+            "multi_tenant": mt[key],
+            "isolated_rl_mean": iso[key],
+            "isolated_aggregate": iso[f"aggregate_{key}"],
+            "ratio": _r(ratio, 3),
+            "reading": reading,
+        }
+    return {"isolated_rl_simulator_share": _r(sims), "services": services}
+
+
+def _machine() -> dict[str, Any]:
+    """The machine, and how loaded it was as the report was written (a shared machine
+    stretches both phases, unevenly: read the ratio with the load beside it)."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "cpu_cores": os.cpu_count(),
+        "devices": "one CPU machine, shared by all",
+        "load_average_1_5_15_min_at_end": None if load is None else [round(x, 2) for x in load],
+    }
+
+
+def headline(report: dict[str, Any]) -> dict[str, Any]:
+    """What the demo shows, in reading order: the device-time verdict (ratio, bound,
+    efficiency), each trainable tenant's success before → after, the utilizations."""
+    tenants = (report.get("success_rates") or {}).get("tenants", {})
+    services = (report.get("utilization") or {}).get("services", {})
+    return {
+        "device_time": verdict(report),
+        "learning": {
+            t: f"{format_success(row)}: {row.get('reading', success_reading(row))}"
+            for t, row in tenants.items()
+        },
+        "utilization": [row["reading"] for row in services.values()],
     }
 
 
@@ -352,246 +398,10 @@ def device_time_bound(isolated: Sequence[PhaseTrace], ratio: float) -> dict[str,
     }
 
 
-def verdict(report: dict[str, Any]) -> str:
-    """One sentence on the device-time ratio, saying which way is good."""
-    ratio = report.get("device_time_ratio")
-    if not isinstance(ratio, int | float):
-        return "device time: no ratio (a phase measured no window)"
-    if ratio >= 1:
-        outcome = (
-            f"the isolated replays needed {ratio:.2f}x the multi-tenant run's device time "
-            "for the same matched work: sharing saved device time (above 1 is better)"
-        )
-    else:
-        outcome = (
-            f"the multi-tenant run needed {1 / ratio:.2f}x the isolated replays' device "
-            f"time for the same matched work (ratio {ratio:.2f}; below 1 is worse)"
-        )
-    bound = report.get("device_time_bound") or {}
-    if isinstance(bound.get("bound"), int | float):
-        eff = bound.get("efficiency")
-        outcome += (
-            f"; this machine's bound for these replays is {bound['bound']:.2f}x (limited by "
-            f"the {bound['limited_by']})"
-            + ("" if eff is None else f", efficiency {eff:.2f} of the possible gain")
-        )
-    idle = report.get("device_idle") or {}
-    if isinstance(idle.get("idle_s"), int | float) and isinstance(
-        idle.get("stretch_s"), int | float
-    ):
-        causes = ", ".join(
-            f"{k.replace('_', ' ')} {v:.0f} s" for k, v in idle["idle_by_cause_s"].items()
-        )
-        outcome += (
-            f". Of the multi-tenant window's {idle['window_s']:.0f} s, the replays' device "
-            f"work took {idle['isolated_device_busy_s']:.0f} s; the rest is "
-            f"{idle['stretch_s']:.0f} s of stretch (the same work, longer on the device) "
-            f"and {idle['idle_s']:.0f} s of idle device ({causes})"
-        )
-    return f"device time: {outcome}"
-
-
-def _pct(x: Any) -> str:
-    return "–" if x is None else f"{100 * float(x):.1f}%"
-
-
-def _num(x: Any, nd: int = 3) -> str:
-    return "–" if x is None else f"{float(x):.{nd}f}"
-
-
-def _rate(rate: Any, ci: Any) -> str:
-    if rate is None:
-        return "–"
-    text = f"{100 * float(rate):.0f} %"
-    if ci is not None:
-        text += f" [{100 * float(ci[0]):.0f}, {100 * float(ci[1]):.0f}]"
-    return text
-
-
-def format_success(row: dict[str, Any]) -> str:
-    """A tenant's success rate before → after with Wilson 95 % intervals in percent,
-    e.g. ``0 % [0, 28] → 40 % [17, 69] (10 episodes)``; ``–`` for a rate not measured."""
-    before = _rate(row.get("success_rate_initial"), row.get("success_rate_ci95_initial"))
-    after = _rate(row.get("success_rate_final"), row.get("success_rate_ci95_final"))
-    return f"{before} → {after}" + (f" ({episodes_label(row)})" if row.get("eval_episodes") else "")
-
-
-def success_reading(row: dict[str, Any]) -> str:
-    """What a tenant's before → after says, in words: ``rose`` or ``fell`` only when the
-    Wilson intervals do not overlap; that it never succeeded when both rates are 0;
-    otherwise that this many episodes cannot tell."""
-    lo_hi = (row.get("success_rate_ci95_initial"), row.get("success_rate_ci95_final"))
-    if any(not isinstance(ci, list | tuple) or len(ci) != 2 for ci in lo_hi):
-        return "not measured"
-    (b_lo, b_hi), (a_lo, a_hi) = lo_hi  # type: ignore[misc]
-    if a_lo > b_hi:
-        return "rose: the intervals do not overlap"
-    if a_hi < b_lo:
-        return "fell: the intervals do not overlap"
-    before, after = row.get("success_rate_initial"), row.get("success_rate_final")
-    if before == after == 0:
-        # The RL tenants' usual row at demo scale: say what it means, not just "overlap".
-        return "never succeeded, before or after: no learning shown at this budget"
-    trend = (
-        "no change" if before == after else ("higher" if (after or 0) > (before or 0) else "lower")
-    )
-    return f"{trend}, not told apart: the intervals overlap"
-
-
-def episodes_label(row: dict[str, Any]) -> str:
-    n = row.get("eval_episodes")
-    return "– episodes" if not n else f"{n} episode{'' if n == 1 else 's'}"
-
-
-def _success_table(tenants: dict[str, dict[str, Any]]) -> Table | None:
-    """Each trainable tenant's success rate before → after, or None when none was
-    measured (``--success-episodes 0``)."""
-    measured = {
-        t: row
-        for t, row in tenants.items()
-        if row.get("eval_episodes") or row.get("success_errors")
-    }
-    if not measured:
-        return None
-    seeds = sorted(
-        {
-            (row["eval_first_seed"], row["eval_episodes"])
-            for row in measured.values()
-            if row.get("eval_first_seed") is not None and row.get("eval_episodes")
-        }
-    )
-    on = ", ".join(f"{s0}…{s0 + n - 1}" for s0, n in seeds) if seeds else "fixed evaluation seeds"
-    table = Table(
-        title="Success rate before → after training (isolated replays, matched updates)",
-        caption=f"Episodes succeeded / episodes in the tenant's simulator on seeds {on} "
-        "(never the demonstration seeds), before its first update and after its last; "
-        "\\[low, high] is the Wilson 95 % interval in percent: overlapping intervals are not "
-        "told apart by this many episodes.",
-    )
-    for col in (
-        "tenant",
-        "task",
-        "updates",
-        "success before → after [Wilson 95 %]",
-        "what it shows",
-    ):
-        table.add_column(col)
-    for tenant, row in measured.items():
-        cell = format_success(row)
-        if row.get("success_errors"):
-            cell += " — " + "; ".join(row["success_errors"])
-        updates = row.get("updates")
-        table.add_row(
-            escape(tenant),
-            str(row.get("task")),
-            "–" if updates is None else str(updates),
-            escape(cell),
-            success_reading(row),
-        )
-    return table
-
-
-def report_tables(report: dict[str, Any]) -> list[Table]:
-    """Rich tables: utilization (Table 1), device time (Figure 9), per-tenant progress,
-    and the trainable tenants' success rate before → after (when measured)."""
-    mt, iso = report["multi_tenant"], report["isolated"]
-    util = Table(
-        title="Model-service utilization (busy seconds / window)",
-        caption="Relative improvement = multi-tenant / isolated: above 1x the shared "
-        "service was busier (better), below 1x it idled more.",
-    )
-    for col in ("execution", "Training", "Inference", "window (s)", "wall (s)"):
-        util.add_column(col, justify="left" if col == "execution" else "right")
-    util.add_row(
-        "Isolated single-tenant (mean of RL replays)",
-        _pct(iso["training_utilization"]),
-        _pct(iso["inference_utilization"]),
-        _num(iso["window_s"], 1),
-        _num(iso["wall_s"], 1),
-    )
-    util.add_row(
-        "Isolated, all replays incl. SFT (aggregate)",
-        _pct(iso["aggregate_training_utilization"]),
-        _pct(iso["aggregate_inference_utilization"]),
-        "",
-        "",
-    )
-    util.add_row(
-        "Multi-tenant (JoyNexus)",
-        _pct(mt["training_utilization"]),
-        _pct(mt["inference_utilization"]),
-        _num(mt["window_s"], 1),
-        _num(mt["wall_s"], 1),
-    )
-    lock = mt.get("inference_lock_wait") or {}
-    if lock.get("batches"):
-        util.caption = f"{util.caption}" + (
-            f" Multi-tenant inference batches waited {_num(lock['ms_per_batch'], 1)} ms each "
-            f"for the backbone lock training shares ({_pct(lock['fraction_of_device_s'])} "
-            "of their device time; serve --inference-backbone copy removes the wait)."
-        )
-    imp = report["improvement"]
-    util.add_row(
-        "Relative improvement",
-        f"{_num(imp['training_utilization'], 2)}x",
-        f"{_num(imp['inference_utilization'], 2)}x",
-        "",
-        "",
-    )
-    dev = Table(
-        title="Device time for the same matched work",
-        caption="isolated / multi-tenant above 1x: the multi-tenant run needed less device "
-        "time (better); below 1x: more (worse).",
-    )
-    for col in ("accounting", "multi-tenant (s)", "isolated (s)", "isolated / multi-tenant"):
-        dev.add_column(col, justify="left" if col == "accounting" else "right")
-    d = report["device_time"]
-    dev.add_row(
-        "measured: window x 1 machine",
-        _num(d["multi_tenant_s"], 1),
-        _num(d["isolated_s"], 1),
-        f"{_num(report['device_time_ratio'], 2)}x",
-    )
-    lw = d["layout_weighted"]
-    dev.add_row(
-        "layout-weighted: 2-2-4 (8) vs 1-1-2 (4)",
-        _num(lw["multi_tenant_device_s"], 1),
-        _num(lw["isolated_device_s"], 1),
-        f"{_num(report['device_time_ratio_layout_weighted'], 2)}x",
-    )
-    ten = Table(title="Per-tenant progress (matched work)")
-    for col in (
-        "tenant",
-        "task",
-        "updates",
-        "MT time to matched (s)",
-        "iso time (s)",
-        "loss first→last (MT)",
-        "return first→last (MT)",
-    ):
-        ten.add_column(col)
-    iso_by_tenant = {r["tenant"]: r for r in iso["replays"]}
-    for tenant, row in mt["tenants"].items():
-        rep = iso_by_tenant.get(tenant)
-        iso_updates = rep["tenant_row"]["updates_in_window"] if rep else 0
-        ten.add_row(
-            tenant,
-            str(row["task"]),
-            f"{row['updates_in_window']} (iso {iso_updates})",
-            _num(row["time_to_matched_s"], 1),
-            _num(rep["window_s"], 1) if rep else "–",
-            f"{_num(row['loss_first'])}→{_num(row['loss_last'])}",
-            f"{_num(row['return_first'])}→{_num(row['return_last'])}"
-            if row["task"] == "rl"
-            else "–",
-        )
-    success = _success_table((report.get("success_rates") or {}).get("tenants", {}))
-    return [util, dev, ten] if success is None else [util, dev, ten, success]
-
-
 def write_report(report: dict[str, Any], out_dir: Path) -> Path:
-    """Write ``report.json`` (sorted keys, 2-space indent)."""
+    """Write ``report.json`` (2-space indent, keys in the report's reading order)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "report.json"
-    path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    # In the report's own order (it leads with ``headline``), not sorted by key.
+    path.write_text(json.dumps(report, indent=2) + "\n")
     return path

@@ -42,12 +42,8 @@ from joynexus.demo.mixture import (
 )
 from joynexus.demo.phase import PhaseTrace, run_phase
 from joynexus.demo.plots import plot_report
-from joynexus.demo.report import (
-    build_report,
-    report_tables,
-    verdict,
-    write_report,
-)
+from joynexus.demo.readout import print_report
+from joynexus.demo.report import build_report, write_report
 from joynexus.runtime.hosting import RuntimeConfig
 from joynexus.services.environment import EnvironmentServiceConfig
 from joynexus.spec.workload import WorkloadSpec
@@ -409,9 +405,7 @@ async def _run_demo(
     total = time.monotonic() - t0
     report["demo_total_s"] = round(total, 1)
     path = write_report(report, out_dir)
-    for table in report_tables(report):
-        console.print(table)
-    console.print(verdict(report), highlight=False)
+    print_report(report, console)
     console.print(
         f"wrote {path} and {', '.join(p.name for p in plots)} (demo took {total / 60:.1f} min)"
     )
