@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from joynexus.interop.lerobot import read_lerobot_checkpoint
-from joynexus.models.smolvla import SmolVLA, export_smolvla
+from joynexus.models.archs.smolvlm.smolvla import SmolVLA, export_smolvla
 from tests.interop.lerobot_helpers import (
     CAMERAS,
     TASKS,

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from joynexus.models import qwen_positions, vision_share
+from joynexus.models.archs.qwen_vl import positions, vision_share
+from joynexus.models.archs.qwen_vl.vision_share import blank_plan, shared_blanks
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.grouped import GroupedExecutor
@@ -15,7 +16,6 @@ from joynexus.models.lora import LoRAConfig
 from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.schema import PUSHT, CameraSpec, DataSchema
 from joynexus.models.slots import TenantSlot
-from joynexus.models.vision_share import blank_plan, shared_blanks
 from tests.models.conftest import TinyBackbone
 
 QWEN = ["qwen2_5_vl", "qwen3_vl"]
@@ -155,7 +155,7 @@ def test_cached_rope_positions_equal_the_models_own(arch: str, tiny_backbone: Ti
         try:
             plain = base.encode(base.canonicalize(groups)).hidden_states
         finally:
-            qwen_positions.install(model, arch)
+            positions.install(model)
     torch.testing.assert_close(cached, plain, rtol=0, atol=0)
 
 
@@ -179,7 +179,7 @@ def test_the_towers_precomputed_layout_gives_the_models_own_features(
         try:
             own = base.encode(feature).hidden_states
         finally:
-            vision_share.install(model, arch)
+            vision_share.install(model)
     torch.testing.assert_close(ours, own, rtol=0, atol=0)
 
 

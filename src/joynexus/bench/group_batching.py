@@ -25,12 +25,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from joynexus.models.archs.smolvlm.resident import SMOLVLA_ARCH, SmolVLAResident
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import VLAFeature, max_abs_diff_left_padded
 from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig, PolicyConfig
 from joynexus.models.policies.smolvla_expert import SmolVLAExpertConfig
-from joynexus.models.policies.smolvla_expert.resident import SMOLVLA_ARCH
 from joynexus.models.schema import CALVIN, LIBERO, DataSchema
 from joynexus.models.slots import TenantSlot
 from joynexus.models.tiny import make_tiny
@@ -62,9 +62,10 @@ def _median_time(
 def _fit(base: ResidentBaseModel, schema: DataSchema) -> DataSchema:
     """``schema`` cut to what a pretrained checkpoint's expert serves (SmolVLA: its
     state/action widths and chunk); unchanged on a bare VLM."""
-    if base.smolvla is None:
+    smolvla = base.extension(SmolVLAResident)
+    if smolvla is None:
         return schema
-    ckpt = base.smolvla.ckpt
+    ckpt = smolvla.ckpt
     return schema.model_copy(
         update={
             "state_dim": min(schema.state_dim, ckpt.max_state_dim),
@@ -163,7 +164,7 @@ def measure_cell(
         grouped_feature,
         base.encode(grouped_feature),
         _encode_all(base, serial_features),
-        right_padded=base.smolvla is not None,
+        right_padded=base.extension(SmolVLAResident) is not None,
     )
     return {
         "tenants": num_tenants,
@@ -206,7 +207,7 @@ def measure_breakdown(
         "oft": OFTHeadConfig(),
         "flow_matching": FlowMatchingHeadConfig(),
     }
-    if base.smolvla is not None:
+    if base.extension(SmolVLAResident) is not None:
         heads["smolvla_expert"] = SmolVLAExpertConfig()
     for name, head in heads.items():
         slots = [

@@ -126,8 +126,8 @@ def bench_figure12(
         str | None,
         typer.Option(
             "--head",
-            help="oft | flow_matching | pi0_expert (default: pi0_expert on --arch pi0, "
-            "else flow_matching)",
+            help="oft | flow_matching | pi0_expert (default: the most specific head the "
+            "base hosts: pi0_expert on --arch pi0, else flow_matching)",
         ),
     ] = None,
     steps: Annotated[int, typer.Option("--steps", min=1, help="Training steps.")] = 50,
@@ -142,22 +142,32 @@ def bench_figure12(
 
     import torch
 
-    from joynexus.bench.figure12 import HEADS, run_figure12, write_figure12
+    from joynexus.bench.figure12 import HEADS, TENANTS, run_figure12, write_figure12
+    from joynexus.errors import SpecError
     from joynexus.models.backbone import ResidentBaseModel
     from joynexus.models.tiny import make_tiny
 
     _check_model_options(arch, size, "cpu")
-    if head is None:
-        head = "pi0_expert" if arch == "pi0" else "flow_matching"
-    if head not in HEADS:
+    if head is not None and head not in HEADS:
         raise typer.BadParameter(f"must be one of {', '.join(HEADS)}", param_hint="--head")
-    if head == "pi0_expert" and arch != "pi0":
-        raise typer.BadParameter("pi0_expert needs --arch pi0", param_hint="--head")
     # Tiny matmuls: extra intra-op threads only contend on a small machine.
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_tiny(arch, Path(tmp) / "m", size=size, seed=0)
         base = ResidentBaseModel.from_pretrained(str(model_dir))
+        # Each family says itself whether this base hosts it (a checkpoint's own expert
+        # needs that checkpoint); HEADS runs from the most general to the most specific.
+        refusals: dict[str, str] = {}
+        for name, config in HEADS.items():
+            try:
+                for _, schema in TENANTS:
+                    config.check_base(base, schema)
+            except SpecError as exc:
+                refusals[name] = str(exc)
+        hosted = [name for name in HEADS if name not in refusals]
+        head = hosted[-1] if head is None else head
+        if head in refusals:
+            raise typer.BadParameter(refusals[head], param_hint="--head")
         run = run_figure12(base, HEADS[head], steps=steps, batch=batch)
     path = write_figure12(run, out, head=head, batch=batch, size=size)
     console.print(

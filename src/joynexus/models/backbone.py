@@ -1,54 +1,38 @@
 """The resident base model: one frozen VLM backbone shared by every tenant.
 
-:class:`ResidentBaseModel` loads a ``transformers`` VLM (Qwen2.5-VL, Qwen3-VL, PaliGemma,
-SmolVLM/Idefics3) with its own processor, freezes it, canonicalizes tenants' observation
-batches into a :class:`~joynexus.models.feature.VLAFeature` and runs the shared forward
-(``encode``). Tenants never hold a copy: they get the features and split them by the
-slice table (paper §3.1, §4.3).
+:class:`ResidentBaseModel` loads a VLM checkpoint through the resident architecture
+registered for it (:mod:`joynexus.models.archs`: its folder says how the model loads, is
+fed and runs), freezes it, canonicalizes tenants' observation batches into a
+:class:`~joynexus.models.feature.VLAFeature` and runs the shared forward (``encode``).
+Tenants never hold a copy: they get the features and split them by the slice table
+(paper §3.1, §4.3).
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 
 from joynexus.errors import InvalidRequestError, ModelNotFoundError
-from joynexus.models import qwen_positions, vision_share
+from joynexus.models.archs import registry
+from joynexus.models.archs.base import LoadRequest, Resident, read_sidecar
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.canon_tensor import TensorCanonicalizer, moved_to
-from joynexus.models.canonicalize import BatchEncoder, CanonicalSpec, canonicalize
+from joynexus.models.canon_tensor import moved_to
+from joynexus.models.canonicalize import BatchEncoder, canonicalize
 from joynexus.models.feature import VLAFeature
 from joynexus.models.lora import LoRAHost
-from joynexus.models.policies.pi0_expert.checkpoint import PI0_MODEL_TYPE, Pi0Checkpoint
-from joynexus.models.policies.smolvla_expert.resident import (
-    SMOLVLA_ARCH,
-    SmolVLAEncoder,
-    SmolVLAResident,
-    smolvla_source,
-)
+from joynexus.models.normalization import NormalizationStats
 from joynexus.models.schema import DataSchema, prefix_key, schema_signature
-from joynexus.models.tiny import SIDECAR, quiet_transformers
 from joynexus.models.types import BackboneOutput
 from joynexus.utils.intra_op import serial_intra_op
 
-# transformers model_type → the arch name JoyNexus uses.
-SUPPORTED_ARCHES: dict[str, str] = {
-    "qwen2_5_vl": "qwen2_5_vl",
-    "qwen3_vl": "qwen3_vl",
-    "paligemma": "paligemma",
-    "smolvlm": "smolvlm",
-    "idefics3": "smolvlm",
-    PI0_MODEL_TYPE: "pi0",
-}
-DEFAULT_NUM_CAMERA_SLOTS = 2
 #: How canonical inputs are made: ``tensor`` (default) lays out every image of a batch
 #: with tensor ops on the model's device and caches prompt ids; ``processor`` runs the
 #: Hugging Face processor per image on CPU (the reference the tensor path equals).
@@ -69,8 +53,7 @@ SERIAL_CANONICALIZE_PIXELS = 4 * 112 * 112
 #: took 45-49 ms in one thread against 52-53 ms in two.
 SERIAL_FORWARD_MACS = 1 << 24
 _log = logging.getLogger(__name__)
-# StarVLA-style Qwen backbones see 224-px cameras; it is a multiple of 28 and of 32.
-_QWEN_DEFAULT_SIZE = 224
+E = TypeVar("E")
 
 
 def _looks_like_path(model_id_or_path: str) -> bool:
@@ -82,15 +65,6 @@ def _looks_like_path(model_id_or_path: str) -> bool:
     )
 
 
-def _read_sidecar(path: str) -> dict[str, Any]:
-    sidecar = Path(path) / SIDECAR
-    if sidecar.is_file():
-        data = json.loads(sidecar.read_text())
-        if isinstance(data, dict):
-            return data
-    return {}
-
-
 class ResidentBaseModel:
     """A frozen, eval-mode VLM backbone with its processor and canonical input spec.
 
@@ -99,31 +73,19 @@ class ResidentBaseModel:
     only tenant LoRA adapters can receive gradients. ``lora`` is the
     :class:`~joynexus.models.lora.LoRAHost` of the linear layers LoRA may adapt.
 
-    A π0 checkpoint (``arch == "pi0"``) is resident as its PaliGemma prefix (``model``);
-    ``pi0`` keeps its config and pretrained action expert, and :meth:`encode` also
-    returns the prefix KV cache that ``pi0_expert`` tenants attend to
-    (:mod:`joynexus.models.policies.pi0_expert`).
-
-    A LeRobot SmolVLA checkpoint (``arch == "smolvla"``) is resident as its SmolVLM
-    prefix; ``smolvla`` keeps the whole checkpoint (the template of ``smolvla_expert``
-    tenants), and :meth:`encode` returns the shared prefix's KV cache
-    (:mod:`joynexus.models.policies.smolvla_expert`).
+    What differs between architectures is the :class:`~joynexus.models.archs.base.
+    Resident` it holds (:mod:`joynexus.models.archs`); a policy family that needs more
+    of the resident model than its features asks for its typed :meth:`extension`.
     """
 
     def __init__(
         self,
         *,
         model_id: str,
-        arch: str,
-        model: torch.nn.Module,
-        processor: Any,
+        resident: Resident,
         device: torch.device,
         dtype: torch.dtype,
-        canonical_image_size: int,
-        num_camera_slots: int,
         output_layers: Sequence[int] | None = None,
-        pi0: Pi0Checkpoint | None = None,
-        smolvla: SmolVLAResident | None = None,
         source: str | None = None,
         canonicalizer: Canonicalizer = "tensor",
     ) -> None:
@@ -131,15 +93,14 @@ class ResidentBaseModel:
         self.model_id = model_id
         #: The directory or hub id it was loaded from (a tiny model's materialized copy).
         self.source = source or model_id
-        self.pi0 = pi0
-        self.smolvla = smolvla
-        self.arch = arch
-        self.model = model
-        self.processor = processor
+        self.resident = resident
+        self.arch = resident.arch
+        self.model = model = resident.model
+        self.processor = resident.processor
         self.device = device
         self.dtype = dtype
-        self.canonical_image_size = canonical_image_size
-        self.num_camera_slots = num_camera_slots
+        self.canonical_image_size = resident.canonical_image_size
+        self.num_camera_slots = resident.num_camera_slots
         self.output_layers: tuple[int, ...] = tuple(output_layers or ())
         config: Any = model.config
         text_config = config.get_text_config()
@@ -153,14 +114,13 @@ class ResidentBaseModel:
                     f"{self.num_layers}; 0 is the embedding output)",
                     field="output_layers",
                 )
-        if (pi0 is not None or smolvla is not None) and self.output_layers:
+        if self.output_layers and not resident.takes_output_layers:
             raise InvalidRequestError(
-                f"output_layers: a {arch} base model hands its experts the prefix KV cache, "
-                "not intermediate layers; leave output_layers empty",
+                f"output_layers: a {self.arch} base model hands its experts the prefix KV "
+                "cache, not intermediate layers; leave output_layers empty",
                 field="output_layers",
             )
-        self._spec = CanonicalSpec(arch, num_camera_slots, canonical_image_size)
-        self._check_canonical_size()
+        self._spec = resident.spec()
         self._tensor: BatchEncoder | None = None
         self._signatures: dict[tuple[int, ...], str] = {}
         #: Why the tensor path was asked for but is not used (its load-time check).
@@ -171,13 +131,10 @@ class ResidentBaseModel:
         # The LoRA hooks go on once, here: installing them later could race a forward
         # running in another thread. Without a published row assignment they are no-ops.
         self.lora = LoRAHost(model)
-        #: Whether blank camera slots share one pass through the vision tower and the
-        #: patch embedding is a matrix product (:mod:`joynexus.models.vision_share`).
-        own_encoder = pi0 is not None or smolvla is not None
-        self.shares_blanks = not own_encoder and vision_share.install(model, arch)
-        #: Whether Qwen-VL's rope positions are kept per prompt row
-        #: (:mod:`joynexus.models.qwen_positions`).
-        self.caches_positions = not own_encoder and qwen_positions.install(model, arch)
+        #: Whether blank camera slots share one pass through the vision tower, and
+        #: whether rope positions are kept per prompt row (the resident's savings).
+        self.shares_blanks = resident.shares_blanks
+        self.caches_positions = resident.caches_positions
 
     @classmethod
     def from_pretrained(
@@ -194,6 +151,9 @@ class ResidentBaseModel:
     ) -> ResidentBaseModel:
         """Load a backbone and its processor the way a user names it.
 
+        The registered resident architecture (:mod:`joynexus.models.archs.registry`)
+        that claims the checkpoint, or loads its ``transformers`` model type, loads it.
+
         Args:
             model_id_or_path: A hub id (downloaded normally unless ``HF_HUB_OFFLINE`` is
                 set) or a local directory (never downloaded).
@@ -201,7 +161,8 @@ class ResidentBaseModel:
             dtype: Weights dtype; default fp32 on CPU and bf16 on CUDA.
             canonical_image_size: Side of the square every camera is resized-with-pad
                 to. Default: the model directory's ``joynexus.json`` if present, else
-                224 for Qwen backbones and the vision tower's input size otherwise.
+                the architecture's (224 for Qwen backbones, the vision tower's input
+                size otherwise).
             output_layers: Intermediate decoder layers to return next to the last
                 hidden state (0 = embeddings, negative indices count from the end).
             num_camera_slots: Camera slots of the canonical input. Default: the
@@ -217,7 +178,7 @@ class ResidentBaseModel:
             ModelNotFoundError: The id/path cannot be resolved (naming it).
             InvalidRequestError: Unsupported architecture or canonical size.
         """
-        # Typed Any: the Auto* factories take per-architecture keyword arguments.
+        # Typed Any: AutoConfig takes per-architecture keyword arguments.
         hf: Any = importlib.import_module("transformers")
         is_path = _looks_like_path(model_id_or_path)
         path = os.path.expanduser(model_id_or_path) if is_path else model_id_or_path
@@ -227,99 +188,70 @@ class ResidentBaseModel:
                 model=model_id_or_path,
             )
         local_only = is_path or os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-        lerobot_dir = smolvla_source(path, local_only=local_only)
-        if lerobot_dir is not None:
-            torch_device = torch.device(device)
-            if dtype is None:
-                dtype = torch.bfloat16 if torch_device.type == "cuda" else torch.float32
-            resident = SmolVLAResident.load(lerobot_dir, device=torch_device, dtype=dtype)
-            if canonical_image_size not in (None, resident.image_size):
-                raise InvalidRequestError(
-                    f"canonical_image_size {canonical_image_size}: a SmolVLA checkpoint sees "
-                    f"{resident.image_size}-pixel cameras; leave it unset",
-                    field="canonical_image_size",
-                )
-            return cls(
-                model_id=identity or model_id_or_path,
-                source=model_id_or_path,
-                arch=SMOLVLA_ARCH,
-                model=resident.model.core.vlm,
-                processor=resident.model.tokenizer,
-                device=torch_device,
-                dtype=dtype,
-                canonical_image_size=resident.image_size,
-                num_camera_slots=num_camera_slots or resident.num_cameras,
-                output_layers=output_layers,
-                smolvla=resident,
-                canonicalizer=canonicalizer,
-            )
-        try:
-            config = hf.AutoConfig.from_pretrained(path, local_files_only=local_only)
-        except (OSError, ValueError) as exc:
-            raise ModelNotFoundError(
-                f"base model {model_id_or_path!r} could not be found"
-                + (" locally (offline mode)" if local_only else "")
-                + f": {exc}",
-                model=model_id_or_path,
-            ) from exc
-        arch = SUPPORTED_ARCHES.get(str(config.model_type))
-        if arch is None:
-            raise InvalidRequestError(
-                f"base model {model_id_or_path!r} has architecture {config.model_type!r}; "
-                f"supported: {sorted(SUPPORTED_ARCHES)}",
-                model=model_id_or_path,
-            )
         torch_device = torch.device(device)
         if dtype is None:
             dtype = torch.bfloat16 if torch_device.type == "cuda" else torch.float32
+        request = LoadRequest(
+            model_id=model_id_or_path,
+            path=path,
+            local_only=local_only,
+            device=torch_device,
+            dtype=dtype,
+            canonical_image_size=canonical_image_size,
+            num_camera_slots=num_camera_slots,
+        )
+        claimed = registry.claiming(path, local_only=local_only)
+        if claimed is not None:
+            arch, source = claimed
+            request = replace(request, path=source)
+        else:
+            try:
+                config = hf.AutoConfig.from_pretrained(path, local_files_only=local_only)
+            except (OSError, ValueError) as exc:
+                raise ModelNotFoundError(
+                    f"base model {model_id_or_path!r} could not be found"
+                    + (" locally (offline mode)" if local_only else "")
+                    + f": {exc}",
+                    model=model_id_or_path,
+                ) from exc
+            found = registry.arch_for_model_type(str(config.model_type))
+            if found is None:
+                raise InvalidRequestError(
+                    f"base model {model_id_or_path!r} has architecture {config.model_type!r}; "
+                    f"supported: {registry.model_types()}",
+                    model=model_id_or_path,
+                )
+            arch = found
+            sidecar = read_sidecar(path) if is_path else {}
+            request = replace(request, config=config, sidecar=sidecar)
         try:
-            with quiet_transformers():
-                pi0: Pi0Checkpoint | None = None
-                if arch == "pi0":
-                    # The whole policy: its expert is the template of tenant experts.
-                    policy = hf.PI0ForConditionalGeneration.from_pretrained(
-                        path, dtype=dtype, local_files_only=local_only
-                    )
-                    pi0 = Pi0Checkpoint(policy)
-                    model = pi0.vlm
-                else:
-                    # The base model class (no LM head): a frozen encoder never decodes.
-                    model = hf.AutoModel.from_pretrained(
-                        path, dtype=dtype, local_files_only=local_only
-                    )
-                processor = hf.AutoProcessor.from_pretrained(path, local_files_only=local_only)
+            resident = arch.load(request)
         except OSError as exc:
             raise ModelNotFoundError(
                 f"base model {model_id_or_path!r} is incomplete or unreadable: {exc}",
                 model=model_id_or_path,
             ) from exc
-        processor.tokenizer.padding_side = "left"
-        sidecar = _read_sidecar(path) if is_path else {}
-        if canonical_image_size is None:
-            canonical_image_size = int(
-                sidecar.get("canonical_image_size") or _default_size(arch, config)
-            )
-        if num_camera_slots is None:
-            num_camera_slots = int(sidecar.get("num_camera_slots") or DEFAULT_NUM_CAMERA_SLOTS)
-        if num_camera_slots < 1:
-            raise InvalidRequestError(
-                f"num_camera_slots must be >= 1, got {num_camera_slots}",
-                field="num_camera_slots",
-            )
         return cls(
             model_id=identity or model_id_or_path,
             source=model_id_or_path,
-            arch=arch,
-            model=model.to(torch_device),
-            processor=processor,
+            resident=resident,
             device=torch_device,
             dtype=dtype,
-            canonical_image_size=canonical_image_size,
-            num_camera_slots=num_camera_slots,
             output_layers=output_layers,
-            pi0=pi0,
             canonicalizer=canonicalizer,
         )
+
+    def extension(self, kind: type[E]) -> E | None:
+        """The resident architecture's extension if it is a ``kind`` (what a policy
+        family asks of the resident model beyond its features), else ``None``."""
+        found = self.resident.extension
+        return found if isinstance(found, kind) else None
+
+    def default_normalization(self, schema: DataSchema) -> NormalizationStats | None:
+        """The normalization a tenant of ``schema`` without statistics of its own takes
+        on this backbone (a pretrained checkpoint's processor statistics; ``None``: raw
+        units)."""
+        return self.resident.default_normalization(schema)
 
     @property
     def canonicalizer(self) -> Canonicalizer:
@@ -343,37 +275,11 @@ class ResidentBaseModel:
                 f"canonicalizer must be one of {list(CANONICALIZERS)}, got {kind!r}",
                 field="canonicalizer",
             )
-        self.canonicalizer_fallback = None
-        self._tensor = None
-        if self.smolvla is not None:
-            # SmolVLA's inputs are its own (pixels, right-padded tokens): one path.
-            self._tensor = SmolVLAEncoder(self.smolvla.model)
-            return "tensor"
-        if kind == "tensor":
-            self._tensor, why = TensorCanonicalizer.build(self.processor, self._spec)
-            if why is not None:
-                self.canonicalizer_fallback = why
-                _log.warning("%s: canonicalizing with the processor: %s", self.model_id, why)
+        self._tensor, why = self.resident.encoder(kind == "tensor")
+        self.canonicalizer_fallback = why
+        if why is not None:
+            _log.warning("%s: canonicalizing with the processor: %s", self.model_id, why)
         return self.canonicalizer
-
-    def _check_canonical_size(self) -> None:
-        size = self.canonical_image_size
-        if size < 1:
-            raise InvalidRequestError(
-                f"canonical_image_size must be positive, got {size}",
-                field="canonical_image_size",
-            )
-        if self.arch in ("qwen2_5_vl", "qwen3_vl"):
-            ip = self.processor.image_processor
-            factor = int(ip.patch_size) * int(ip.merge_size)
-            lo, hi = int(ip.size["shortest_edge"]), int(ip.size["longest_edge"])
-            if size % factor or not lo <= size * size <= hi:
-                raise InvalidRequestError(
-                    f"canonical_image_size {size} does not fit {self.arch}: it must be a "
-                    f"multiple of {factor} (patch × merge) with size² in [{lo}, {hi}] "
-                    "pixels, so the processor keeps it unchanged",
-                    field="canonical_image_size",
-                )
 
     # -- identity ---------------------------------------------------------------
 
@@ -439,9 +345,7 @@ class ResidentBaseModel:
                 device=self.device,
             )
         feature.model_inputs = {k: self._placed(v) for k, v in feature.model_inputs.items()}
-        if self.shares_blanks:
-            # Planned here, from the CPU mask: no device-to-host copy in the forward.
-            feature.blank_plan = vision_share.blank_plan(feature.camera_mask)
+        self.resident.prepare(feature)
         feature.state = self._placed(feature.state)
         feature.state_mask = self._placed(feature.state_mask)
         feature.camera_mask = self._placed(feature.camera_mask)
@@ -468,54 +372,17 @@ class ResidentBaseModel:
     def images_per_row(self, feature: VLAFeature) -> list[int]:
         """How many images each row of ``feature`` feeds the vision tower, in row order
         (LoRA on the vision tower maps images back to rows with this): every camera
-        slot, absent cameras as blank images; a π0 prefix encodes as many per row as
-        the batch's widest row has cameras, and masks the rest afterwards; a SmolVLA
-        prefix runs the tower once per camera slot over every row, so each of those
-        calls sees one image per row."""
-        per_row = self.num_camera_slots
-        if self.pi0 is not None:
-            per_row = int(feature.model_inputs["pixel_values"].shape[1])
-        elif self.smolvla is not None:
-            per_row = 1
-        return [per_row] * feature.batch_size
+        slot by default, absent cameras as blank images; a resident architecture that
+        feeds its tower otherwise says how many."""
+        return [self.resident.images_per_row(feature)] * feature.batch_size
 
     def encode(self, feature: VLAFeature, *, grad: bool = False) -> BackboneOutput:
         """The shared frozen forward: last hidden state (+ chosen layers) and mask
-        (and, on a π0 base, the prefix KV cache).
+        (and, on a base that hands experts its prefix, the prefix KV cache).
 
         Padded positions of the returned hidden states are zero. With ``grad=True`` the
         forward records autograd (base weights stay frozen: only adapters published
         with :func:`~joynexus.models.lora.lora_rows` get gradients).
         """
-        if self.pi0 is not None:
-            with torch.set_grad_enabled(grad):
-                return replace(self.pi0.encode(feature.model_inputs), images=feature.images)
-        if self.smolvla is not None:
-            with torch.set_grad_enabled(grad):
-                return replace(self.smolvla.encode(feature.model_inputs), images=feature.images)
-        want_layers = bool(self.output_layers)
-        with torch.set_grad_enabled(grad), vision_share.shared_blanks(feature.blank_plan):
-            out = self.model(
-                **feature.model_inputs,
-                output_hidden_states=want_layers,
-                use_cache=False,
-                return_dict=True,
-            )
-        mask = feature.model_inputs["attention_mask"]
-        pad = ~mask.bool().unsqueeze(-1)
-        hidden = out.last_hidden_state.masked_fill(pad, 0.0)
-        layers = None
-        if want_layers:
-            layers = {i: out.hidden_states[i].masked_fill(pad, 0.0) for i in self.output_layers}
-        return BackboneOutput(
-            hidden_states=hidden, attention_mask=mask, layers=layers, images=feature.images
-        )
-
-
-def _default_size(arch: str, config: Any) -> int:
-    if arch in ("qwen2_5_vl", "qwen3_vl"):
-        return _QWEN_DEFAULT_SIZE
-    if arch == "pi0":
-        config = config.vlm_config
-    image_size = config.vision_config.image_size
-    return int(image_size[0] if isinstance(image_size, (list, tuple)) else image_size)
+        with torch.set_grad_enabled(grad):
+            return self.resident.encode(feature, self.output_layers)

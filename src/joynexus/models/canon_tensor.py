@@ -36,8 +36,6 @@ import torch
 
 from joynexus.models.canonicalize import CanonicalSpec, processor_inputs
 
-#: Architectures whose vision tower reads flattened Qwen-style patches.
-_QWEN = frozenset({"qwen2_5_vl", "qwen3_vl"})
 _MAX_PROMPTS = 1024
 #: A prompt's per-token inputs by name (``input_ids``, ``attention_mask``, ...).
 _Tokens = dict[str, torch.Tensor]
@@ -66,7 +64,7 @@ class TensorCanonicalizer:
         self._mean = mean.view(1, -1, 1, 1)
         self._std = std.view(1, -1, 1, 1)
         self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-        if spec.arch in _QWEN:
+        if spec.pixels == "patches":
             self._patch = int(ip.patch_size)
             self._merge = int(ip.merge_size)
             self._temporal = int(ip.temporal_patch_size)
@@ -84,7 +82,7 @@ class TensorCanonicalizer:
     ) -> tuple[TensorCanonicalizer | None, str | None]:
         """A canonicalizer checked equal to ``processor`` on random canonical images, or
         ``(None, why)`` when this processor does something the tensor path does not."""
-        if spec.arch not in _QWEN | {"paligemma", "smolvlm", "pi0"}:
+        if spec.pixels is None:
             return None, f"no tensor layout for architecture {spec.arch!r}"
         try:
             tensor = cls(processor, spec)
@@ -93,7 +91,7 @@ class TensorCanonicalizer:
             images = torch.randint(0, 256, (2, slots, 3, size, size), generator=gen)
             images = images.to(torch.uint8)
             camera_mask = torch.ones((2, slots), dtype=torch.bool)
-            camera_mask[1, 1:] = False  # a row with one camera (π0 drops the others)
+            camera_mask[1, 1:] = False  # a row with one camera (``present`` drops the others)
             texts = ["pick up the red block", ""]
             ref = processor_inputs(processor, spec, images, camera_mask, texts)
             got = tensor.encode(images, camera_mask, texts, torch.device("cpu"))
@@ -143,10 +141,11 @@ class TensorCanonicalizer:
 
     def pixels(self, images: torch.Tensor, camera_mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """The image inputs of ``uint8 [B, slots, 3, S, S]`` canonical images (on the
-        device they are on); ``camera_mask`` marks present cameras (π0 drops the rest)."""
+        device they are on); ``camera_mask`` marks present cameras (the ``present``
+        layout drops the rest)."""
         b, slots, c, h, w = (int(v) for v in images.shape)
-        arch = self.spec.arch
-        if arch == "pi0":
+        layout = self.spec.pixels
+        if layout == "present":
             # Present cameras fill each row's first slots; the processor pads every row
             # to the most cameras any row has, with zero images.
             present = camera_mask.sum(dim=1)
@@ -158,12 +157,12 @@ class TensorCanonicalizer:
         # Every image in one call; the layouts below read the [B, slots, C, S, S] block
         # as the images' sequence (one contiguous tensor either way).
         flat = self._values(images)
-        if arch in _QWEN:
+        if layout == "patches":
             return {
                 "pixel_values": self._qwen_patches(flat),
                 "image_grid_thw": self._grid(b * slots, h, w),
             }
-        if arch == "smolvlm":
+        if layout == "slots":
             mask = torch.ones((b, slots, h, w), dtype=torch.int64, device=images.device)
             return {"pixel_values": flat, "pixel_attention_mask": mask}
         return {"pixel_values": flat.view(b * slots, c, h, w)}
@@ -208,7 +207,8 @@ class TensorCanonicalizer:
 
     def text(self, texts: Sequence[str], camera_mask: torch.Tensor) -> dict[str, torch.Tensor]:
         """Left-padded per-token inputs of ``texts`` (CPU; one row per text)."""
-        counts = camera_mask.sum(dim=1).tolist() if self.spec.arch == "pi0" else None
+        present = self.spec.pixels == "present"
+        counts = camera_mask.sum(dim=1).tolist() if present else None
         slots = self.spec.num_camera_slots
         cached = [
             self._prompt_row(t, int(counts[i]) if counts is not None else slots)

@@ -14,7 +14,7 @@ import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import torch
@@ -39,9 +39,16 @@ class BatchEncoder(Protocol):
     ) -> dict[str, torch.Tensor]: ...
 
 
-# Architectures whose processor places images where the chat template says; PaliGemma
-# instead takes ``<image>`` tokens in front of a plain prompt.
-CHAT_TEMPLATE_ARCHES = frozenset({"qwen2_5_vl", "qwen3_vl", "smolvlm"})
+#: How a prompt is written: ``chat`` through the processor's chat template (images where
+#: the template says; ``image_tokens`` when the processor has no template),
+#: ``image_tokens``: one image token per slot in front of the instruction (PaliGemma),
+#: ``text``: the instruction alone (the processor puts the images' tokens in itself).
+PromptStyle = Literal["chat", "image_tokens", "text"]
+#: How the vision tower reads the canonical images: ``patches`` (Qwen-VL's flattened
+#: patches with a grid per image), ``images`` (``[rows · slots, C, S, S]``), ``slots``
+#: (``[rows, slots, C, S, S]`` with an all-ones pixel mask), ``present`` (each row's
+#: present cameras only, padded to the widest row, with their mask).
+PixelLayout = Literal["patches", "images", "slots", "present"]
 # Processor outputs that are training labels, never backbone inputs.
 _DROP_KEYS = frozenset({"labels"})
 
@@ -104,11 +111,24 @@ def resize_with_pad(
 
 @dataclass(frozen=True)
 class CanonicalSpec:
-    """What the backbone's canonical input looks like (fixed per resident model)."""
+    """What the backbone's canonical input looks like (fixed per resident model).
+
+    Attributes:
+        arch: The resident architecture's name (messages only).
+        num_camera_slots: Camera slots of every row.
+        canonical_image_size: Side of the square every camera is resized-with-pad to.
+        prompt: How the instruction becomes the prompt (:data:`PromptStyle`).
+        pixels: The vision tower's image layout (:data:`PixelLayout`); ``None``: the
+            tensor canonicalizer has no layout for it (the processor path only).
+        processor_kwargs: Extra keyword arguments of the processor call.
+    """
 
     arch: str
     num_camera_slots: int
     canonical_image_size: int
+    prompt: PromptStyle = "image_tokens"
+    pixels: PixelLayout | None = "images"
+    processor_kwargs: tuple[tuple[str, Any], ...] = ()
 
 
 # Prompts by processor: the chat template is pure in (spec, instruction), and a policy's
@@ -139,10 +159,10 @@ def _cached_prompt(processor: Any, spec: CanonicalSpec, instruction: str) -> str
 
 
 def _prompt(processor: Any, spec: CanonicalSpec, instruction: str) -> str:
-    if spec.arch == "pi0":
-        # π0's processor puts each present camera's image tokens and BOS in front itself.
+    if spec.prompt == "text":
+        # The processor puts each present camera's image tokens and BOS in front itself.
         return instruction
-    if spec.arch in CHAT_TEMPLATE_ARCHES and getattr(processor, "chat_template", None):
+    if spec.prompt == "chat" and getattr(processor, "chat_template", None):
         content: list[dict[str, str]] = [{"type": "image"}] * spec.num_camera_slots
         content = [*content, {"type": "text", "text": instruction}]
         messages = [{"role": "user", "content": content}]
@@ -272,14 +292,11 @@ def processor_inputs(
     total, slots = int(images.shape[0]), int(images.shape[1])
     texts = [_cached_prompt(processor, spec, text) for text in instructions]
     nested = [[images[i, s] for s in range(slots)] for i in range(total)]
-    if spec.arch == "pi0":
-        # π0 masks absent cameras (pixel_attention_mask) instead of showing blank images;
+    if spec.pixels == "present":
+        # Absent cameras are masked (pixel_attention_mask), not shown as blank images;
         # a tenant's cameras fill the first slots, so its row keeps exactly those.
         nested = [[images[i, s] for s in range(slots) if camera_mask[i, s]] for i in range(total)]
-    kwargs: dict[str, Any] = {}
-    if spec.arch == "smolvlm":
-        # One global view per camera: tiling would give rows different token counts.
-        kwargs["do_image_splitting"] = False
+    kwargs: dict[str, Any] = dict(spec.processor_kwargs)
     with warnings.catch_warnings():
         # PaliGemma's processor builds (unused) labels via np.array on tensors.
         warnings.filterwarnings("ignore", message=".*__array__ implementation.*")

@@ -66,6 +66,10 @@ class BaseModelRef(Protocol):
 
     def signature_for(self, schema: DataSchema) -> str: ...
 
+    def default_normalization(self, schema: DataSchema) -> NormalizationStats | None:
+        """What a tenant of ``schema`` without statistics of its own normalizes by."""
+        ...
+
 
 class OptimizerConfig(BaseModel):
     """Per-tenant AdamW settings."""

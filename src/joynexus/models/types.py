@@ -4,8 +4,37 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, TypeVar, runtime_checkable
 
 import torch
+
+E = TypeVar("E")
+
+
+@runtime_checkable
+class HostsExtensions(Protocol):
+    """A resident base model that hands a policy family the typed extension it needs
+    (a π0 checkpoint's expert template, a SmolVLA checkpoint...)."""
+
+    model_id: str
+    arch: str
+
+    def extension(self, kind: type[E]) -> E | None:
+        """The resident architecture's extension if it is a ``kind``, else ``None``."""
+        ...
+
+
+def extension_of(base: object, kind: type[E]) -> E | None:
+    """``base``'s extension of type ``kind`` (``None`` when ``base`` has none of it,
+    or hosts no extensions at all, as a test's stand-in base model)."""
+    return base.extension(kind) if isinstance(base, HostsExtensions) else None
+
+
+def describe_base(base: object) -> str:
+    """``'<model id>' is '<arch>'`` of a resident base model, for messages."""
+    if isinstance(base, HostsExtensions):
+        return f"{base.model_id!r} is {base.arch!r}"
+    return "is no resident base model"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from joynexus.models.normalization import NormalizationStats
 from joynexus.models.payload import check_normalization
 from joynexus.models.policies import HeadConfig, OFTHeadConfig, ValueHeadConfig
-from joynexus.models.policies.smolvla_expert.resident import checkpoint_normalization
 from joynexus.models.schema import DataSchema
 from joynexus.models.slots import BaseModelRef, OptimizerConfig, TenantSlot
 from joynexus.spec.workload import AlgorithmSpec, WorkloadSpec
@@ -112,7 +111,7 @@ def build_slot(config: TenantConfig, base: BaseModelRef) -> TenantSlot:
     if config.normalization is not None:
         check_normalization(slot, config.normalization)
         slot.normalization = config.normalization
-    elif (default := checkpoint_normalization(base, config.schema_)) is not None:
+    elif (default := base.default_normalization(config.schema_)) is not None:
         # A tenant without statistics of its own computes in the units its pretrained
         # checkpoint's processors normalize to (its own, from a dataset, win).
         slot.normalization = default

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from joynexus.errors import SpecError
+from joynexus.models.archs.paligemma.pi0 import EXPERT_PREFIXES, Pi0Checkpoint
+from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.feature import max_abs_diff_left_padded
 from joynexus.models.grouped import GroupedExecutor
@@ -18,7 +20,6 @@ from joynexus.models.policies import (
     Pi0Expert,
     Pi0ExpertConfig,
 )
-from joynexus.models.policies.pi0_expert.checkpoint import EXPERT_PREFIXES
 from joynexus.models.policies.pi0_expert.export import export_pi0
 from joynexus.models.schema import CALVIN, LIBERO, PUSHT, DataSchema
 from joynexus.models.slots import OptimizerConfig, TenantSlot
@@ -27,6 +28,13 @@ from tests.models.conftest import TinyBackbone, TinyModelDir
 
 REL = 1e-5
 SCHEMAS = {"libero": LIBERO, "calvin": CALVIN, "pusht": PUSHT}
+
+
+def _pi0(base: ResidentBaseModel) -> Pi0Checkpoint:
+    """The resident model's Pi0Checkpoint (the extension its family asks for)."""
+    found = base.extension(Pi0Checkpoint)
+    assert found is not None
+    return found
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -46,10 +54,10 @@ def _batches(n: int = 2) -> dict[str, ObservationBatch]:
 
 def _executor(base: object, head: Pi0ExpertConfig | None = None) -> GroupedExecutor:
     slots = [
-        TenantSlot(tid, schema, base, head or Pi0ExpertConfig(), seed=i)  # type: ignore[arg-type]
+        TenantSlot(tid, schema, base, head or Pi0ExpertConfig(), seed=i)
         for i, (tid, schema) in enumerate(SCHEMAS.items())
     ]
-    return GroupedExecutor(base, slots)  # type: ignore[arg-type]
+    return GroupedExecutor(base, slots)
 
 
 def test_tenant_expert_starts_from_the_checkpoints_expert(
@@ -58,7 +66,7 @@ def test_tenant_expert_starts_from_the_checkpoints_expert(
     from transformers import PI0ForConditionalGeneration
 
     base = tiny_backbone("pi0")
-    assert base.arch == "pi0" and base.pi0 is not None
+    assert base.arch == "pi0" and base.extension(Pi0Checkpoint) is not None
     policy = PI0ForConditionalGeneration.from_pretrained(tiny_model_dir("pi0"))
     reference = {k: v for k, v in policy.state_dict().items() if k.startswith(EXPERT_PREFIXES)}
     slot = TenantSlot("a", LIBERO, base, Pi0ExpertConfig())
@@ -118,7 +126,7 @@ def test_grouped_equals_serial_features_actions_and_losses(tiny_backbone: TinyBa
 def test_sft_steps_the_tenants_expert_only(tiny_backbone: TinyBackbone) -> None:
     base = tiny_backbone("pi0")
     before = {n: p.detach().clone() for n, p in base.model.named_parameters()}
-    template = {k: v.clone() for k, v in base.pi0.expert_state.items()}  # type: ignore[union-attr]
+    template = {k: v.clone() for k, v in _pi0(base).expert_state.items()}
     slot = TenantSlot("a", LIBERO, base, Pi0ExpertConfig(), optimizer=OptimizerConfig(lr=1e-3))
     other = TenantSlot("b", LIBERO, base, Pi0ExpertConfig())
     other_before = {k: v.clone() for k, v in other.action_module.state_dict().items()}
@@ -140,7 +148,7 @@ def test_sft_steps_the_tenants_expert_only(tiny_backbone: TinyBackbone) -> None:
     assert float(fixed_loss().detach()) < 0.95 * start
     ex.train_step({"a": batch})  # the grouped path steps it too
     assert all(torch.equal(p, before[n]) for n, p in base.model.named_parameters())
-    assert all(torch.equal(v, template[k]) for k, v in base.pi0.expert_state.items())  # type: ignore[union-attr]
+    assert all(torch.equal(v, template[k]) for k, v in _pi0(base).expert_state.items())
     assert all(torch.equal(v, other_before[k]) for k, v in other.action_module.state_dict().items())
     changed = [
         k for k, v in slot.action_module.state_dict().items() if not torch.equal(v, template[k])
@@ -163,12 +171,11 @@ def test_other_heads_run_on_the_pi0_prefix(tiny_backbone: TinyBackbone) -> None:
 
 def test_num_inference_steps_is_per_tenant(tiny_backbone: TinyBackbone) -> None:
     base = tiny_backbone("pi0")
-    assert base.pi0 is not None
     default = TenantSlot("a", PUSHT, base, Pi0ExpertConfig())
     quick = TenantSlot("b", PUSHT, base, Pi0ExpertConfig(num_inference_steps=2))
     assert isinstance(default.action_module, Pi0Expert)
     assert isinstance(quick.action_module, Pi0Expert)
-    assert default.action_module.num_inference_steps == base.pi0.num_inference_steps
+    assert default.action_module.num_inference_steps == _pi0(base).num_inference_steps
     assert quick.action_module.num_inference_steps == 2
     calls: list[int] = []
     expert = quick.action_module
@@ -176,7 +183,7 @@ def test_num_inference_steps_is_per_tenant(tiny_backbone: TinyBackbone) -> None:
 
     def counting(*args: object) -> torch.Tensor:
         calls.append(1)
-        return original(*args)  # type: ignore[arg-type]
+        return original(*args)
 
     expert.velocity = counting  # type: ignore[method-assign]
     ex = GroupedExecutor(base, [quick])
@@ -190,7 +197,6 @@ def test_export_is_a_complete_pi0_that_plain_transformers_samples_identically(
     from transformers import AutoProcessor, PI0ForConditionalGeneration
 
     base = tiny_backbone("pi0")
-    assert base.pi0 is not None
     slot = TenantSlot("a", CALVIN, base, Pi0ExpertConfig(), optimizer=OptimizerConfig(lr=1e-3))
     ex = GroupedExecutor(base, [slot])
     batch = ObservationBatch.synthetic(CALVIN, 2, seed=5)
@@ -198,7 +204,7 @@ def test_export_is_a_complete_pi0_that_plain_transformers_samples_identically(
         ex.train_step({"a": batch})  # the exported expert is the tenant's, not the template
     expert = slot.action_module
     assert isinstance(expert, Pi0Expert)
-    out = export_pi0(base.pi0, base.processor, expert.expert_state(), tmp_path / "policy")
+    out = export_pi0(_pi0(base), base.processor, expert.expert_state(), tmp_path / "policy")
 
     policy = PI0ForConditionalGeneration.from_pretrained(out).eval()
     processor = AutoProcessor.from_pretrained(out)
@@ -206,12 +212,15 @@ def test_export_is_a_complete_pi0_that_plain_transformers_samples_identically(
     feature = base.canonicalize([("a", CALVIN, batch)])
     features = base.encode(feature)
     noise = torch.randn(
-        2, base.pi0.chunk_size, base.pi0.max_action_dim, generator=torch.Generator().manual_seed(1)
+        2,
+        _pi0(base).chunk_size,
+        _pi0(base).max_action_dim,
+        generator=torch.Generator().manual_seed(1),
     )
     state = torch.from_numpy(batch.state)
     ours = expert.denoise(features, state, noise)
     inputs = feature.model_inputs
-    padded_state = torch.nn.functional.pad(state, (0, base.pi0.max_state_dim - state.shape[1]))
+    padded_state = torch.nn.functional.pad(state, (0, _pi0(base).max_state_dim - state.shape[1]))
     theirs = policy.sample_actions(
         state=padded_state,
         input_ids=inputs["input_ids"],
@@ -235,12 +244,11 @@ def _wide(action_dim: int, chunk: int) -> DataSchema:
 
 def test_schemas_the_checkpoint_cannot_serve_are_refused(tiny_backbone: TinyBackbone) -> None:
     base = tiny_backbone("pi0")
-    assert base.pi0 is not None
-    too_wide = _wide(base.pi0.max_action_dim + 1, 4)
+    too_wide = _wide(_pi0(base).max_action_dim + 1, 4)
     with pytest.raises(SpecError, match="max_action_dim of 32") as info:
         TenantSlot("a", too_wide, base, Pi0ExpertConfig())
     assert info.value.details["fields"] == ["schema.action_dim"]
-    too_long = _wide(2, base.pi0.chunk_size + 1)
+    too_long = _wide(2, _pi0(base).chunk_size + 1)
     with pytest.raises(SpecError, match="chunk_size of 16") as info:
         TenantSlot("a", too_long, base, Pi0ExpertConfig())
     assert info.value.details["fields"] == ["schema.action_chunk"]
@@ -254,8 +262,7 @@ def test_a_checkpoint_whose_flow_times_the_expert_cannot_draw_is_refused(
     """A π0 checkpoint trained on Beta(α, β ≠ 1) flow times: a clear SpecError (a 4xx at
     the API), not an internal error while the slot is built."""
     base = tiny_backbone("pi0")
-    assert base.pi0 is not None
-    monkeypatch.setattr(base.pi0.config, "time_sampling_beta_beta", 1.5)
+    monkeypatch.setattr(_pi0(base).config, "time_sampling_beta_beta", 1.5)
     with pytest.raises(SpecError, match=r"beta=1\.5") as info:
         TenantSlot("a", PUSHT, base, Pi0ExpertConfig())
     assert info.value.details["fields"] == ["action_module.type"]
@@ -296,7 +303,7 @@ def test_flow_sde_chain_log_prob_matches_the_sampler_and_the_ode_limit(
     # With a vanishing noise level the chain mean is π0's own Euler sampler.
     quiet = Pi0Expert(
         Pi0ExpertConfig(num_inference_steps=4, sde_noise_level=1e-6),
-        pi0=base.pi0,  # type: ignore[arg-type]
+        pi0=_pi0(base),
         hidden_size=base.hidden_size,
         state_dim=PUSHT.state_dim,
         action_dim=PUSHT.action_dim,
@@ -338,7 +345,6 @@ def test_export_pi0_cli_writes_a_tenant_checkpoint_as_a_policy(
     from joynexus.models.payload import save_slot
 
     base = tiny_backbone("pi0")
-    assert base.pi0 is not None
     slot = TenantSlot("a", PUSHT, base, Pi0ExpertConfig(), optimizer=OptimizerConfig(lr=1e-3))
     batch = ObservationBatch.synthetic(PUSHT, 2, seed=8)
     GroupedExecutor(base, [slot]).train_step({"a": batch})

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from joynexus.algorithms.losses import ppo_loss
 from joynexus.errors import InvalidRequestError, SpecError
+from joynexus.models.archs.smolvlm.resident import SmolVLAResident
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.grouped import GroupedExecutor
@@ -30,6 +31,13 @@ from joynexus.models.slots import OptimizerConfig, TenantSlot
 from tests.interop.lerobot_helpers import TASKS, lerobot_actions, tiny_smolvla
 
 REL = 1e-5
+
+
+def _smolvla(base: ResidentBaseModel) -> SmolVLAResident:
+    """The resident model's SmolVLAResident (the extension its family asks for)."""
+    found = base.extension(SmolVLAResident)
+    assert found is not None
+    return found
 
 
 def schema(name: str, state: int, action: int, chunk: int, size: tuple[int, int]) -> DataSchema:
@@ -88,7 +96,7 @@ def _executor(base: ResidentBaseModel) -> GroupedExecutor:
 def test_the_checkpoint_is_resident_once_and_each_tenant_copies_its_expert(
     base: ResidentBaseModel, checkpoint: Path
 ) -> None:
-    assert base.arch == "smolvla" and base.smolvla is not None
+    assert base.arch == "smolvla" and base.extension(SmolVLAResident) is not None
     assert base.canonical_image_size == 64 and base.num_camera_slots == 2
     saved = load_file(str(checkpoint / "model.safetensors"))
     slot = TenantSlot("a", SCHEMAS["a"], base, SmolVLAExpertConfig())
@@ -132,8 +140,7 @@ def test_grouped_equals_serial_actions_and_losses(base: ResidentBaseModel) -> No
 
 
 def test_sft_lowers_the_loss_and_steps_only_the_tenants_expert(base: ResidentBaseModel) -> None:
-    assert base.smolvla is not None
-    resident = {k: v.clone() for k, v in base.smolvla.model.state_dict().items()}
+    resident = {k: v.clone() for k, v in _smolvla(base).model.state_dict().items()}
     opt = OptimizerConfig(lr=1e-3)
     slot = TenantSlot("a", SCHEMAS["a"], base, SmolVLAExpertConfig(), optimizer=opt)
     other = TenantSlot("b", SCHEMAS["b"], base, SmolVLAExpertConfig())
@@ -154,7 +161,7 @@ def test_sft_lowers_the_loss_and_steps_only_the_tenants_expert(base: ResidentBas
         slot.apply_loss(fixed_loss())
     assert float(fixed_loss().detach()) < 0.9 * start
     ex.train_step({"a": batch})
-    after = base.smolvla.model.state_dict()
+    after = _smolvla(base).model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in resident.items())
     assert all(torch.equal(v, other_before[k]) for k, v in other.action_module.state_dict().items())
     moved = {
@@ -298,8 +305,7 @@ def test_a_lora_tenant_exports_merged_and_lerobot_runs_it_identically(
     from joynexus.models.lora import LoRAConfig
     from tests.models.test_lora_vision import randomize
 
-    assert base.smolvla is not None
-    resident = {k: v.clone() for k, v in base.smolvla.model.state_dict().items()}
+    resident = {k: v.clone() for k, v in _smolvla(base).model.state_dict().items()}
     both = {"top": CameraSpec(height=64, width=64), "wrist": CameraSpec(height=64, width=64)}
     own = schema("own", 6, 6, 4, (64, 64)).model_copy(update={"cameras": both})
     targets = ("q_proj", "v_proj", "o_proj", "down_proj")
@@ -317,7 +323,7 @@ def test_a_lora_tenant_exports_merged_and_lerobot_runs_it_identically(
     assert any(".vision_model." in k for k in adapted) and any(".connector." in k for k in adapted)
     # Exactly the adapted layers differ (the expert is the checkpoint's, untrained here).
     assert {k for k, v in weights.items() if not torch.equal(v, original[k])} == adapted
-    after = base.smolvla.model.state_dict()
+    after = _smolvla(base).model.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in resident.items())
 
     mine, theirs = _ours_and_lerobots(base, slot, out, tmp_path)
@@ -337,25 +343,23 @@ def test_a_lora_tenant_exports_merged_and_lerobot_runs_it_identically(
 def test_a_lora_layer_that_cannot_be_merged_refuses_the_export(base: ResidentBaseModel) -> None:
     from joynexus.models.policies.smolvla_expert.export import merged_lora
 
-    assert base.smolvla is not None
     name = "model.text_model.layers.0.self_attn.q_proj"
-    weight = base.smolvla.model.state_dict()[f"model.vlm_with_expert.vlm.{name}.weight"]
-    merged = merged_lora(base.smolvla, {name: torch.ones_like(weight)})
+    weight = _smolvla(base).model.state_dict()[f"model.vlm_with_expert.vlm.{name}.weight"]
+    merged = merged_lora(_smolvla(base), {name: torch.ones_like(weight)})
     assert torch.equal(next(iter(merged.values())), weight + 1)
     for bad in ("model.text_model.layers.99.self_attn.q_proj", name):
         wrong = torch.zeros(3, 5)
         with pytest.raises(InvalidRequestError, match=re.escape(repr(bad))):
-            merged_lora(base.smolvla, {bad: wrong})
+            merged_lora(_smolvla(base), {bad: wrong})
 
 
 def test_a_tenant_without_statistics_takes_the_checkpoints(base: ResidentBaseModel) -> None:
     from joynexus.services.tenancy import TenantConfig, build_slot
 
-    assert base.smolvla is not None
     fits = schema("fits", 6, 6, 4, (64, 64))
     slot = build_slot(TenantConfig(tenant_id="n", schema=fits, head=SmolVLAExpertConfig()), base)
     assert slot.normalization is not None
-    stats = base.smolvla.ckpt.stats
+    stats = _smolvla(base).ckpt.stats
     assert slot.normalization.action.mean == pytest.approx(stats["action"]["mean"])
     assert slot.normalization.state is not None
     assert slot.normalization.state.std == pytest.approx(stats["observation.state"]["std"])

@@ -12,7 +12,8 @@ noisy action chunk (flow matching). JoyNexus splits the checkpoint along that se
 * the expert (the Gemma ``dit`` with the action/time embedding and the output
   projection) is a tenant's action module,
   :class:`~joynexus.models.policies.pi0_expert.module.Pi0Expert`, initialised from the
-  checkpoint's expert weights, which :class:`Pi0Checkpoint` keeps once;
+  checkpoint's expert weights, which :class:`Pi0Checkpoint` keeps once (the π0
+  resident's extension a ``pi0_expert`` asks for);
 * :func:`~joynexus.models.policies.pi0_expert.export.export_pi0` puts the two halves
   back together as a complete
   ``PI0ForConditionalGeneration`` directory that plain ``transformers`` loads.
@@ -175,20 +176,3 @@ class Pi0Checkpoint:
                 fields=[f for f, _ in problems],
                 problems=dict(problems),
             )
-
-
-def pi0_checkpoint_of(base: object, *, what: str) -> Pi0Checkpoint:
-    """The π0 checkpoint of a resident base model, for ``what`` that needs one.
-
-    Raises:
-        SpecError: the base model is not a π0 policy.
-    """
-    pi0 = getattr(base, "pi0", None)
-    if not isinstance(pi0, Pi0Checkpoint):
-        raise SpecError(
-            f"{what} needs a π0 base model (tiny:pi0, or a PI0ForConditionalGeneration "
-            f"checkpoint); the resident base model {getattr(base, 'model_id', '?')!r} is "
-            f"{getattr(base, 'arch', '?')!r}",
-            field="action_module.type",
-        )
-    return pi0

@@ -16,19 +16,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from joynexus.models.vision_share import QWEN_ARCHES
-
 #: Rows kept per model (a bounded cache: cleared when full).
 MAX_ROWS = 4096
 _IMAGE = 1  # mm_token_type_ids of an image token
 
 
-def install(model: torch.nn.Module, arch: str) -> bool:
+def install(model: torch.nn.Module) -> bool:
     """Cache the rope positions of ``model`` (a Qwen-VL base model) per row; ``False``
-    (nothing changed) for another architecture."""
+    (nothing changed) for a model without Qwen-VL's rope index."""
     original = getattr(model, "compute_3d_position_ids", None)
     rope_index = getattr(model, "get_rope_index", None)
-    if arch not in QWEN_ARCHES or original is None or rope_index is None:
+    if original is None or rope_index is None:
         return False
     rows: dict[bytes, tuple[np.ndarray, int]] = {}
 

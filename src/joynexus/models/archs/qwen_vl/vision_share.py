@@ -50,16 +50,15 @@ _PLAN: ContextVar[tuple[list[int], list[int]] | None] = ContextVar(
     "joynexus_vision_share", default=None
 )
 
-QWEN_ARCHES = frozenset({"qwen2_5_vl", "qwen3_vl"})
 _MAX_LAYOUTS = 64
 
 
-def install(model: torch.nn.Module, arch: str) -> bool:
-    """Give a Qwen-VL base ``model`` these savings; ``False`` (nothing changed) for
-    another architecture or a layout this module does not know."""
+def install(model: torch.nn.Module) -> bool:
+    """Give a Qwen-VL base ``model`` these savings; ``False`` (nothing changed) for a
+    layout this module does not know."""
     visual = getattr(model, "visual", None)
     original = getattr(model, "get_image_features", None)
-    if arch not in QWEN_ARCHES or visual is None or original is None:
+    if visual is None or original is None:
         return False
     proj = getattr(getattr(visual, "patch_embed", None), "proj", None)
     if isinstance(proj, torch.nn.Conv3d) and tuple(proj.kernel_size) == tuple(proj.stride):
@@ -258,4 +257,4 @@ def _patch_embed_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor
     return out.view(-1, int(self.embed_dim))
 
 
-__all__ = ["QWEN_ARCHES", "blank_plan", "install", "shared_blanks"]
+__all__ = ["blank_plan", "install", "shared_blanks"]

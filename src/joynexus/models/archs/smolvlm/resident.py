@@ -11,7 +11,7 @@ SmolVLA also puts a projected *state* token at the end of its prefix, and the pr
 token attends to the state token (it opens its own attention block): their keys and
 values do not depend on any tenant. Each tenant's expert extends the shared cache by
 its own state token through the frozen layers
-(:meth:`~joynexus.models.smolvla.SmolVLA.with_state`), which is exactly the cache
+(:meth:`~joynexus.models.archs.smolvlm.smolvla.SmolVLA.with_state`), which is exactly the cache
 lerobot computes for the whole prefix in one pass.
 """
 
@@ -35,9 +35,9 @@ from joynexus.interop.lerobot import (
     read_lerobot_checkpoint,
     schema_problems,
 )
+from joynexus.models.archs.smolvlm.smolvla import SmolVLA
 from joynexus.models.normalization import FeatureNormStats, NormalizationStats
 from joynexus.models.schema import DataSchema
-from joynexus.models.smolvla import SmolVLA
 from joynexus.models.types import BackboneOutput
 
 SMOLVLA_ARCH = "smolvla"
@@ -190,35 +190,3 @@ class SmolVLAResident:
             action_dim=schema.action_dim,
             action_chunk=schema.action_chunk,
         )
-
-
-def smolvla_of(base: object, *, what: str) -> SmolVLAResident:
-    """The SmolVLA checkpoint of a resident base model, for ``what`` that needs one.
-
-    Raises:
-        SpecError: the base model is not a SmolVLA checkpoint.
-    """
-    resident = getattr(base, "smolvla", None)
-    if not isinstance(resident, SmolVLAResident):
-        raise SpecError(
-            f"{what} needs a LeRobot SmolVLA base model (a smolvla policy directory, or "
-            f"lerobot/smolvla_base); the resident base model "
-            f"{getattr(base, 'model_id', '?')!r} is {getattr(base, 'arch', '?')!r}",
-            field="action_module.type",
-        )
-    return resident
-
-
-def checkpoint_normalization(base: object, schema: DataSchema) -> NormalizationStats | None:
-    """The normalization a tenant of ``schema`` without statistics of its own takes on
-    ``base``: a SmolVLA checkpoint's processor statistics when their widths are the
-    schema's state and action dims, else ``None`` (raw units)."""
-    resident = getattr(base, "smolvla", None)
-    if not isinstance(resident, SmolVLAResident):
-        return None
-    stats = resident.normalization()
-    if stats is None or stats.state is None:
-        return None
-    if (stats.state.dim, stats.action.dim) != (schema.state_dim, schema.action_dim):
-        return None
-    return stats

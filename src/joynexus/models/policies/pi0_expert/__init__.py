@@ -2,13 +2,9 @@
 PaliGemma prefix's KV cache (``checkpoint``: the split checkpoint; ``config``/``module``:
 the tenant's expert; ``export``: back into a complete π0 checkpoint, imported on demand)."""
 
+from joynexus.models.archs.paligemma.pi0 import PI0_MODEL_TYPE, Pi0Checkpoint
 from joynexus.models.policies.base import PolicyFamily
-from joynexus.models.policies.pi0_expert.checkpoint import (
-    PI0_MODEL_TYPE,
-    Pi0Checkpoint,
-    pi0_checkpoint_of,
-)
-from joynexus.models.policies.pi0_expert.config import Pi0ExpertConfig
+from joynexus.models.policies.pi0_expert.config import Pi0ExpertConfig, pi0_checkpoint_of
 from joynexus.models.policies.pi0_expert.module import Pi0Expert, build_pi0_expert
 
 FAMILY = PolicyFamily(Pi0ExpertConfig, build_pi0_expert)

@@ -6,12 +6,30 @@ from typing import Literal
 
 from pydantic import Field
 
+from joynexus.errors import SpecError
+from joynexus.models.archs.paligemma.pi0 import Pi0Checkpoint
 from joynexus.models.lora import LoRAConfig
 from joynexus.models.policies.flow import PrefixExpertConfig
-from joynexus.models.policies.pi0_expert.checkpoint import pi0_checkpoint_of
 from joynexus.models.schema import DataSchema
+from joynexus.models.types import describe_base, extension_of
 
 PI0_EXPERT_NEEDS = "action_module type 'pi0_expert'"
+
+
+def pi0_checkpoint_of(base: object, *, what: str) -> Pi0Checkpoint:
+    """The π0 checkpoint a π0 resident base model hands ``what`` (its extension).
+
+    Raises:
+        SpecError: the base model is not a π0 policy.
+    """
+    pi0 = extension_of(base, Pi0Checkpoint)
+    if pi0 is None:
+        raise SpecError(
+            f"{what} needs a π0 base model (tiny:pi0, or a PI0ForConditionalGeneration "
+            f"checkpoint); the resident base model {describe_base(base)}",
+            field="action_module.type",
+        )
+    return pi0
 
 
 class Pi0ExpertConfig(PrefixExpertConfig):

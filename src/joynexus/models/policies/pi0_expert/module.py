@@ -21,14 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from joynexus.models.archs.paligemma.pi0 import EXPERT_EMBED_KEY, Pi0Checkpoint, hf_pi0
 from joynexus.models.policies.base import PolicyHead
-from joynexus.models.policies.pi0_expert.checkpoint import (
-    EXPERT_EMBED_KEY,
-    Pi0Checkpoint,
-    hf_pi0,
+from joynexus.models.policies.pi0_expert.config import (
+    PI0_EXPERT_NEEDS,
+    Pi0ExpertConfig,
     pi0_checkpoint_of,
 )
-from joynexus.models.policies.pi0_expert.config import PI0_EXPERT_NEEDS, Pi0ExpertConfig
 from joynexus.models.policies.prefix_expert import PrefixFlowExpert
 from joynexus.models.schema import DataSchema
 from joynexus.models.types import BackboneOutput

@@ -3,10 +3,10 @@ expert and projections over the resident SmolVLA prefix (``resident``: the check
 the base model; ``config``/``module``: the tenant's expert; ``export``: a tenant back out
 as a LeRobot policy directory, imported on demand)."""
 
+from joynexus.models.archs.smolvlm.resident import SmolVLAResident
 from joynexus.models.policies.base import PolicyFamily
-from joynexus.models.policies.smolvla_expert.config import SmolVLAExpertConfig
+from joynexus.models.policies.smolvla_expert.config import SmolVLAExpertConfig, smolvla_of
 from joynexus.models.policies.smolvla_expert.module import SmolVLAExpert, build_smolvla_expert
-from joynexus.models.policies.smolvla_expert.resident import SmolVLAResident, smolvla_of
 
 FAMILY = PolicyFamily(SmolVLAExpertConfig, build_smolvla_expert)
 

@@ -4,11 +4,29 @@ from __future__ import annotations
 
 from typing import Literal
 
+from joynexus.errors import SpecError
+from joynexus.models.archs.smolvlm.resident import SmolVLAResident
 from joynexus.models.policies.flow import PrefixExpertConfig
-from joynexus.models.policies.smolvla_expert.resident import smolvla_of
 from joynexus.models.schema import DataSchema
+from joynexus.models.types import describe_base, extension_of
 
 SMOLVLA_EXPERT_NEEDS = "action_module type 'smolvla_expert'"
+
+
+def smolvla_of(base: object, *, what: str) -> SmolVLAResident:
+    """The SmolVLA checkpoint a SmolVLA resident base model hands ``what``.
+
+    Raises:
+        SpecError: the base model is not a SmolVLA checkpoint.
+    """
+    resident = extension_of(base, SmolVLAResident)
+    if resident is None:
+        raise SpecError(
+            f"{what} needs a LeRobot SmolVLA base model (a smolvla policy directory, or "
+            f"lerobot/smolvla_base); the resident base model {describe_base(base)}",
+            field="action_module.type",
+        )
+    return resident
 
 
 class SmolVLAExpertConfig(PrefixExpertConfig):

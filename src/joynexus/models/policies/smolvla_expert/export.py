@@ -24,21 +24,26 @@ policy that acts otherwise.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
 from joynexus.errors import InvalidRequestError
-from joynexus.interop.lerobot import ACTION_KEY, STATE_KEY
+from joynexus.interop.lerobot import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
+from joynexus.models.archs.smolvlm.resident import SmolVLAResident
+from joynexus.models.archs.smolvlm.smolvla import export_smolvla
 from joynexus.models.lora import peft_deltas
 from joynexus.models.normalization import NormalizationStats
+from joynexus.models.policies.smolvla_expert.config import smolvla_of
 from joynexus.models.policies.smolvla_expert.module import lerobot_names
-from joynexus.models.policies.smolvla_expert.resident import SmolVLAResident, smolvla_of
 from joynexus.models.policies.tenant_export import read_tenant_expert
-from joynexus.models.smolvla import export_smolvla
+from joynexus.models.schema import DataSchema
 
 LEROBOT_FORMAT = "lerobot"
+#: Where a local VLM's configuration and tokenizer travel inside an export.
+LOCAL_VLM = "vlm"
 
 
 def lerobot_stats(stats: NormalizationStats) -> dict[str, dict[str, list[float]]]:
@@ -65,11 +70,13 @@ def export_smolvla_expert(
     out: str | Path,
     *,
     lora: dict[str, torch.Tensor] | None = None,
+    schema: DataSchema | None = None,
 ) -> Path:
     """Write the resident prefix plus one tenant's ``expert`` (tensors by the tenant
     module's names) and normalization as a LeRobot SmolVLA directory; ``lora`` (the
     tenant's adapter as :func:`~joynexus.models.lora.peft_deltas`) merged into the
-    prefix weights it adapts.
+    prefix weights it adapts; ``schema`` (the tenant's) gives the image features.
+    The directory stands alone (:func:`stand_alone`).
 
     Raises:
         InvalidRequestError: ``expert`` holds a tensor the checkpoint has not (or of
@@ -78,14 +85,70 @@ def export_smolvla_expert(
     stats = None if normalization is None else lerobot_stats(normalization)
     tensors = {**merged_lora(resident, lora or {}), **lerobot_names(expert)}
     path = export_smolvla(resident.model, out, stats=stats, tensors=tensors)
-    if stats is not None:
-        config_file = path / "config.json"
-        config = json.loads(config_file.read_text())
-        for group, key in (("input_features", STATE_KEY), ("output_features", ACTION_KEY)):
-            if key in stats and key in config.get(group, {}):
-                config[group][key]["shape"] = [len(stats[key]["mean"])]
-        config_file.write_text(json.dumps(config, indent=4))
+    config_file = path / "config.json"
+    config = json.loads(config_file.read_text())
+    for group, key in (("input_features", STATE_KEY), ("output_features", ACTION_KEY)):
+        if stats is not None and key in stats and key in config.get(group, {}):
+            config[group][key]["shape"] = [len(stats[key]["mean"])]
+    if schema is not None:
+        config["input_features"] = tenant_image_features(config["input_features"], schema)
+    config_file.write_text(json.dumps(config, indent=4))
+    stand_alone(path)
     return path
+
+
+def tenant_image_features(features: dict[str, Any], schema: DataSchema) -> dict[str, Any]:
+    """The checkpoint's ``input_features`` with its cameras replaced by the tenant's,
+    in the tenant's order (the order JoyNexus fills the camera slots in) and of the
+    tenant's shapes ``[C, H, W]``: what the tenant's robot sends lerobot."""
+    cameras = {
+        f"{IMAGE_PREFIX}{name}": {"type": "VISUAL", "shape": [cam.channels, cam.height, cam.width]}
+        for name, cam in schema.cameras.items()
+    }
+    rest = {k: v for k, v in features.items() if not k.startswith(IMAGE_PREFIX)}
+    return {**cameras, **rest}
+
+
+def stand_alone(path: Path) -> None:
+    """Leave no path of this machine in the exported directory ``path``.
+
+    lerobot's SmolVLA reads its VLM's configuration and tokenizer from
+    ``vlm_model_name`` (the policy weights hold the VLM's weights). A hub id stays as
+    it is; a local VLM folder travels with the export as ``vlm/`` and is named by that
+    relative path, which lerobot resolves against its working folder (run it from the
+    exported folder). Every JSON file that named the old path names the new one.
+    """
+    root = path.resolve()
+    config = json.loads((path / "config.json").read_text())
+    old = str(config.get("vlm_model_name", ""))
+    if not old or not Path(old).is_absolute():
+        return
+    vlm = Path(old).resolve()
+    if not vlm.is_dir():
+        raise InvalidRequestError(
+            f"export: the checkpoint's VLM folder {old!r} is gone; the exported policy "
+            "would name a path of this machine",
+            field="vlm_model_name",
+        )
+    if not vlm.is_relative_to(root):
+        shutil.copytree(vlm, root / LOCAL_VLM, dirs_exist_ok=True)
+        vlm = root / LOCAL_VLM
+    new = vlm.relative_to(root).as_posix()
+    for file in path.glob("*.json"):
+        data = json.loads(file.read_text())
+        file.write_text(json.dumps(_renamed(data, old, new), indent=4))
+
+
+def _renamed(value: Any, old: str, new: str) -> Any:
+    """``value`` (JSON data) with every string equal to ``old`` (or a resolved form of
+    it) replaced by ``new``."""
+    if isinstance(value, dict):
+        return {k: _renamed(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_renamed(v, old, new) for v in value]
+    if isinstance(value, str) and value.startswith("/") and Path(value) == Path(old):
+        return new
+    return value
 
 
 def merged_lora(
@@ -117,8 +180,11 @@ def merged_lora(
     return out
 
 
-def export_lerobot_checkpoint(checkpoint: str | Path, out: str | Path, *, base: Any) -> Path:
-    """Export the ``smolvla_expert`` tenant checkpoint ``checkpoint`` into ``out``.
+def export_lerobot_checkpoint(
+    checkpoint: str | Path, out: str | Path, *, base: Any, schema: DataSchema | None = None
+) -> Path:
+    """Export the ``smolvla_expert`` tenant checkpoint ``checkpoint`` into ``out``;
+    ``schema``: the tenant's, for the image features (else the checkpoint's).
 
     Raises:
         NotFoundError: no checkpoint there.
@@ -132,4 +198,4 @@ def export_lerobot_checkpoint(checkpoint: str | Path, out: str | Path, *, base: 
         lora = peft_deltas(checkpoint)
     except ValueError as error:
         raise InvalidRequestError(f"export: {error}", field="lora") from error
-    return export_smolvla_expert(resident, expert, stats, out, lora=lora)
+    return export_smolvla_expert(resident, expert, stats, out, lora=lora, schema=schema)

@@ -21,18 +21,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from joynexus.models.archs.smolvlm.resident import (
+    TIME_BETA_ALPHA,
+    TIME_OFFSET,
+    TIME_SCALE,
+    SmolVLAResident,
+)
 from joynexus.models.lora import LoRAAdapter, LoRARows, LoRASegment, lora_rows
 from joynexus.models.policies.base import PolicyHead
 from joynexus.models.policies.prefix_expert import PrefixFlowExpert
 from joynexus.models.policies.smolvla_expert.config import (
     SMOLVLA_EXPERT_NEEDS,
     SmolVLAExpertConfig,
-)
-from joynexus.models.policies.smolvla_expert.resident import (
-    TIME_BETA_ALPHA,
-    TIME_OFFSET,
-    TIME_SCALE,
-    SmolVLAResident,
     smolvla_of,
 )
 from joynexus.models.schema import DataSchema
