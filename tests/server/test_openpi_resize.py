@@ -81,11 +81,22 @@ def test_float_images_read_as_zero_to_one() -> None:
     as_float = img.astype(np.float32) / 255.0
     a, b = resize_with_pad(img, 32, 32), resize_with_pad(as_float, 32, 32)
     assert b.dtype == np.uint8 and b.shape == (32, 32, 3)
-    assert int(np.abs(a.astype(int) - b.astype(int)).max()) <= 1
+    np.testing.assert_array_equal(a, b)  # quantized once, then the same path
     same = resize_with_pad(np.full((32, 32, 3), 2.0, np.float64), 32, 32)
     assert (same == 255).all()  # same size: only converted (and clipped)
     with pytest.raises(ValueError, match="expected uint8 or float pixels"):
         resize_with_pad(np.zeros((4, 4, 3), np.int16), 2, 2)
+
+
+def test_a_fourth_channel_is_resized_as_data_not_as_alpha() -> None:
+    # An RGB-D style camera: a zero 4th channel must not darken the colour (Pillow
+    # premultiplies RGBA); each channel is resized on its own.
+    img = np.zeros((64, 64, 4), np.uint8)
+    img[..., :3] = COLOR
+    img[..., 3] = np.arange(64, dtype=np.uint8)[None, :] * 4
+    out = resize_with_pad(img, 16, 16)
+    assert out.shape == (16, 16, 4) and (out[..., :3] == COLOR).all()
+    assert (np.diff(out[0, :, 3].astype(int)) > 0).all()  # the ramp survives, shrunk
 
 
 def _adapter(height: int = 32, width: int = 32, channels: int = 3) -> ObservationAdapter:

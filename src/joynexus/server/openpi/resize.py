@@ -9,10 +9,10 @@ the same for one H×W×C image, so a policy served here sees what openpi's own
 pipeline would have shown it.
 
 Pillow (a dependency already, and free of torch, which front processes must not
-load) does the resampling: bilinear, which Pillow widens into an area filter when
-shrinking, so a 224 px frame brought down to 32 px is averaged rather than aliased.
-Each channel is resampled in float32 and rounded once, so uint8 and float input take
-the same path.
+load) does the resampling, as in openpi's client-side helper: bilinear, which Pillow
+widens into an area filter when shrinking, so a 224 px frame brought down to 32 px is
+averaged rather than aliased. A float image is brought to uint8 first (what the
+schema holds), so both dtypes take the same path.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-__all__ = ["fitted_size", "resize_with_pad"]
+__all__ = ["fitted_size", "resize_with_pad", "to_uint8"]
 
 
 def fitted_size(height: int, width: int, target_h: int, target_w: int) -> tuple[int, int]:
@@ -32,33 +32,48 @@ def fitted_size(height: int, width: int, target_h: int, target_w: int) -> tuple[
     return target_h, max(1, width * target_h // height)
 
 
+def to_uint8(image: np.ndarray) -> np.ndarray:
+    """uint8 pixels of ``image``: uint8 as is; float read as [0, 1] (NaN as 0, clipped).
+
+    Raises:
+        ValueError: ``image`` is neither uint8 nor float.
+    """
+    if image.dtype == np.uint8:
+        return image
+    if image.dtype.kind != "f":
+        raise ValueError(f"expected uint8 or float pixels, got dtype {image.dtype}")
+    scaled = np.clip(np.nan_to_num(image.astype(np.float32)), 0.0, 1.0) * np.float32(255.0)
+    return np.round(scaled).astype(np.uint8)
+
+
 def resize_with_pad(image: np.ndarray, height: int, width: int) -> np.ndarray:
     """``image`` (H×W×C, uint8, or float in [0, 1]) as uint8 ``height``×``width``×C.
 
     The image is scaled (bilinear) to fit with its aspect ratio kept and centred on a
     zero (black) canvas; the padding's odd pixel goes to the bottom / right. An image
-    already of the target size is only converted to uint8. NaN reads as 0; floats
-    outside [0, 1] are clipped.
+    already of the target size is only converted to uint8.
 
     Raises:
         ValueError: ``image`` is not H×W×C of a positive size, or neither uint8 nor float.
     """
     if image.ndim != 3 or image.shape[0] < 1 or image.shape[1] < 1:
         raise ValueError(f"expected an H×W×C image, got shape {list(image.shape)}")
-    if image.dtype.kind == "f":
-        pixels = np.clip(np.nan_to_num(image.astype(np.float32)), 0.0, 1.0) * np.float32(255.0)
-    elif image.dtype == np.uint8:
-        pixels = image.astype(np.float32)
-    else:
-        raise ValueError(f"expected uint8 or float pixels, got dtype {image.dtype}")
-    h, w, channels = image.shape
+    pixels = np.ascontiguousarray(to_uint8(image))
+    h, w, channels = pixels.shape
     if (h, w) == (height, width):
-        return np.round(pixels).astype(np.uint8)
+        return pixels
     fit_h, fit_w = fitted_size(h, w, height, width)
     top, left = (height - fit_h) // 2, (width - fit_w) // 2
     out = np.zeros((height, width, channels), dtype=np.uint8)
-    for c in range(channels):
-        band = Image.fromarray(np.ascontiguousarray(pixels[:, :, c]))  # mode "F"
-        scaled = np.asarray(band.resize((fit_w, fit_h), resample=Image.Resampling.BILINEAR))
-        out[top : top + fit_h, left : left + fit_w, c] = np.clip(np.round(scaled), 0, 255)
+    # RGB in one call; any other channel count band by band ("L"), since Pillow would
+    # premultiply a 4th channel as alpha (an RGBD camera's depth is no alpha).
+    bands = [pixels] if channels == 3 else [pixels[:, :, c] for c in range(channels)]
+    for c, band in enumerate(bands):
+        im = Image.fromarray(np.ascontiguousarray(band))
+        scaled = np.asarray(im.resize((fit_w, fit_h), resample=Image.Resampling.BILINEAR))
+        target = out[top : top + fit_h, left : left + fit_w]
+        if channels == 3:
+            target[...] = scaled
+        else:
+            target[:, :, c] = scaled
     return out
