@@ -21,7 +21,7 @@ from joynexus.api import UsageReport
 from joynexus.cli.demo import PLAIN_WIDTH, demo_console
 from joynexus.demo.phase import Interval, JobRecord, PhaseTrace
 from joynexus.demo.plots import MULTI_TENANT_COLOR, device_time_bars
-from joynexus.demo.readout import report_tables, verdict
+from joynexus.demo.readout import print_report, report_tables, verdict
 from joynexus.demo.report import HOW_TO_READ, build_report
 from joynexus.demo.runner import PlainProgress, _Bars, _reporter
 from joynexus.workflows.summary import RunSummary, TenantProgress
@@ -140,10 +140,12 @@ def test_tables_are_not_cut_and_say_which_way_is_good(tmp_path: Path) -> None:
     assert any("MT time to matched (s)" in ln and "return first→last (MT)" in ln for ln in lines)
     assert "…" not in text  # nothing truncated
     flat = " ".join(text.split())
-    assert (
-        "training: multi-tenant 50.0% vs isolated RL replays 50.0% (multi-tenant / isolated" in flat
-    )
     assert "isolated / multi-tenant above 1x: the multi-tenant run needed less device" in flat
+    console = Console(width=PLAIN_WIDTH, record=True)
+    print_report(report, console)
+    flat = " ".join(console.export_text().split())
+    # An isolated service busy half its window is not "mostly waiting": the ratio stands.
+    assert "training: multi-tenant 50.0% vs isolated RL replays 50.0% (multi-tenant / " in flat
 
 
 def test_the_report_says_which_way_each_ratio_is_good(tmp_path: Path) -> None:
@@ -201,6 +203,5 @@ def test_the_report_gives_what_sharing_the_backbone_cost_inference(tmp_path: Pat
         "fraction_of_device_s": 0.25,
     }
     console = Console(width=200, record=True)
-    for table in report_tables(report):
-        console.print(table)
+    print_report(report, console)
     assert "waited 50.0 ms each" in console.export_text()

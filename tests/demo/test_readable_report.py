@@ -143,7 +143,7 @@ def test_a_ratio_over_mostly_waiting_is_shown_as_the_two_utilizations(tmp_path: 
     assert training["ratio"] is None
     assert "multi-tenant 71.4% vs isolated RL replays 2.0%" in training["reading"]
     assert "idled 98.0% of the replays' windows" in training["reading"]
-    assert "their simulators stepped 90.0% of it" in training["reading"]
+    assert "(their simulators stepped 90.0% of them)" in training["reading"]
     assert training["reading"] in text
     assert "improvement" not in report and "improvement" not in report["how_to_read"]
 

@@ -32,6 +32,7 @@ __all__ = [
     "print_report",
     "report_tables",
     "success_reading",
+    "utilization_lines",
     "utilization_reading",
     "verdict",
 ]
@@ -112,11 +113,11 @@ def utilization_reading(
     if isolated >= MOSTLY_BUSY:
         ratio = multi_tenant / isolated
         return ratio, f"{both} (multi-tenant / isolated {ratio:.2f}x; above 1 is busier shared)"
-    sims = "" if simulators is None else f"; their simulators stepped {_pct(simulators)} of it"
+    sims = "" if simulators is None else f" (their simulators stepped {_pct(simulators)} of them)"
     return None, (
         f"{both}: alone, the {service} service idled {_pct(1 - isolated)} of the replays' "
-        f"windows{sims}, so a ratio of the two would measure that waiting, not a gain "
-        "from sharing"
+        f"windows{sims}, so a ratio of the two would mostly measure that idle time, not a "
+        "gain from sharing"
     )
 
 
@@ -272,13 +273,7 @@ def _progress_table(report: Mapping[str, Any]) -> Table:
 
 def _utilization_table(report: Mapping[str, Any]) -> Table:
     mt, iso = report["multi_tenant"], report["isolated"]
-    readings = [
-        row["reading"] for row in (report.get("utilization") or {}).get("services", {}).values()
-    ]
-    util = Table(
-        title="Model-service utilization (busy seconds / window)",
-        caption=" ".join(f"{escape(r)}." for r in readings),
-    )
+    util = Table(title="Model-service utilization (busy seconds / window)")
     for col in ("execution", "Training", "Inference", "window (s)", "wall (s)"):
         util.add_column(col, justify="left" if col == "execution" else "right")
     util.add_row(
@@ -302,16 +297,24 @@ def _utilization_table(report: Mapping[str, Any]) -> Table:
         "",
         "",
     )
-    lock = mt.get("inference_lock_wait") or {}
+    return util
+
+
+def utilization_lines(report: Mapping[str, Any]) -> list[str]:
+    """How to read the utilizations, one line per service, and what sharing the
+    backbone with training cost inference (when measured)."""
+    services = (report.get("utilization") or {}).get("services", {})
+    lines = [f"{row['reading']}." for row in services.values()]
+    lock = report["multi_tenant"].get("inference_lock_wait") or {}
     if lock.get("batches"):
         # The demo runs one resident backbone that training and inference share: the
         # wait is part of what it measures, not a setting to change here.
-        util.caption = f"{util.caption} " + (
+        lines.append(
             f"Multi-tenant inference batches waited {_num(lock['ms_per_batch'], 1)} ms each "
             f"for the backbone lock training shares ({_pct(lock['fraction_of_device_s'])} "
             "of their device time)."
         )
-    return util
+    return lines
 
 
 def report_tables(report: Mapping[str, Any]) -> list[Table]:
@@ -344,3 +347,5 @@ def print_report(report: Mapping[str, Any], console: Console) -> None:
         console.print(table)
     console.rule("3. Utilization", style="dim")
     console.print(util)
+    for line in utilization_lines(report):
+        say(line)
