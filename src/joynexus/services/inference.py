@@ -50,9 +50,14 @@ from joynexus.metrics.hooks import Instruments
 from joynexus.metrics.usage import UsageMeter
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.grouped import GroupedExecutor, InferenceResult, ServeRequest, StageTimes
-from joynexus.models.payload import TenantPayload
-from joynexus.models.slots import TenantSlot
+from joynexus.models.checkpoints.payload import TenantPayload
+from joynexus.models.execution.grouped import (
+    GroupedExecutor,
+    InferenceResult,
+    ServeRequest,
+    StageTimes,
+)
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.queues.inference import InferenceQueue, InferenceQueueMetrics, InferenceRequest
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService
@@ -64,8 +69,7 @@ from joynexus.services.rollout import (
     collect_rollout,
     run_evaluation,
 )
-from joynexus.services.samples import env_actions, in_model_units
-from joynexus.services.serving import ServingStates
+from joynexus.services.serving import ServingStates, env_actions, in_model_units
 from joynexus.services.tenancy import TenantConfig, backbone_lock
 from joynexus.utils.affinity import on_device
 from joynexus.utils.clock import Clock

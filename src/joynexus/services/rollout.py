@@ -41,9 +41,8 @@ from joynexus.services.samples import (
     GROUP,
     camera_field,
     instructions_array,
-    model_actions,
-    model_state,
 )
+from joynexus.services.serving import model_actions, model_state
 
 __all__ = [
     "EvalResult",

@@ -15,12 +15,12 @@ is the contract between producers (rollout, SFT producer), preprocessing stages
   the sample's env (its sub-envs started from one initial state).
 
 ``state`` and ``actions`` are in the tenant's model units: normalized for a tenant with
-``NormalizationStats`` (:func:`model_state`, :func:`model_actions`), env units otherwise.
+``NormalizationStats`` (:func:`~joynexus.services.serving.model_state`,
+:func:`~joynexus.services.serving.model_actions`), env units otherwise.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,7 +29,6 @@ import torch
 
 from joynexus.errors import SchemaMismatchError
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.normalization import NormalizationStats
 
 # Re-exported: the services name it with the other partition fields.
 from joynexus.models.policies.flow import FLOW_CHAIN as FLOW_CHAIN
@@ -103,38 +102,3 @@ def float_tensor(value: Any, device: torch.device) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.detach().to(device=device, dtype=torch.float32)
     return torch.as_tensor(np.asarray(value), dtype=torch.float32).to(device)
-
-
-def model_state(state: np.ndarray, normalization: NormalizationStats | None) -> np.ndarray:
-    """Env-unit ``state [B, S]`` in the tenant's model units (unchanged without stats)."""
-    if normalization is None or normalization.state is None or state.shape[-1] == 0:
-        return state
-    return normalization.normalize(state, "state")
-
-
-def model_actions(actions: np.ndarray, normalization: NormalizationStats | None) -> np.ndarray:
-    """Env-unit ``actions [..., A]`` in the tenant's model units."""
-    if normalization is None:
-        return actions
-    return normalization.normalize(actions, "action")
-
-
-def env_actions(actions: np.ndarray, normalization: NormalizationStats | None) -> np.ndarray:
-    """Model-unit ``actions [..., A]`` (what the head outputs) in env units."""
-    if normalization is None:
-        return actions
-    return normalization.unnormalize(actions, "action")
-
-
-def in_model_units(
-    observations: ObservationBatch, normalization: NormalizationStats | None
-) -> ObservationBatch:
-    """``observations`` (env units) with state and actions in the tenant's model units."""
-    if normalization is None:
-        return observations
-    actions = observations.actions
-    return dataclasses.replace(
-        observations,
-        state=model_state(observations.state, normalization),
-        actions=None if actions is None else model_actions(actions, normalization),
-    )

@@ -13,25 +13,33 @@ versions of a tenant share one inference generator, so sampling noise does not
 restart at every publication. A tenant's normalization stats (from its config or the
 payload it was added with) are set on every version's slot: a publication carries only
 tensors, and the stats never change while the tenant trains.
+
+Units: callers and envs speak env units, a tenant with normalization stats computes in
+normalized (model) units. :func:`in_model_units` and :func:`env_actions` convert a
+served request on its way in and out; :func:`model_state` and :func:`model_actions`
+are what rollouts store in the Training Queue.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from joynexus.errors import ConflictError, NotFoundError
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.checkpoints.payload import TenantPayload, load_weights
 from joynexus.models.normalization import NormalizationStats
-from joynexus.models.payload import TenantPayload, load_weights
-from joynexus.models.slots import BaseModelRef, TenantSlot
+from joynexus.models.tenant.slots import BaseModelRef, TenantSlot
 from joynexus.services.tenancy import TenantConfig, build_slot
 
-__all__ = ["ServingStates"]
+__all__ = ["ServingStates", "env_actions", "in_model_units", "model_actions", "model_state"]
 
 #: ``sys.getrefcount`` of a slot only a local name holds (the name, the argument).
 _SOLE_REFERENCE = 2
@@ -226,3 +234,41 @@ class ServingStates:
                 if tenant.pins[v] == 0:
                     del tenant.pins[v]
                 self._free_unpinned(tenant)
+
+
+# --- a tenant's units -----------------------------------------------------------------
+
+
+def model_state(state: np.ndarray, normalization: NormalizationStats | None) -> np.ndarray:
+    """Env-unit ``state [B, S]`` in the tenant's model units (unchanged without stats)."""
+    if normalization is None or normalization.state is None or state.shape[-1] == 0:
+        return state
+    return normalization.normalize(state, "state")
+
+
+def model_actions(actions: np.ndarray, normalization: NormalizationStats | None) -> np.ndarray:
+    """Env-unit ``actions [..., A]`` in the tenant's model units."""
+    if normalization is None:
+        return actions
+    return normalization.normalize(actions, "action")
+
+
+def env_actions(actions: np.ndarray, normalization: NormalizationStats | None) -> np.ndarray:
+    """Model-unit ``actions [..., A]`` (what the head outputs) in env units."""
+    if normalization is None:
+        return actions
+    return normalization.unnormalize(actions, "action")
+
+
+def in_model_units(
+    observations: ObservationBatch, normalization: NormalizationStats | None
+) -> ObservationBatch:
+    """``observations`` (env units) with state and actions in the tenant's model units."""
+    if normalization is None:
+        return observations
+    actions = observations.actions
+    return dataclasses.replace(
+        observations,
+        state=model_state(observations.state, normalization),
+        actions=None if actions is None else model_actions(actions, normalization),
+    )

@@ -38,7 +38,7 @@ from joynexus.server.errors import error_response
 from joynexus.server.front.channel import encode_frame, read_frame, take_arrays
 from joynexus.server.openpi.app import OPENPI
 from joynexus.server.openpi.gateway import INTERNAL_ERROR_TEXT, OpenPIGateway
-from joynexus.server.routes.models import own_slot, primitives
+from joynexus.server.routes.models import own_slot
 from joynexus.server.routes.models import stage_meter as predict_stage_meter
 from joynexus.server.state import ServerState, _principal, _tenant
 
@@ -190,7 +190,7 @@ class FrontHub:
         principal = _tenant(state, _principal(state, credentials_of(authorization)))
         tenant = own_slot(tenant_path, principal, state)
         observations = _batch(arrays, rest["instructions"])
-        result = await primitives(state).predict(
+        result = await state.gateway.primitives.predict(
             tenant, observations, rest["policy_version"], rest["mode"]
         )
         return (

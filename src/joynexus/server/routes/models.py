@@ -16,7 +16,7 @@ once the tenant submitted a workload (task ``custom`` gives a slot and nothing e
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request, status
@@ -41,9 +41,6 @@ from joynexus.server.wire import (
     tensor_response,
 )
 from joynexus.wire import check_tensor
-
-if TYPE_CHECKING:  # the Master imports torch; the HTTP app must not
-    from joynexus.master.primitives import ModelPrimitives
 
 router = APIRouter(prefix="/v1/models/{tenant_id}", tags=["models"])
 
@@ -207,11 +204,6 @@ def own_slot(tenant_id: PathName, principal: TenantPrincipal, state: State) -> s
 OwnSlot = Annotated[str, Depends(own_slot)]
 
 
-def primitives(state: ServerState) -> ModelPrimitives:
-    """The Master's model primitives behind the gateway (503 without a Master)."""
-    return state.gateway.primitives
-
-
 async def _body(request: Request, state: ServerState, model: type[Any]) -> Any:
     return await decode_body(
         request,
@@ -242,7 +234,9 @@ async def predict(tenant: OwnSlot, request: Request, state: State) -> Any:
     check_predict_size(state.config, body.observations)
     observations = body.observations.batch()
     decoded = time.perf_counter()
-    result = await primitives(state).predict(tenant, observations, body.policy_version, body.mode)
+    result = await state.gateway.primitives.predict(
+        tenant, observations, body.policy_version, body.mode
+    )
     answered = time.perf_counter()
     out = PredictOut.model_construct(
         actions=np.asarray(result.actions, dtype=np.float32),
@@ -313,7 +307,7 @@ async def train_batch(tenant: OwnSlot, request: Request, state: State) -> StepOu
     )
     # Checked once, by the Training Model Service before it steps (TrainBatch.check),
     # for this route and every in-process or Ray caller alike.
-    step = await primitives(state).train_batch(tenant, batch)
+    step = await state.gateway.primitives.train_batch(tenant, batch)
     return StepOut(
         loss=float(step.loss), policy_version=int(step.policy_version), grad_norm=step.grad_norm
     )
@@ -322,7 +316,7 @@ async def train_batch(tenant: OwnSlot, request: Request, state: State) -> StepOu
 @router.post("/export_params", responses=tensor_response(ParamsOut))
 async def export_params(tenant: OwnSlot, request: Request, state: State) -> Any:
     """``export_params``: the tenant's current action-module tensors (no shared base)."""
-    version, signature, named = await primitives(state).export_params(tenant)
+    version, signature, named = await state.gateway.primitives.export_params(tenant)
     out = ParamsOut.model_construct(
         tenant_id=tenant, policy_version=version, schema_signature=signature, named_tensors=named
     )
@@ -340,7 +334,7 @@ async def load_weights(tenant: OwnSlot, request: Request, state: State) -> LoadW
     body: LoadWeightsIn = await _body(request, state, LoadWeightsIn)
     for name, arr in body.named_tensors.items():
         check_tensor(arr, name=f"named_tensors[{name!r}]", finite=True)
-    served = await primitives(state).load_weights(tenant, body.version, body.named_tensors)
+    served = await state.gateway.primitives.load_weights(tenant, body.version, body.named_tensors)
     return LoadWeightsOut(policy_version=served)
 
 
@@ -352,7 +346,7 @@ def _submit(state: ServerState, tenant: str, kind: str, work: Any) -> FutureRef:
 @router.post("/save", status_code=status.HTTP_202_ACCEPTED, response_model=FutureRef)
 async def save(tenant: OwnSlot, body: SaveIn, state: State) -> FutureRef:
     """``save``: checkpoint the slot; the future's result lists the written paths."""
-    slots = primitives(state)
+    slots = state.gateway.primitives
     slots.require_slot(tenant)
     await check_disk_quota(state, tenant)  # past its disk quota: 429 disk_bytes
 
@@ -365,7 +359,7 @@ async def save(tenant: OwnSlot, body: SaveIn, state: State) -> FutureRef:
 @router.post("/rollout", status_code=status.HTTP_202_ACCEPTED, response_model=FutureRef)
 async def rollout(tenant: OwnSlot, body: RolloutIn, state: State) -> FutureRef:
     """``rollout``: an env loop over ``predict`` into a reserved job's partition (future)."""
-    slots = primitives(state)
+    slots = state.gateway.primitives
     slots.require_slot(tenant)
 
     async def work() -> dict[str, Any]:
@@ -386,7 +380,7 @@ async def rollout(tenant: OwnSlot, body: RolloutIn, state: State) -> FutureRef:
 @router.post("/train_job", status_code=status.HTTP_202_ACCEPTED, response_model=FutureRef)
 async def train_job(tenant: OwnSlot, body: TrainJobIn, state: State) -> FutureRef:
     """``train_job``: train a leased job of the tenant from its partition (future)."""
-    slots = primitives(state)
+    slots = state.gateway.primitives
     slots.require_slot(tenant)
 
     async def work() -> dict[str, Any]:
@@ -398,5 +392,5 @@ async def train_job(tenant: OwnSlot, body: TrainJobIn, state: State) -> FutureRe
 @router.get("/export", responses=tensor_response(ExportOut))
 async def export(tenant: OwnSlot, request: Request, state: State) -> Any:
     """The tenant's action module with a manifest (schema, head, version, base model id)."""
-    manifest, named = await primitives(state).export(tenant)
+    manifest, named = await state.gateway.primitives.export(tenant)
     return respond(request, ExportOut.model_construct(manifest=manifest, named_tensors=named))
