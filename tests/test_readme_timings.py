@@ -126,3 +126,39 @@ def test_the_readme_and_the_results_page_stay_short() -> None:
     the detail lives in docs/USAGE.md, docs/OPERATIONS.md and docs/results/notes/."""
     assert len(README.read_text().splitlines()) <= 150
     assert len(RESULTS.read_text().splitlines()) <= 400
+
+
+def _index() -> dict[str, Path]:
+    """The RESULTS.md index: notebook section number -> the notes file that holds it."""
+    text = RESULTS.read_text()
+    table = text[text.index("## The notebook's sections") :]
+    out: dict[str, Path] = {}
+    for cells, target in re.findall(r"^\| ([\d., –]+) \| \[[^\]]+\]\(([^)]+)\) \|$", table, re.M):
+        for part in cells.split(","):
+            a, _, b = part.strip().partition("–")
+            if not b:
+                out[a] = RESULTS.parent / target
+                continue
+            # "8.1.1–8.1.11", "11.1–11.3": every number between the two ends
+            head, _, lo = a.rpartition(".")
+            for n in range(int(lo), int(b.rpartition(".")[2]) + 1):
+                out[f"{head}.{n}"] = RESULTS.parent / target
+    return out
+
+
+def test_every_cited_notebook_section_is_in_the_notes_file_the_index_names() -> None:
+    """Code and docs cite "docs/RESULTS.md §15.1" or "RESULTS §8.1.11": the index at the
+    end of RESULTS.md must name the notes file, and that file must hold the heading."""
+    index = _index()
+    cited: set[str] = set()
+    sources = [*(ROOT / "src").rglob("*.py"), *(ROOT / "tests").rglob("*.py"), *_docs()]
+    for path in sources:
+        text = path.read_text(errors="replace")
+        cited.update(re.findall(r"RESULTS(?:\.md)?`? §(\d+(?:\.\d+)*)", text))
+    assert cited, "nothing cites a notebook section: the check checks nothing"
+    for number in sorted(cited):
+        assert number in index, f"§{number} is cited but not in RESULTS.md's index"
+        notes = index[number].read_text()
+        assert re.search(rf"^#+ {re.escape(number)}\.? ", notes, re.M), (
+            f"§{number}: no such heading in {index[number].name}"
+        )
