@@ -21,6 +21,13 @@ load is reported too (RSS counts the shared libraries' pages once per process, P
 divides them between the processes). Ratios: ``throughput_ratio`` = ours ÷ baseline
 req/s, ``memory_ratio`` = baseline ÷ ours RSS (``memory_ratio_pss`` the same for PSS),
 ``p99_ratio`` = ours ÷ baseline p99 latency.
+
+With ``memory_budget_mb`` (the default at ``size="real"``, where one backbone copy is
+gigabytes) the baseline starts only as many servers as fit in that budget, each server
+estimated at ours' measured peak: those tenants' servers are measured, and the memory of
+one server per tenant for all of them is *computed* from the measured per-server RSS
+(``baseline.computed``, flagged in the report); its req/s is what the measured servers
+served.
 """
 
 from __future__ import annotations
@@ -54,6 +61,11 @@ __all__ = ["print_report", "run_serving_bench"]
 
 IMAGE_SIZE = 32
 STATE_DIM = 4  # reach2d's state
+#: ``size="real"``: :mod:`joynexus.bench.real_models`'s configurations.
+REAL_SIZE = "real"
+#: The baseline's memory budget at real size (one copy is 1.5-2 GB): what fits a
+#: shared CPU box beside the bench and the other processes.
+REAL_MEMORY_BUDGET_MB = 7000.0
 
 
 def _custom_spec(tenant: str, model: str) -> dict[str, Any]:
@@ -249,7 +261,10 @@ def _side(
     clients: int,
     duration_s: float,
     requests: int | None,
+    alone: bool = True,
 ) -> dict[str, Any]:
+    """One deployment under the closed-loop load: its figures; with ``alone``, also the
+    stages of requests that have the server to themselves (:func:`_alone`)."""
     with RssSampler(servers) as rss:
         idle = rss.sample()
         before: dict[str, float] = {}
@@ -262,7 +277,7 @@ def _side(
     time.sleep(0.2)  # the Metrics Service delivers its events asynchronously
     after = _scrape(servers)
     pss = sum(s.pss() for s in servers)
-    alone = _alone(servers, targets[0], after)
+    alone_stages = _alone(servers, targets[0], after) if alone else None
     lat = np.asarray([x for t in targets for x in t.latencies], dtype=np.float64)
     n = int(lat.size)
     return {
@@ -278,7 +293,7 @@ def _side(
         "rss_peak_mb": rss.peak / 2**20,
         "pss_after_mb": pss / 2**20,
         "stages": _stages(before, after, lat, len(servers), elapsed),
-        "alone": alone,
+        "alone": alone_stages,
         "per_tenant_req_per_s": {
             t.tenant: len(t.latencies) / elapsed if elapsed > 0 else 0.0 for t in targets
         },
@@ -319,6 +334,8 @@ def run_serving_bench(
     canonicalizers: Sequence[str] = ("tensor",),
     front_procs: Sequence[int] | None = None,
     progress: Callable[[str], None] | None = None,
+    arch: str = "qwen2_5_vl",
+    memory_budget_mb: float | None = None,
 ) -> dict[str, Any]:
     """Run both deployments one after the other; the figures and ratios (JSON-ready).
 
@@ -327,7 +344,11 @@ def run_serving_bench(
         clients_per_tenant: Closed-loop clients per tenant (one request in flight each).
         duration_s: Timed load per deployment (after an untimed warm-up request per client).
         requests: Optional cap of timed requests per client (stops earlier when reached).
-        size: ``tiny`` or ``small`` (:func:`joynexus.models.tiny.make_tiny`).
+        size: ``tiny`` or ``small`` (:func:`joynexus.models.tiny.make_tiny`), or ``real``
+            (:func:`joynexus.bench.real_models.build_real`).
+        arch: The backbone's architecture (at ``real``: ``smolvla`` or ``qwen2_5_vl``).
+        memory_budget_mb: The baseline's servers start only while they fit in this many
+            MiB (the rest of its memory computed); default: no cap, but 7000 at ``real``.
         threads: ``OMP_NUM_THREADS`` of every baseline server process.
         ours_threads: ``OMP_NUM_THREADS`` of ours (default: this machine's usable
             cores: the one shared server may use every core, the baseline's servers
@@ -346,6 +367,8 @@ def run_serving_bench(
     say = progress or (lambda _line: None)
     if not canonicalizers:
         raise ValueError("canonicalizers: expected at least one")
+    if memory_budget_mb is None and size == REAL_SIZE:
+        memory_budget_mb = REAL_MEMORY_BUDGET_MB
     with _sigterm_exits():
         return _run(
             tenants,
@@ -359,6 +382,8 @@ def run_serving_bench(
             list(canonicalizers),
             _fronts(front_procs),
             say,
+            arch=arch,
+            memory_budget_mb=memory_budget_mb,
         )
 
 
@@ -398,9 +423,11 @@ def _pair(
     fronts: Sequence[int],
     load: dict[str, Any],
     say: Callable[[str], None],
+    memory_budget_mb: float | None = None,
 ) -> dict[str, Any]:
     """Ours (once per ``fronts`` value), then the baseline, every server with
-    ``--canonicalizer canonicalizer``."""
+    ``--canonicalizer canonicalizer`` (as many baseline servers as fit
+    ``memory_budget_mb``, the rest computed)."""
     args = ["--canonicalizer", canonicalizer]
     tenants = len(names)
     ours_runs: dict[int, dict[str, Any]] = {}
@@ -414,15 +441,18 @@ def _pair(
             say(f"ours: {tenants}x{load['clients']} clients for {load['duration_s']:g} s")
             ours_runs[n] = {"front_procs": n, **_side("ours", [server], targets, **load)}
 
-    say(f"baseline ({canonicalizer}): {tenants} single-policy servers")
+    fit = baseline_fit(tenants, ours_runs[fronts[0]]["rss_peak_mb"], memory_budget_mb)
+    measured = names[:fit]
+    say(f"baseline ({canonicalizer}): {fit} of {tenants} single-policy servers")
     base_args = [*args, "--front-procs", "0"]
-    with running_servers(root / "baseline", names, model, threads, base_args) as servers:
+    with running_servers(root / "baseline", measured, model, threads, base_args) as servers:
         targets = [
             _Target(t, s.url, _open_tenant(s, t, model))
-            for t, s in zip(names, servers, strict=True)
+            for t, s in zip(measured, servers, strict=True)
         ]
-        say(f"baseline: {tenants}x{load['clients']} clients for {load['duration_s']:g} s")
+        say(f"baseline: {fit}x{load['clients']} clients for {load['duration_s']:g} s")
         base = _side("baseline", servers, targets, **load)
+    base.update(baseline_computed(base, tenants))
     variants = {str(n): _versus(ours, base) for n, ours in ours_runs.items()}
     out = {**variants[str(fronts[0])], "baseline": base}
     if len(fronts) > 1:
@@ -430,15 +460,58 @@ def _pair(
     return out
 
 
+def baseline_fit(tenants: int, per_server_mb: float, budget_mb: float | None) -> int:
+    """How many single-policy servers the baseline starts: every tenant's, or as many
+    as ``budget_mb`` holds at ``per_server_mb`` each (at least one)."""
+    if budget_mb is None or per_server_mb <= 0:
+        return tenants
+    return max(1, min(tenants, int(budget_mb // per_server_mb)))
+
+
+def baseline_computed(base: dict[str, Any], tenants: int) -> dict[str, Any]:
+    """The baseline's memory for one server per tenant: measured when every tenant's
+    server ran, else computed from the measured servers' mean (flagged ``computed``)."""
+    servers = int(base["servers"])
+    per_rss, per_pss = base["rss_peak_mb"] / servers, base["pss_after_mb"] / servers
+    return {
+        "tenants": tenants,
+        "computed": servers < tenants,
+        "rss_peak_mb_per_server": per_rss,
+        "rss_peak_mb_all_tenants": per_rss * tenants,
+        "pss_after_mb_all_tenants": per_pss * tenants,
+    }
+
+
 def _versus(ours: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    base_rss = base.get("rss_peak_mb_all_tenants", base["rss_peak_mb"])
+    base_pss = base.get("pss_after_mb_all_tenants", base["pss_after_mb"])
     return {
         "ours": ours,
         "throughput_ratio": _ratio(ours["req_per_s"], base["req_per_s"]),
-        "memory_ratio": _ratio(base["rss_peak_mb"], ours["rss_peak_mb"]),
-        "memory_ratio_pss": _ratio(base["pss_after_mb"], ours["pss_after_mb"]),
+        "memory_ratio": _ratio(base_rss, ours["rss_peak_mb"]),
+        "memory_ratio_pss": _ratio(base_pss, ours["pss_after_mb"]),
         "p99_ratio": _ratio(ours["p99_ms"], base["p99_ms"]),
         "p50_ratio": _ratio(ours["p50_ms"], base["p50_ms"]),
     }
+
+
+def build_model(arch: str, size: str, out: Path) -> Path:
+    """The served backbone: a tiny/small model, or a real-size one built in a child
+    process (:func:`joynexus.bench.real_models.build_real_isolated`)."""
+    if size == REAL_SIZE:
+        from joynexus.bench.real_models import build_real_isolated
+
+        return build_real_isolated(arch, out)
+    from joynexus.models.tiny import make_tiny
+
+    return make_tiny(arch, out, size=cast("TinySize", size), seed=0)
+
+
+def model_mb(model_dir: Path) -> float:
+    """The saved weights' size in MiB (the backbone a server holds resident)."""
+    from joynexus.bench.real_models import model_bytes
+
+    return model_bytes(model_dir) / 2**20
 
 
 def _run(
@@ -453,9 +526,10 @@ def _run(
     canonicalizers: list[str],
     fronts: list[int],
     say: Callable[[str], None],
+    *,
+    arch: str = "qwen2_5_vl",
+    memory_budget_mb: float | None = None,
 ) -> dict[str, Any]:
-    from joynexus.models.tiny import make_tiny
-
     names = [f"t{i}" for i in range(tenants)]
     load_1m = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     load = {"clients": clients_per_tenant, "duration_s": duration_s, "requests": requests}
@@ -463,11 +537,21 @@ def _run(
     with tempfile.TemporaryDirectory(prefix="joynexus-bench-serving-") as tmp:
         root = Path(tmp)
         if model_dir is None:
-            say(f"building the {size} qwen2_5_vl model")
-            model_dir = make_tiny("qwen2_5_vl", root / "model", size=cast("TinySize", size), seed=0)
+            say(f"building the {size} {arch} model")
+            model_dir = build_model(arch, size, root / "model")
+        backbone_mb = model_mb(model_dir)
         for kind in canonicalizers:
             runs[kind] = _pair(
-                root / kind, names, str(model_dir), threads, ours_threads, kind, fronts, load, say
+                root / kind,
+                names,
+                str(model_dir),
+                threads,
+                ours_threads,
+                kind,
+                fronts,
+                load,
+                say,
+                memory_budget_mb,
             )
 
     config = {
@@ -476,7 +560,9 @@ def _run(
         "duration_s": duration_s,
         "requests_per_client": requests,
         "size": size,
-        "arch": "qwen2_5_vl",
+        "arch": arch,
+        "backbone_weights_mb": backbone_mb,
+        "memory_budget_mb": memory_budget_mb,
         "threads_per_server": threads,
         "ours_threads": ours_threads,
         "observation": f"1 x {IMAGE_SIZE}x{IMAGE_SIZE} camera + state[{STATE_DIM}]",

@@ -12,7 +12,12 @@ from joynexus.metrics.stages import PREDICT_STAGES
 #: The shared server's throughput target against one server per tenant, by model size.
 THROUGHPUT_TARGETS = {"tiny": 2.0, "small": 1.3}
 
-__all__ = ["NOISY_NEIGHBOUR_TARGET", "print_noisy_neighbour_report", "print_report"]
+__all__ = [
+    "NOISY_NEIGHBOUR_TARGET",
+    "print_noisy_neighbour_report",
+    "print_report",
+    "print_scaling_report",
+]
 
 #: The victim's p99 under a flood within the flooder's quota, at most this many times its
 #: quiet p99 (issue 43).
@@ -162,6 +167,14 @@ def _print_run(result: dict[str, Any], console: Console) -> None:
         f"ours: {result['ours'].get('front_procs', 0)} front process(es); load average "
         f"{cfg.get('load_avg_1m_at_start')} at start, {cfg.get('load_avg_1m_at_end')} at end"
     )
+    base = result["baseline"]
+    if base.get("computed"):
+        console.print(
+            f"[yellow]baseline memory computed[/yellow]: {base['servers']} of "
+            f"{base['tenants']} single-policy servers fit the memory budget and ran "
+            f"({base['rss_peak_mb_per_server']:.0f} MiB each); one per tenant would take "
+            f"{base['rss_peak_mb_all_tenants']:.0f} MiB. Its req/s is the measured servers'."
+        )
     console.print(
         f"throughput_ratio {result['throughput_ratio']:.2f} "
         f"(target >= {THROUGHPUT_TARGETS.get(str(cfg.get('size')), 2.0):g}), "
@@ -225,3 +238,57 @@ def print_noisy_neighbour_report(result: dict[str, Any], console: Console) -> No
             f"{g['answer_mib_max']:.0f} MiB; server RSS {g['rss_before_mb']:.0f} -> "
             f"{g['rss_peak_mb']:.0f} MB (+{g['rss_growth_mb']:.0f})"
         )
+
+
+def print_scaling_report(result: dict[str, Any], console: Console) -> None:
+    """The tenant-scaling sweep (:mod:`joynexus.bench.tenant_scaling`): one row per
+    tenant count, ours beside the baseline (measured or computed), then the summary."""
+    cfg, summary = result["config"], result["summary"]
+    base = {p["tenants"]: p for p in result["baseline"]}
+    table = Table(
+        "tenants",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "rows/batch",
+        "RSS MB",
+        "baseline req/s",
+        "baseline p99 ms",
+        "baseline RSS MB",
+        title=(
+            f"tenant scaling: {cfg['arch']} {cfg['size']}, {cfg['clients_per_tenant']} "
+            f"client(s) per tenant, {cfg['duration_s']:g} s per point"
+        ),
+    )
+    for p in result["ours"]:
+        b = base.get(p["tenants"])
+        measured = b is not None and not b.get("computed")
+        table.add_row(
+            str(p["tenants"]),
+            f"{p['req_per_s']:.1f}",
+            f"{p['p50_ms']:.1f}",
+            f"{p['p99_ms']:.1f}",
+            f"{p['mean_batch_rows']:.2f}",
+            f"{p['rss_peak_mb']:.0f}",
+            f"{b['req_per_s']:.1f}" if measured and b else "-",
+            f"{b['p99_ms']:.1f}" if measured and b else "-",
+            "-" if b is None else f"{b['rss_peak_mb']:.0f}" + ("" if measured else " (computed)"),
+        )
+    console.print(table)
+    frac = summary.get("per_tenant_fraction_of_backbone")
+    console.print(
+        f"memory per added tenant: {summary['mb_per_added_tenant_fit_peak']:.2f} MiB (fit of "
+        f"peak RSS; {summary['mb_per_added_tenant_endpoints']:.2f} from the endpoints) = "
+        + (f"{frac:.2%}" if frac is not None else "-")
+        + f" of the {summary['backbone_weights_mb']:.0f} MiB backbone "
+        f"(target <= {summary['per_tenant_target']:.0%} at small)"
+    )
+    if "throughput_64_over_8" in summary:
+        console.print(
+            f"throughput at 64 tenants / at 8: {summary['throughput_64_over_8']:.2f} "
+            f"(target >= {summary['throughput_target']:.0%})"
+        )
+    console.print(
+        f"load average {cfg['load_avg_1m_at_start']:.2f} at start, "
+        f"{cfg['load_avg_1m_at_end']:.2f} at end, {cfg['cpu_count']} CPUs"
+    )

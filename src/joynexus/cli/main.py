@@ -14,6 +14,7 @@ from joynexus.cli import (
     robots_bench,  # noqa: F401  (bench robots: openpi clients, batched vs sequential)
     run,  # noqa: F401  (run workloads on an in-process Master)
     serve,  # noqa: F401  (serve, tenants, submit, logs, artifacts, export)
+    serving_bench,  # noqa: F401  (bench group-batching, bench serving: after models_bench)
     sim,  # noqa: F401  (simulate)
     spec,  # noqa: F401  (spec schema, spec check)
     tenant_store,  # noqa: F401  (tenants new-store)
