@@ -20,7 +20,7 @@ from joynexus.errors import (
     SchemaMismatchError,
     ServiceUnavailableError,
 )
-from joynexus.models.payload import TenantPayload
+from joynexus.models.checkpoints.payload import TenantPayload
 from joynexus.queues.inference_metrics import InferenceQueueMetrics
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService

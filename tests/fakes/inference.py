@@ -19,7 +19,7 @@ from joynexus.errors import (
     ServiceUnavailableError,
 )
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.payload import TenantPayload
+from joynexus.models.checkpoints.payload import TenantPayload
 from joynexus.queues.inference import InferenceQueue
 from joynexus.queues.inference_metrics import InferenceQueueMetrics
 from joynexus.queues.training import TrainingQueue

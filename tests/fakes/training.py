@@ -25,7 +25,7 @@ from joynexus.errors import (
     PermissionDeniedError,
     SchemaMismatchError,
 )
-from joynexus.models.payload import (
+from joynexus.models.checkpoints.payload import (
     MANIFEST_FILE,
     CheckpointManifest,
     TenantPayload,
@@ -34,7 +34,7 @@ from joynexus.models.payload import (
     read_manifest,
 )
 from joynexus.models.schema import DataSchema
-from joynexus.models.slots import StepResult
+from joynexus.models.tenant.slots import StepResult
 from joynexus.queues.meta import BatchMeta
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.samples import as_numpy, observation_fields

@@ -14,7 +14,7 @@ from joynexus.errors import InvalidRequestError, ModelNotFoundError, SchemaMisma
 from joynexus.models import backbone as backbone_module
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.canonicalize import resize_with_pad
+from joynexus.models.canon.canonicalize import resize_with_pad
 from joynexus.models.schema import LIBERO, PUSHT, CameraSpec, DataSchema, schema_signature
 from joynexus.utils.intra_op import thread_intra_op_threads
 from tests.models.conftest import TinyBackbone, TinyModelDir

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from joynexus.errors import InvalidRequestError
-from joynexus.models import canon_tensor
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.canon_tensor import EQUAL_ATOL, TensorCanonicalizer, max_abs_difference
-from joynexus.models.feature import VLAFeature
+from joynexus.models.canon import tensor as canon_tensor
+from joynexus.models.canon.feature import VLAFeature
+from joynexus.models.canon.tensor import EQUAL_ATOL, TensorCanonicalizer, max_abs_difference
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tiny import ARCHES
 from tests.models.conftest import TinyBackbone

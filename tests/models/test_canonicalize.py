@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from joynexus.models import canonicalize as canon
 from joynexus.models.batch import ObservationBatch
+from joynexus.models.canon import canonicalize as canon
 from joynexus.models.schema import CameraSpec, DataSchema
 from tests.models.conftest import TinyBackbone
 

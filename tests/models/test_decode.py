@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from joynexus.models.decode import DecodeGroup, decode_groups
+from joynexus.models.execution.decode import DecodeGroup, decode_groups
 from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.policies.oft.module import OFTHead
 from joynexus.models.schema import LIBERO, PUSHT
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 
 HIDDEN = 64

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.feature import max_abs_diff_left_padded
+from joynexus.models.canon.feature import max_abs_diff_left_padded
 from joynexus.models.schema import CALVIN, LIBERO, PUSHT
 from tests.models.conftest import TinyBackbone
 

@@ -15,14 +15,19 @@ from joynexus.errors import (
     NotFoundError,
     SchemaMismatchError,
 )
-from joynexus.models import grouped as grouped_module
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.feature import VLAFeature
-from joynexus.models.grouped import GroupedExecutor, ServeRequest, StageTimes, resident_bytes
+from joynexus.models.canon.feature import VLAFeature
+from joynexus.models.execution import grouped as grouped_module
+from joynexus.models.execution.grouped import (
+    GroupedExecutor,
+    ServeRequest,
+    StageTimes,
+    resident_bytes,
+)
 from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.schema import CALVIN, LIBERO, PUSHT, CameraSpec, DataSchema
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 from joynexus.utils.priority_lock import PriorityRLock
 from tests.models.conftest import TinyBackbone

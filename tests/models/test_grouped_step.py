@@ -11,14 +11,14 @@ import torch
 from joynexus.errors import InvalidRequestError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.grouped_step import (
+from joynexus.models.execution.grouped_step import (
     LocalLoss,
     LossFn,
     StepTimes,
     TenantStep,
     grouped_step,
 )
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 from joynexus.utils.priority_lock import PriorityRLock
 from tests.models.conftest import TinyBackbone

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.feature import max_abs_diff_left_padded
-from joynexus.models.grouped import GroupedExecutor
+from joynexus.models.canon.feature import max_abs_diff_left_padded
+from joynexus.models.checkpoints.payload import load_slot, save_slot
+from joynexus.models.execution.grouped import GroupedExecutor
 from joynexus.models.lora import PEFT_CONFIG_FILE, PEFT_WEIGHTS_FILE, LoRAConfig
-from joynexus.models.payload import load_slot, save_slot
 from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.schema import LIBERO, PUSHT
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.tiny import quiet_transformers
 from tests.models.conftest import TinyBackbone, TinyModelDir
 from tests.models.test_lora import randomize_b

@@ -14,10 +14,10 @@ import torch
 
 from joynexus.bench.figure12 import TENANTS, step_batches
 from joynexus.models.backbone import ResidentBaseModel
-from joynexus.models.grouped import GroupedExecutor
+from joynexus.models.execution.grouped import GroupedExecutor
 from joynexus.models.lora import LoRAConfig
 from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig
-from joynexus.models.slots import OptimizerConfig, TenantSlot
+from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from tests.models.conftest import TinyBackbone
 
 STEPS = 20
@@ -81,7 +81,7 @@ def test_lora_grouped_training_matches_serial(head_type: str, tiny_backbone: Tin
 def test_lora_checkpoint_resumes_training_exactly(
     tiny_backbone: TinyBackbone, tmp_path: Path
 ) -> None:
-    from joynexus.models.payload import load_slot, save_slot
+    from joynexus.models.checkpoints.payload import load_slot, save_slot
 
     base = tiny_backbone("qwen2_5_vl")
     a, b = _executor(base, "oft"), _executor(base, "oft")

@@ -9,13 +9,13 @@ import torch
 from joynexus.errors import InvalidRequestError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.feature import max_abs_diff_left_padded
-from joynexus.models.grouped import GroupedExecutor
+from joynexus.models.canon.feature import max_abs_diff_left_padded
+from joynexus.models.checkpoints.payload import export_params, load_weights
+from joynexus.models.execution.grouped import GroupedExecutor
 from joynexus.models.lora import LoRAConfig, LoRARows, LoRASegment, lora_rows
-from joynexus.models.payload import export_params, load_weights
 from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.schema import CALVIN, LIBERO, PUSHT
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 from tests.models.conftest import TinyBackbone
 from tests.models.test_lora import REL_TOL, _adapter_grads, _feature_loss, _rel

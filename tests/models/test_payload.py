@@ -15,9 +15,9 @@ from joynexus.errors import (
     NotFoundError,
     SchemaMismatchError,
 )
-from joynexus.models import payload as payload_mod
 from joynexus.models.backbone import ResidentBaseModel
-from joynexus.models.payload import (
+from joynexus.models.checkpoints import payload as payload_mod
+from joynexus.models.checkpoints.payload import (
     TenantPayload,
     checkpoint_dir,
     export_params,
@@ -28,7 +28,7 @@ from joynexus.models.payload import (
 )
 from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.schema import CALVIN, LIBERO
-from joynexus.models.slots import OptimizerConfig, TenantSlot
+from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from joynexus.models.types import BackboneOutput
 from tests.models.conftest import TinyBackbone
 

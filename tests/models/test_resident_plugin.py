@@ -18,12 +18,12 @@ from joynexus.models.archs import registry as archs
 from joynexus.models.archs.paligemma.pi0 import Pi0Checkpoint
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.grouped import GroupedExecutor, ServeRequest
+from joynexus.models.execution.grouped import GroupedExecutor, ServeRequest
 from joynexus.models.normalization import FeatureNormStats, NormalizationStats
 from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.policies import registry as policies
 from joynexus.models.schema import LIBERO, PUSHT
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.services.tenancy import TenantConfig, build_slot
 from tests.models import plugin_arch, plugin_family
 from tests.models.conftest import TinyBackbone, TinyModelDir

@@ -7,10 +7,10 @@ import torch
 
 from joynexus.errors import InvalidRequestError
 from joynexus.models.backbone import ResidentBaseModel
-from joynexus.models.grouped import resident_bytes
+from joynexus.models.execution.grouped import resident_bytes
 from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.schema import CALVIN, LIBERO
-from joynexus.models.slots import OptimizerConfig, TenantSlot, validate_tenant_id
+from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot, validate_tenant_id
 from joynexus.models.types import BackboneOutput
 from tests.models.conftest import TinyBackbone
 

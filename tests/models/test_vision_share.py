@@ -11,11 +11,11 @@ from joynexus.models.archs.qwen_vl import positions, vision_share
 from joynexus.models.archs.qwen_vl.vision_share import blank_plan, shared_blanks
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.grouped import GroupedExecutor
+from joynexus.models.execution.grouped import GroupedExecutor
 from joynexus.models.lora import LoRAConfig
 from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.schema import PUSHT, CameraSpec, DataSchema
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 from tests.models.conftest import TinyBackbone
 
 QWEN = ["qwen2_5_vl", "qwen3_vl"]

@@ -235,7 +235,7 @@ def checkpoint_versions(run_dir: Path, tenant: str) -> list[int]:
 
 def latest_ledger(run_dir: Path, tenant: str) -> dict[str, Any]:
     """The ledger of the tenant's latest checkpoint (``{}`` when it has none)."""
-    from joynexus.models.payload import find_latest_checkpoint, read_manifest
+    from joynexus.models.checkpoints.payload import find_latest_checkpoint, read_manifest
 
     latest = find_latest_checkpoint(run_dir / "outputs", tenant)
     return {} if latest is None else dict(read_manifest(latest).ledger)

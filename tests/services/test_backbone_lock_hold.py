@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from joynexus.models import payload as payload_module
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
+from joynexus.models.checkpoints import payload as payload_module
 from joynexus.queues.training import TrainingQueue
 from joynexus.services import tenancy
 from joynexus.services.environment import EnvironmentService

@@ -16,7 +16,7 @@ from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.lora import LoRAConfig
 from joynexus.models.policies import OFTHeadConfig
-from joynexus.models.slots import OptimizerConfig
+from joynexus.models.tenant.slots import OptimizerConfig
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService

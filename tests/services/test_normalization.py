@@ -20,8 +20,8 @@ from joynexus.envs.base import EnvSpec
 from joynexus.errors import SchemaMismatchError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
+from joynexus.models.checkpoints.payload import export_params, load_slot, save_slot
 from joynexus.models.normalization import FeatureNormStats, NormalizationStats
-from joynexus.models.payload import export_params, load_slot, save_slot
 from joynexus.models.policies import OFTHeadConfig
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService

@@ -13,7 +13,7 @@ import torch
 from joynexus.errors import InvalidRequestError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 from joynexus.services.rl_loss import anchored_log_probs, behaviour_log_probs, policy_loss
 from joynexus.spec.workload import AlgorithmSpec

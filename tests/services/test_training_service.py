@@ -22,7 +22,7 @@ from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig
 from joynexus.models.schema import CameraSpec, DataSchema
-from joynexus.models.slots import OptimizerConfig
+from joynexus.models.tenant.slots import OptimizerConfig
 from joynexus.queues.meta import SampleMeta
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.samples import camera_field, instructions_array

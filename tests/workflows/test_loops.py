@@ -24,7 +24,7 @@ from joynexus.envs import env_schema
 from joynexus.errors import ServiceUnavailableError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.payload import find_latest_checkpoint, read_manifest
+from joynexus.models.checkpoints.payload import find_latest_checkpoint, read_manifest
 from joynexus.models.types import BackboneOutput
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService

@@ -20,8 +20,8 @@ import torch
 
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.canon_tensor import TensorCanonicalizer, max_abs_difference, mismatch
-from joynexus.models.canonicalize import canonicalize
+from joynexus.models.canon.canonicalize import canonicalize
+from joynexus.models.canon.tensor import TensorCanonicalizer, max_abs_difference, mismatch
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tiny import ARCHES, make_tiny
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.grouped import GroupedExecutor
+from joynexus.models.execution.grouped import GroupedExecutor
 from joynexus.models.policies import (
     FlowMatchingHeadConfig,
     OFTHeadConfig,
@@ -25,7 +25,7 @@ from joynexus.models.policies import (
     PolicyConfig,
 )
 from joynexus.models.schema import CALVIN, LIBERO, CameraSpec, DataSchema
-from joynexus.models.slots import OptimizerConfig, TenantSlot
+from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 
 LIBERO_SMALL = LIBERO.model_copy(
     update={

@@ -28,11 +28,11 @@ from rich.table import Table
 from joynexus.models.archs.smolvlm.resident import SMOLVLA_ARCH, SmolVLAResident
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.feature import VLAFeature, max_abs_diff_left_padded
+from joynexus.models.canon.feature import VLAFeature, max_abs_diff_left_padded
 from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig, PolicyConfig
 from joynexus.models.policies.smolvla_expert import SmolVLAExpertConfig
 from joynexus.models.schema import CALVIN, LIBERO, DataSchema
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.tiny import make_tiny
 from joynexus.models.types import BackboneOutput
 

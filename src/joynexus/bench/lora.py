@@ -40,10 +40,10 @@ from joynexus.bench.figure12 import CALVIN_SMALL, LIBERO_SMALL
 from joynexus.bench.group_batching import paired_median_times
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.feature import VLAFeature, max_abs_diff_left_padded
+from joynexus.models.canon.feature import VLAFeature, max_abs_diff_left_padded
 from joynexus.models.lora import LoRAConfig, LoRARows, LoRASegment, lora_rows, save_peft_adapter
 from joynexus.models.policies import OFTHeadConfig
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.tiny import make_tiny, quiet_transformers
 from joynexus.models.types import BackboneOutput
 

@@ -144,7 +144,7 @@ def export_command(
     """Export a tenant's trained policy with the resident prefix as a standalone policy:
     ``--format lerobot`` writes a LeRobot SmolVLA directory (lerobot's from_pretrained
     loads it), ``--format pi0`` a PI0ForConditionalGeneration directory."""
-    from joynexus.models.payload import checkpoint_dir, find_latest_checkpoint
+    from joynexus.models.checkpoints.payload import checkpoint_dir, find_latest_checkpoint
 
     if export_format not in EXPORT_FORMATS:
         raise typer.BadParameter(
@@ -177,9 +177,9 @@ def _export(export_format: str, checkpoint: Path, out: Path, base_model: str | N
     import tempfile
 
     from joynexus.errors import JoyNexusError
-    from joynexus.models.payload import read_manifest
-    from joynexus.models.policies.pi0_expert.export import export_pi0_checkpoint
-    from joynexus.models.policies.smolvla_expert.export import export_lerobot_checkpoint
+    from joynexus.models.checkpoints.lerobot_export import export_lerobot_checkpoint
+    from joynexus.models.checkpoints.payload import read_manifest
+    from joynexus.models.checkpoints.pi0_export import export_pi0_checkpoint
     from joynexus.runtime.plane import load_base_model
     from joynexus.spec.workload import BaseModelSpec
 

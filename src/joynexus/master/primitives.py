@@ -23,7 +23,7 @@ from joynexus.control.scheduler import TrainingScheduler
 from joynexus.errors import ConflictError, NotFoundError, unknown_id
 from joynexus.master.records import WorkloadBook
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.slots import StepResult
+from joynexus.models.tenant.slots import StepResult
 from joynexus.services.protocols import InferenceModelServiceAPI, TrainingModelServiceAPI
 from joynexus.services.rollout import PredictResult, RolloutConfig
 from joynexus.services.training import TrainBatch

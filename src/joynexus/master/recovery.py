@@ -33,7 +33,7 @@ from joynexus.master.compiler import SpecCompiler
 from joynexus.master.records import RESTARTED_REASON, TRAINABLE, Workload, WorkloadBook
 from joynexus.master.store import WorkloadRecord
 from joynexus.master.supervision import Supervisor
-from joynexus.models.payload import find_latest_checkpoint, read_manifest
+from joynexus.models.checkpoints.payload import find_latest_checkpoint, read_manifest
 from joynexus.spec.workload import TaskKind, WorkloadSpec
 from joynexus.workflows import launch
 from joynexus.workflows.actor import settle_committed

@@ -36,7 +36,7 @@ from joynexus.master.records import (
     WorkloadBook,
 )
 from joynexus.models.backbone import ResidentBaseModel
-from joynexus.models.payload import MANIFEST_FILE, find_latest_checkpoint
+from joynexus.models.checkpoints.payload import MANIFEST_FILE, find_latest_checkpoint
 from joynexus.runtime.budgets import DEFAULT_WINDOW_S, RecoveryBudget
 from joynexus.services.protocols import (
     EnvironmentServiceAPI,

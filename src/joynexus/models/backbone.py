@@ -3,7 +3,7 @@
 :class:`ResidentBaseModel` loads a VLM checkpoint through the resident architecture
 registered for it (:mod:`joynexus.models.archs`: its folder says how the model loads, is
 fed and runs), freezes it, canonicalizes tenants' observation batches into a
-:class:`~joynexus.models.feature.VLAFeature` and runs the shared forward (``encode``).
+:class:`~joynexus.models.canon.feature.VLAFeature` and runs the shared forward (``encode``).
 Tenants never hold a copy: they get the features and split them by the slice table
 (paper §3.1, §4.3).
 """
@@ -24,9 +24,9 @@ from joynexus.errors import InvalidRequestError, ModelNotFoundError
 from joynexus.models.archs import registry
 from joynexus.models.archs.base import LoadRequest, Resident, read_sidecar
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.canon_tensor import moved_to
-from joynexus.models.canonicalize import BatchEncoder, canonicalize
-from joynexus.models.feature import VLAFeature
+from joynexus.models.canon.canonicalize import BatchEncoder, canonicalize
+from joynexus.models.canon.feature import VLAFeature
+from joynexus.models.canon.tensor import moved_to
 from joynexus.models.lora import LoRAHost
 from joynexus.models.normalization import NormalizationStats
 from joynexus.models.schema import DataSchema, prefix_key, schema_signature
@@ -261,7 +261,7 @@ class ResidentBaseModel:
     def use_canonicalizer(self, kind: Canonicalizer) -> Canonicalizer:
         """Choose how canonical inputs are made; returns the path in use.
 
-        ``tensor`` builds a :class:`~joynexus.models.canon_tensor.TensorCanonicalizer`
+        ``tensor`` builds a :class:`~joynexus.models.canon.tensor.TensorCanonicalizer`
         and checks it equal to the processor on random canonical images; a processor it
         does not reproduce keeps the ``processor`` path (``canonicalizer_fallback`` says
         why, and a warning is logged). Both give the same inputs; ``processor`` stays

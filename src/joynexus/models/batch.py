@@ -3,7 +3,7 @@
 :class:`ObservationBatch` is the tenant-facing form of model input: raw camera images
 at the tenant's own resolution, the robot state and the instruction per sample. The
 resident base model canonicalizes many of these (one per tenant) into a single
-:class:`~joynexus.models.feature.VLAFeature`.
+:class:`~joynexus.models.canon.feature.VLAFeature`.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from joynexus.services.protocols import TrainingModelServiceAPI
 
 if TYPE_CHECKING:
     from joynexus.control.job import TrainingJob
-    from joynexus.models.payload import TenantPayload
-    from joynexus.models.slots import StepResult
+    from joynexus.models.checkpoints.payload import TenantPayload
+    from joynexus.models.tenant.slots import StepResult
     from joynexus.services.tenancy import TenantConfig, TenantInfo
     from joynexus.services.training import TrainBatch, TrainJobResult
 

@@ -43,7 +43,7 @@ from joynexus.errors import (
     NotFoundError,
     ServiceUnavailableError,
 )
-from joynexus.models.payload import TenantPayload
+from joynexus.models.checkpoints.payload import TenantPayload
 from joynexus.queues.inference_metrics import InferenceQueueMetrics
 from joynexus.runtime.engine_metrics import combine_metrics
 from joynexus.services.protocols import InferenceModelServiceAPI

@@ -19,8 +19,8 @@ import torch
 from joynexus.errors import ConflictError
 from joynexus.metrics.hooks import Instruments
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.grouped_step import SharedForward
-from joynexus.models.slots import TenantSlot
+from joynexus.models.execution.grouped_step import SharedForward
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.job_plan import JobPlan, check_annotations
 from joynexus.services.rl_loss import behaviour_log_probs, rl_fields

@@ -37,8 +37,8 @@ import torch.distributed as dist
 
 from joynexus.errors import InternalError, InvalidRequestError
 from joynexus.models.backbone import ResidentBaseModel
-from joynexus.models.grouped_step import GradientReduce, LocalLoss, TenantStep
-from joynexus.models.slots import TenantSlot
+from joynexus.models.execution.grouped_step import GradientReduce, LocalLoss, TenantStep
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.job_plan import Microbatch
 from joynexus.services.samples import as_numpy

@@ -24,7 +24,7 @@ from joynexus.errors import (
     SchemaMismatchError,
 )
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.queues.meta import BatchMeta
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.rl_loss import rl_fields

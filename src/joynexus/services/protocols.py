@@ -29,8 +29,8 @@ if TYPE_CHECKING:
     from joynexus.control.job import TrainingJob
     from joynexus.envs.base import EnvObservation, EnvSpec, EnvStep
     from joynexus.models.batch import ObservationBatch
-    from joynexus.models.payload import TenantPayload
-    from joynexus.models.slots import StepResult
+    from joynexus.models.checkpoints.payload import TenantPayload
+    from joynexus.models.tenant.slots import StepResult
     from joynexus.queues._arrays import Array
     from joynexus.queues.inference_metrics import InferenceQueueMetrics
     from joynexus.queues.meta import BatchMeta, PartitionInfo, SampleMeta

@@ -39,7 +39,7 @@ from joynexus.algorithms.losses import PPOConfig, diag_gaussian_kl, ppo_loss
 from joynexus.errors import InvalidRequestError
 from joynexus.models.policies import PolicyHead
 from joynexus.models.policies.flow import gaussian_log_density
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 from joynexus.services.samples import FLOW_CHAIN
 from joynexus.spec.workload import AlgorithmSpec

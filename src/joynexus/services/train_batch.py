@@ -19,7 +19,7 @@ import torch
 
 from joynexus.errors import InvalidRequestError, SchemaMismatchError
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.grouped_step import LossFn
+from joynexus.models.execution.grouped_step import LossFn
 from joynexus.models.types import BackboneOutput
 from joynexus.services.job_plan import Microbatch
 from joynexus.services.rl_loss import policy_loss

@@ -40,17 +40,9 @@ from joynexus.errors import ConflictError, NotFoundError
 from joynexus.metrics.events import MetricsService
 from joynexus.metrics.hooks import Instruments
 from joynexus.metrics.usage import UsageMeter
-from joynexus.models import payload as checkpoints
 from joynexus.models.backbone import ResidentBaseModel
-from joynexus.models.grouped import GroupedExecutor
-from joynexus.models.grouped_step import (
-    GradientReduce,
-    Outcome,
-    StepTimes,
-    TenantStep,
-    grouped_step,
-)
-from joynexus.models.payload import (
+from joynexus.models.checkpoints import payload as checkpoints
+from joynexus.models.checkpoints.payload import (
     SlotSnapshot,
     TenantPayload,
     export_params,
@@ -61,7 +53,15 @@ from joynexus.models.payload import (
     read_manifest,
     snapshot_slot,
 )
-from joynexus.models.slots import StepResult, TenantSlot
+from joynexus.models.execution.grouped import GroupedExecutor
+from joynexus.models.execution.grouped_step import (
+    GradientReduce,
+    Outcome,
+    StepTimes,
+    TenantStep,
+    grouped_step,
+)
+from joynexus.models.tenant.slots import StepResult, TenantSlot
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.actor_forward import actor_forward
 from joynexus.services.job_plan import JobPlan, Microbatch, TrainJobResult, plan_job

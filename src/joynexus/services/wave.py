@@ -28,7 +28,7 @@ import threading
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-from joynexus.models.grouped_step import Outcome
+from joynexus.models.execution.grouped_step import Outcome
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.job_plan import JobPlan, Microbatch, read_microbatch
 

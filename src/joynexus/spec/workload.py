@@ -36,7 +36,7 @@ from joynexus.envs.seeds import (
 from joynexus.errors import SpecError
 from joynexus.models.policies import HeadConfig, OFTHeadConfig
 from joynexus.models.schema import PRESETS, DataSchema
-from joynexus.models.slots import OptimizerConfig
+from joynexus.models.tenant.slots import OptimizerConfig
 from joynexus.spec.serving import ServingSpec
 
 _NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"

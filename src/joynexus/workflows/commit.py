@@ -35,7 +35,7 @@ from typing import Any
 
 from joynexus.control.job import TaskType, TrainingJob
 from joynexus.errors import JoyNexusError, NotFoundError, StorageFullError
-from joynexus.models.payload import TenantPayload
+from joynexus.models.checkpoints.payload import TenantPayload
 from joynexus.workflows.context import WorkflowContext, WorkflowTenant, reason_of
 from joynexus.workflows.durability import roll_back_to_checkpoint, save_or_roll_back
 

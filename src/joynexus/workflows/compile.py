@@ -33,8 +33,8 @@ from joynexus.data.sft import SFTBatchBuilder, SFTFeatureMap
 from joynexus.envs.registry import env_schema, unavailable_reason
 from joynexus.errors import DatasetError, JoyNexusError, SpecError
 from joynexus.interop.lerobot import SchemaDims, check_lerobot_base
+from joynexus.models.checkpoints.payload import MANIFEST_FILE
 from joynexus.models.normalization import NormMode
-from joynexus.models.payload import MANIFEST_FILE
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.services.tenancy import TenantConfig
 from joynexus.spec.workload import BaseModelSpec, TaskKind, WorkloadSpec

@@ -11,11 +11,11 @@ import torch
 from joynexus.errors import SchemaMismatchError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.grouped import GroupedExecutor
+from joynexus.models.execution.grouped import GroupedExecutor
 from joynexus.models.policies import FlowMatchingHead, FlowMatchingHeadConfig, OFTHeadConfig
 from joynexus.models.policies.flow import chain_log_prob, sample_chain
 from joynexus.models.schema import CameraSpec, DataSchema
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 from tests.models.conftest import TinyBackbone
 

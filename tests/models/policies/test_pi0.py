@@ -12,17 +12,17 @@ from joynexus.errors import SpecError
 from joynexus.models.archs.paligemma.pi0 import EXPERT_PREFIXES, Pi0Checkpoint
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.feature import max_abs_diff_left_padded
-from joynexus.models.grouped import GroupedExecutor
+from joynexus.models.canon.feature import max_abs_diff_left_padded
+from joynexus.models.checkpoints.pi0_export import export_pi0
+from joynexus.models.execution.grouped import GroupedExecutor
 from joynexus.models.policies import (
     FlowMatchingHeadConfig,
     OFTHeadConfig,
     Pi0Expert,
     Pi0ExpertConfig,
 )
-from joynexus.models.policies.pi0_expert.export import export_pi0
 from joynexus.models.schema import CALVIN, LIBERO, PUSHT, DataSchema
-from joynexus.models.slots import OptimizerConfig, TenantSlot
+from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from joynexus.models.types import BackboneOutput
 from tests.models.conftest import TinyBackbone, TinyModelDir
 
@@ -341,8 +341,8 @@ def test_export_pi0_cli_writes_a_tenant_checkpoint_as_a_policy(
     from typer.testing import CliRunner
 
     from joynexus.cli.main import app
+    from joynexus.models.checkpoints.payload import save_slot
     from joynexus.models.normalization import FeatureNormStats, NormalizationStats
-    from joynexus.models.payload import save_slot
 
     base = tiny_backbone("pi0")
     slot = TenantSlot("a", PUSHT, base, Pi0ExpertConfig(), optimizer=OptimizerConfig(lr=1e-3))

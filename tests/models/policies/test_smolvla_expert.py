@@ -20,14 +20,14 @@ from joynexus.errors import InvalidRequestError, SpecError
 from joynexus.models.archs.smolvlm.resident import SmolVLAResident
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.grouped import GroupedExecutor
+from joynexus.models.checkpoints.lerobot_export import export_lerobot_checkpoint
+from joynexus.models.checkpoints.payload import save_slot
+from joynexus.models.execution.grouped import GroupedExecutor
 from joynexus.models.normalization import FeatureNormStats, NormalizationStats
-from joynexus.models.payload import save_slot
 from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.policies.smolvla_expert import SmolVLAExpert, SmolVLAExpertConfig
-from joynexus.models.policies.smolvla_expert.export import export_lerobot_checkpoint
 from joynexus.models.schema import CameraSpec, DataSchema
-from joynexus.models.slots import OptimizerConfig, TenantSlot
+from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from tests.interop.lerobot_helpers import TASKS, lerobot_actions, tiny_smolvla
 
 REL = 1e-5
@@ -341,7 +341,7 @@ def test_a_lora_tenant_exports_merged_and_lerobot_runs_it_identically(
 
 
 def test_a_lora_layer_that_cannot_be_merged_refuses_the_export(base: ResidentBaseModel) -> None:
-    from joynexus.models.policies.smolvla_expert.export import merged_lora
+    from joynexus.models.checkpoints.lerobot_export import merged_lora
 
     name = "model.text_model.layers.0.self_attn.q_proj"
     weight = _smolvla(base).model.state_dict()[f"model.vlm_with_expert.vlm.{name}.weight"]

@@ -3,7 +3,7 @@
 :class:`~joynexus.models.backbone.ResidentBaseModel` knows no architecture. A
 :class:`ResidentArch` (registered by name, :mod:`joynexus.models.archs.registry`) says
 which checkpoints it loads and loads one into a :class:`Resident`; the resident says how
-the model is fed (its :class:`~joynexus.models.canonicalize.CanonicalSpec` and tensor
+the model is fed (its :class:`~joynexus.models.canon.canonicalize.CanonicalSpec` and tensor
 canonicalizer), runs the shared forward, and holds the *extension* a policy family may
 ask for by type (a π0 checkpoint's expert template, a SmolVLA checkpoint), plus the
 normalization a tenant without statistics of its own takes.
@@ -24,9 +24,9 @@ import torch
 
 from joynexus.errors import InvalidRequestError
 from joynexus.models.archs.hf import hf, quiet_transformers
-from joynexus.models.canon_tensor import TensorCanonicalizer
-from joynexus.models.canonicalize import BatchEncoder, CanonicalSpec, PixelLayout, PromptStyle
-from joynexus.models.feature import VLAFeature
+from joynexus.models.canon.canonicalize import BatchEncoder, CanonicalSpec, PixelLayout, PromptStyle
+from joynexus.models.canon.feature import VLAFeature
+from joynexus.models.canon.tensor import TensorCanonicalizer
 from joynexus.models.normalization import NormalizationStats
 from joynexus.models.schema import DataSchema
 from joynexus.models.tiny import SIDECAR

@@ -10,12 +10,13 @@ one itself.
 
 from __future__ import annotations
 
-from joynexus.models.archs import paligemma, qwen_vl, smolvlm
+from joynexus.models.archs import lerobot_pi, paligemma, qwen_vl, smolvlm
 from joynexus.models.archs.base import ResidentArch
 
 BUILTIN_ARCHES: tuple[ResidentArch, ...] = (
     *qwen_vl.ARCHES,
     *paligemma.ARCHES,
+    *lerobot_pi.ARCHES,
     *smolvlm.ARCHES,
 )
 """The architectures every server knows."""

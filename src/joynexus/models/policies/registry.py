@@ -19,7 +19,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
 
 from joynexus.errors import InvalidRequestError
-from joynexus.models.policies import flow_matching, oft, pi0_expert, smolvla_expert
+from joynexus.models.policies import flow_matching, oft, pi0_expert, pi05_expert, smolvla_expert
 from joynexus.models.policies.base import PolicyConfig, PolicyFamily, PolicyHead
 from joynexus.models.schema import DataSchema
 
@@ -28,6 +28,7 @@ BUILTIN_FAMILIES: tuple[PolicyFamily[Any], ...] = (
     flow_matching.FAMILY,
     pi0_expert.FAMILY,
     smolvla_expert.FAMILY,
+    pi05_expert.FAMILY,
 )
 """The families every server knows, in the order error messages list them."""
 

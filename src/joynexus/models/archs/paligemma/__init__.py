@@ -17,8 +17,8 @@ import torch
 from joynexus.models.archs.base import LoadRequest, Resident, ResidentArch
 from joynexus.models.archs.hf import hf
 from joynexus.models.archs.paligemma.pi0 import PI0_MODEL_TYPE, Pi0Checkpoint
-from joynexus.models.canonicalize import PixelLayout, PromptStyle
-from joynexus.models.feature import VLAFeature
+from joynexus.models.canon.canonicalize import PixelLayout, PromptStyle
+from joynexus.models.canon.feature import VLAFeature
 from joynexus.models.types import BackboneOutput
 
 

@@ -14,7 +14,7 @@ noisy action chunk (flow matching). JoyNexus splits the checkpoint along that se
   :class:`~joynexus.models.policies.pi0_expert.module.Pi0Expert`, initialised from the
   checkpoint's expert weights, which :class:`Pi0Checkpoint` keeps once (the π0
   resident's extension a ``pi0_expert`` asks for);
-* :func:`~joynexus.models.policies.pi0_expert.export.export_pi0` puts the two halves
+* :func:`~joynexus.models.checkpoints.pi0_export.export_pi0` puts the two halves
   back together as a complete
   ``PI0ForConditionalGeneration`` directory that plain ``transformers`` loads.
 """

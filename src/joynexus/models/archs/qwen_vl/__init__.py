@@ -17,8 +17,8 @@ import torch
 from joynexus.errors import InvalidRequestError
 from joynexus.models.archs.base import Resident, ResidentArch
 from joynexus.models.archs.qwen_vl import positions, vision_share
-from joynexus.models.canonicalize import PixelLayout, PromptStyle
-from joynexus.models.feature import VLAFeature
+from joynexus.models.canon.canonicalize import PixelLayout, PromptStyle
+from joynexus.models.canon.feature import VLAFeature
 from joynexus.models.types import BackboneOutput
 
 # StarVLA-style Qwen backbones see 224-px cameras; it is a multiple of 28 and of 32.

@@ -25,8 +25,8 @@ from joynexus.models.archs.smolvlm.resident import (
     SmolVLAResident,
     smolvla_source,
 )
-from joynexus.models.canonicalize import BatchEncoder, PixelLayout, PromptStyle
-from joynexus.models.feature import VLAFeature
+from joynexus.models.canon.canonicalize import BatchEncoder, PixelLayout, PromptStyle
+from joynexus.models.canon.feature import VLAFeature
 from joynexus.models.normalization import NormalizationStats
 from joynexus.models.schema import DataSchema
 from joynexus.models.types import BackboneOutput

@@ -5,7 +5,7 @@ under the same names (``model.dit``, ``embed_action_time``, ``action_out_proj``)
 ``transformers``' own forward code on it, with the prefix cache coming from the resident
 backbone (:attr:`~joynexus.models.types.BackboneOutput.prefix_kv`). So a tenant's expert
 computes what the checkpoint's expert computes, and exports back into a complete
-checkpoint key for key (:func:`joynexus.models.policies.pi0_expert.export.export_pi0`).
+checkpoint key for key (:func:`joynexus.models.checkpoints.pi0_export.export_pi0`).
 
 The time convention, the padding of a narrower schema, the loss, the sampler and RL
 (Flow-SDE) are :class:`~joynexus.models.policies.prefix_expert.PrefixFlowExpert`'s,

@@ -2,7 +2,7 @@
 
 :class:`GroupedExecutor` runs ONE backbone forward over the concatenation of several
 tenants' batches, splits the output by the VLAFeature slice table, and hands each
-tenant's rows to that tenant's :class:`~joynexus.models.slots.TenantSlot`. Everything
+tenant's rows to that tenant's :class:`~joynexus.models.tenant.slots.TenantSlot`. Everything
 after the split is per tenant: its own loss, backward, clipping, AdamW step and policy
 version. No loss, gradient, optimizer state or version is ever averaged or shared.
 
@@ -23,13 +23,18 @@ import torch
 
 from joynexus.errors import CapacityError, ConflictError, InvalidRequestError, NotFoundError
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.canon_tensor import moved_to
-from joynexus.models.decode import Decoded, DecodeGroup, decode_groups, decode_slot
-from joynexus.models.feature import VLAFeature
-from joynexus.models.grouped_step import sft_step
+from joynexus.models.canon.feature import VLAFeature
+from joynexus.models.canon.tensor import moved_to
+from joynexus.models.execution.decode import Decoded, DecodeGroup, decode_groups, decode_slot
+from joynexus.models.execution.grouped_step import sft_step
 from joynexus.models.lora import LoRAAdapter, LoRARows, LoRASegment, lora_rows
 from joynexus.models.schema import DataSchema
-from joynexus.models.slots import BaseModelRef, StepResult, TenantSlot, unique_parameter_bytes
+from joynexus.models.tenant.slots import (
+    BaseModelRef,
+    StepResult,
+    TenantSlot,
+    unique_parameter_bytes,
+)
 from joynexus.models.types import BackboneOutput
 from joynexus.utils.intra_op import serial_intra_op
 from joynexus.utils.priority_lock import PriorityRLock
@@ -341,7 +346,7 @@ class GroupedExecutor:
         *,
         action_masks: Mapping[str, torch.Tensor] | None = None,
     ) -> dict[str, StepResult]:
-        """One grouped SFT step (:func:`~joynexus.models.grouped_step.sft_step`): shared
+        """One grouped SFT step (:func:`~joynexus.models.execution.grouped_step.sft_step`): shared
         forward, then an independent update per tenant.
 
         Args:

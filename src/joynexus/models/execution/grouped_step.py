@@ -30,7 +30,7 @@ import torch
 
 from joynexus.errors import InvalidRequestError
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.slots import StepResult, TenantSlot
+from joynexus.models.tenant.slots import StepResult, TenantSlot
 from joynexus.models.types import BackboneOutput
 from joynexus.utils.priority_lock import PriorityRLock
 

@@ -22,8 +22,8 @@ import torch
 from joynexus.errors import InvalidRequestError
 from joynexus.models.archs.hf import quiet_transformers
 from joynexus.models.archs.paligemma.pi0 import EXPERT_EMBED_KEY, VLM_PREFIX, Pi0Checkpoint
+from joynexus.models.checkpoints.tenant_export import read_tenant_expert
 from joynexus.models.policies.pi0_expert.config import pi0_checkpoint_of
-from joynexus.models.policies.tenant_export import read_tenant_expert
 
 
 def export_pi0_checkpoint(checkpoint: str | Path, out: str | Path, *, base: Any) -> Path:

@@ -16,7 +16,7 @@ from typing import Literal
 
 import torch
 
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 
 __all__ = ["DecodeGroup", "Decoded", "decode_groups", "decode_slot"]

@@ -9,9 +9,13 @@ import torch
 from safetensors.torch import load_file
 
 from joynexus.errors import InvalidRequestError
+from joynexus.models.checkpoints.payload import (
+    ACTION_MODULE_FILE,
+    NORMALIZATION_FILE,
+    read_manifest,
+)
 from joynexus.models.normalization import NormalizationStats
-from joynexus.models.payload import ACTION_MODULE_FILE, NORMALIZATION_FILE, read_manifest
-from joynexus.models.slots import ACTION_MODULE_PREFIX
+from joynexus.models.tenant.slots import ACTION_MODULE_PREFIX
 
 
 def read_tenant_expert(

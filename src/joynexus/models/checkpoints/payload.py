@@ -44,8 +44,8 @@ from joynexus.errors import (
 )
 from joynexus.models.lora import peft_config, write_peft_adapter
 from joynexus.models.normalization import NormalizationStats
-from joynexus.models.optim_state import optimizer_tensors, restore_optimizer
-from joynexus.models.slots import TenantSlot, validate_tenant_id
+from joynexus.models.tenant.optim_state import optimizer_tensors, restore_optimizer
+from joynexus.models.tenant.slots import TenantSlot, validate_tenant_id
 
 ACTION_MODULE_FILE = "action_module.safetensors"
 OPTIMIZER_FILE = "optimizer.safetensors"

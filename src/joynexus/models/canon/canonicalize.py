@@ -22,13 +22,13 @@ import torch.nn.functional as F
 
 from joynexus.errors import InvalidRequestError, SchemaMismatchError
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.feature import SliceEntry, VLAFeature
+from joynexus.models.canon.feature import SliceEntry, VLAFeature
 from joynexus.models.schema import DataSchema
 
 
 class BatchEncoder(Protocol):
     """What :func:`canonicalize` asks of a tensor canonicalizer
-    (:class:`joynexus.models.canon_tensor.TensorCanonicalizer`, which imports this module)."""
+    (:class:`joynexus.models.canon.tensor.TensorCanonicalizer`, which imports this module)."""
 
     def encode(
         self,
@@ -288,7 +288,7 @@ def processor_inputs(
 ) -> dict[str, torch.Tensor]:
     """The backbone inputs the Hugging Face processor makes of canonical ``uint8
     [B, slots, 3, S, S]`` images and one instruction per row (CPU): the reference the
-    tensor path (:mod:`joynexus.models.canon_tensor`) is held equal to."""
+    tensor path (:mod:`joynexus.models.canon.tensor`) is held equal to."""
     total, slots = int(images.shape[0]), int(images.shape[1])
     texts = [_cached_prompt(processor, spec, text) for text in instructions]
     nested = [[images[i, s] for s in range(slots)] for i in range(total)]

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from joynexus.errors import SchemaMismatchError
-from joynexus.models.slots import TenantSlot
+from joynexus.models.tenant.slots import TenantSlot
 
 __all__ = ["optimizer_tensors", "restore_optimizer"]
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from joynexus.models.canonicalize import CanonicalSpec, processor_inputs
+from joynexus.models.canon.canonicalize import CanonicalSpec, processor_inputs
 
 _MAX_PROMPTS = 1024
 #: A prompt's per-token inputs by name (``input_ids``, ``attention_mask``, ...).

@@ -34,11 +34,11 @@ from joynexus.errors import InvalidRequestError
 from joynexus.interop.lerobot import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
 from joynexus.models.archs.smolvlm.resident import SmolVLAResident
 from joynexus.models.archs.smolvlm.smolvla import export_smolvla
+from joynexus.models.checkpoints.tenant_export import read_tenant_expert
 from joynexus.models.lora import peft_deltas
 from joynexus.models.normalization import NormalizationStats
 from joynexus.models.policies.smolvla_expert.config import smolvla_of
 from joynexus.models.policies.smolvla_expert.module import lerobot_names
-from joynexus.models.policies.tenant_export import read_tenant_expert
 from joynexus.models.schema import DataSchema
 
 LEROBOT_FORMAT = "lerobot"

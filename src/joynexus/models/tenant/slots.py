@@ -270,7 +270,7 @@ class TenantSlot:
 
         This is the one place a tenant's parameters change, so custom algorithms (PPO,
         GRPO) call it with their own loss. (Grouped steps, whose losses share one
-        autograd graph, go through :func:`~joynexus.models.grouped_step.grouped_step`.)
+        autograd graph, go through :func:`~joynexus.models.execution.grouped_step.grouped_step`.)
 
         Gradients are clipped per module (action module and value head each to
         ``grad_clip``), as when actor and critic have their own optimizers. One global

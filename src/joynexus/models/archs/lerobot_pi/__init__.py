@@ -1,0 +1,158 @@
+"""LeRobot π0.5 checkpoints as a resident architecture (``base_model.id``: a LeRobot
+``pi05`` policy directory).
+
+The resident part is the checkpoint's PaliGemma prefix, loaded once per server and
+frozen (:class:`~joynexus.models.archs.lerobot_pi.checkpoint.Pi05Checkpoint`); its
+extension is the checkpoint itself, which ``pi05_expert`` tenants ask for to copy the
+expert from. The canonical inputs are the cameras in [-1, 1] with their mask and the
+instruction's bytes; the forward writes each row's π0.5 prompt from its instruction and
+its *normalized* state (the tenant's units: the Inference Model Service and the
+training batches hand the backbone normalized state), tokenizes it, and runs the
+prefix over every tenant's rows at once. A tenant without statistics of its own takes
+the checkpoint's (quantiles, as lerobot's π0.5 processor normalizes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from joynexus.errors import InvalidRequestError
+from joynexus.models.archs.base import LoadRequest, Resident, ResidentArch
+from joynexus.models.archs.lerobot_pi.checkpoint import PI05_TYPE, Pi05Checkpoint, pi05_prompt
+from joynexus.models.canon.canonicalize import BatchEncoder
+from joynexus.models.canon.feature import VLAFeature
+from joynexus.models.normalization import NormalizationStats
+from joynexus.models.schema import DataSchema
+from joynexus.models.types import BackboneOutput
+
+PI05_ARCH = "lerobot_pi05"
+
+
+class Pi05Encoder:
+    """Canonical π0.5 inputs: cameras scaled to [-1, 1] (SigLIP's range, as lerobot's
+    ``_preprocess_images``), their mask, and each instruction's UTF-8 bytes (the prompt
+    needs the state too, so it is written at the forward)."""
+
+    def encode(
+        self,
+        images: torch.Tensor,
+        camera_mask: torch.Tensor,
+        texts: Sequence[str],
+        device: torch.device,
+    ) -> dict[str, torch.Tensor]:
+        raw = [t.encode("utf-8") for t in texts]
+        width = max(1, max(len(r) for r in raw))
+        table = torch.zeros((len(raw), width), dtype=torch.uint8)
+        for i, r in enumerate(raw):
+            table[i, : len(r)] = torch.frombuffer(bytearray(r), dtype=torch.uint8)
+        return {
+            "pixel_values": images.to(device).float() / 255.0 * 2.0 - 1.0,
+            "camera_mask": camera_mask.to(device),
+            "instruction_bytes": table,
+            "instruction_length": torch.tensor([len(r) for r in raw], dtype=torch.long),
+        }
+
+
+def _instructions(inputs: dict[str, torch.Tensor]) -> list[str]:
+    table, lengths = inputs["instruction_bytes"], inputs["instruction_length"]
+    return [
+        bytes(table[i, : int(n)].tolist()).decode("utf-8") for i, n in enumerate(lengths.tolist())
+    ]
+
+
+class Pi05Prefix(Resident):
+    """A π0.5 checkpoint's prefix: its own inputs, the prompts written with each row's
+    state at the forward, the prefix KV cache handed to the tenants' experts."""
+
+    takes_output_layers: ClassVar[bool] = False
+
+    def __init__(self, arch: str, model: torch.nn.Module, processor: Any, **kwargs: Any):
+        super().__init__(arch, model, processor, **kwargs)
+        if not isinstance(self.extension, Pi05Checkpoint):
+            raise TypeError("a π0.5 prefix is built with its Pi05Checkpoint")
+        self.checkpoint = self.extension
+
+    def encoder(self, tensor: bool) -> tuple[BatchEncoder | None, str | None]:
+        # π0.5's inputs are its own: one path whatever was asked for.
+        return Pi05Encoder(), None
+
+    def images_per_row(self, feature: VLAFeature) -> int:
+        return self.num_camera_slots
+
+    def prompts(self, feature: VLAFeature) -> list[str]:
+        """Each row's π0.5 prompt: its instruction and its own state dims."""
+        state = feature.state.detach().cpu().double().numpy()
+        own = feature.state_mask.detach().cpu().numpy()
+        return [
+            pi05_prompt(text, state[i][own[i]])
+            for i, text in enumerate(_instructions(feature.model_inputs))
+        ]
+
+    def prepare(self, feature: VLAFeature) -> None:
+        # Prompts are written and tokenized here, from the CPU tables, before the
+        # backbone's lock is taken.
+        pixels = feature.model_inputs["pixel_values"]
+        feature.model_inputs.update(self.checkpoint.tokenize(self.prompts(feature), pixels.device))
+
+    def encode(self, feature: VLAFeature, output_layers: Sequence[int]) -> BackboneOutput:
+        inputs = feature.model_inputs
+        if "input_ids" not in inputs:
+            self.prepare(feature)
+        out = self.checkpoint.encode(
+            inputs["pixel_values"], inputs["camera_mask"], inputs["input_ids"], inputs["lang_mask"]
+        )
+        return BackboneOutput(
+            hidden_states=out.hidden_states,
+            attention_mask=out.attention_mask,
+            prefix_kv=out.prefix_kv,
+            images=feature.images,
+        )
+
+    def default_normalization(self, schema: DataSchema) -> NormalizationStats | None:
+        # The checkpoint's processor statistics, when their widths are the schema's.
+        stats = self.checkpoint.normalization()
+        if stats is None or stats.state is None:
+            return None
+        if (len(stats.state.mean), len(stats.action.mean)) != (
+            schema.state_dim,
+            schema.action_dim,
+        ):
+            return None
+        return stats
+
+
+class LeRobotPi05(ResidentArch):
+    """A LeRobot ``pi05`` policy directory."""
+
+    name = PI05_ARCH
+    resident = Pi05Prefix
+
+    def claims(self, model_id: str, *, local_only: bool) -> str | None:
+        path = Path(model_id).expanduser()
+        return str(path) if path.is_dir() and Pi05Checkpoint.claims(path) else None
+
+    def load(self, request: LoadRequest) -> Resident:
+        checkpoint = Pi05Checkpoint(Path(request.path), device=request.device, dtype=request.dtype)
+        if request.canonical_image_size not in (None, checkpoint.image_size):
+            raise InvalidRequestError(
+                f"canonical_image_size {request.canonical_image_size}: this π0.5 checkpoint "
+                f"sees {checkpoint.image_size}-pixel cameras; leave it unset",
+                field="canonical_image_size",
+            )
+        return Pi05Prefix(
+            self.name,
+            checkpoint.vlm,
+            checkpoint.tokenizer,
+            canonical_image_size=checkpoint.image_size,
+            num_camera_slots=request.num_camera_slots or checkpoint.num_cameras,
+            extension=checkpoint,
+        )
+
+
+ARCHES: tuple[ResidentArch, ...] = (LeRobotPi05(),)
+
+__all__ = ["ARCHES", "PI05_ARCH", "PI05_TYPE", "LeRobotPi05", "Pi05Encoder", "Pi05Prefix"]

@@ -1,0 +1,410 @@
+"""A LeRobot π0.5 checkpoint read in the project venv: the shared PaliGemma prefix, the
+prompt its processor writes, and the expert every ``pi05_expert`` tenant starts from.
+
+LeRobot (0.5 and later) saves π0.5 as ``config.json`` (``type: pi05``, the Gemma
+variants of the prefix and the expert, chunk and dims), ``model.safetensors``
+(``model.paligemma_with_expert.paligemma.*``: SigLIP tower, projector and Gemma;
+``model.paligemma_with_expert.gemma_expert.*``: the action expert, whose RMS norms are
+*adaptive*: a ``dense`` layer maps the time embedding to a scale, shift and residual
+gate; ``model.action_in_proj`` / ``action_out_proj`` / ``time_mlp_in`` /
+``time_mlp_out``) and its processor pipelines (normalizer statistics; the tokenizer's
+name and length).
+
+The prefix is rebuilt as ``transformers``' ``PaliGemmaModel`` of the same sizes and run
+as lerobot runs it: each camera's SigLIP tokens (an absent camera masked), then the
+prompt's tokens; every valid token sees every valid token; positions count valid tokens;
+the per-layer keys and values are kept for the expert. The prompt is π0.5's own: the
+instruction and the *state*, normalized to [-1, 1] and discretized into 256 bins, written
+as text (``Task: …, State: 12 200 …;\\nAction: ``) and tokenized right-padded to the
+processor's length. So the prefix's *weights* are shared by every tenant while its
+*tokens* differ per row (docs/BACKBONES.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+from joynexus.errors import SpecError
+from joynexus.interop.lerobot import (
+    ACTION_KEY,
+    PREPROCESSOR,
+    STATE_KEY,
+    WEIGHTS,
+    LeRobotCheckpoint,
+    SchemaDims,
+    read_lerobot_checkpoint,
+    schema_problems,
+)
+from joynexus.models.archs.hf import hf
+from joynexus.models.normalization import FeatureNormStats, NormalizationStats
+from joynexus.models.schema import DataSchema
+from joynexus.models.tiny import SIDECAR
+from joynexus.models.types import BackboneOutput
+
+PI05_TYPE = "pi05"
+#: lerobot's Gemma variants (openpi's): the only sizes its π configs name.
+GEMMA_VARIANTS: dict[str, dict[str, int]] = {
+    "gemma_300m": {
+        "width": 1024,
+        "depth": 18,
+        "mlp_dim": 4096,
+        "num_heads": 8,
+        "num_kv_heads": 1,
+        "head_dim": 256,
+    },
+    "gemma_2b": {
+        "width": 2048,
+        "depth": 18,
+        "mlp_dim": 16384,
+        "num_heads": 8,
+        "num_kv_heads": 1,
+        "head_dim": 256,
+    },
+}
+#: Where a checkpoint made smaller than lerobot's variants (tests' tiny ones) records
+#: its sizes: the folder's ``joynexus.json``, under this key.
+SIZES_KEY = "lerobot_pi_sizes"
+VOCAB_SIZE = 257152
+#: SigLIP's MLP width and the projection lerobot's PaliGemma config pins.
+VISION_INTERMEDIATE = 4304
+#: The additive mask value of openpi / lerobot for a hidden key.
+MASKED = -2.3819763e38
+PREFIX_KEYS = "paligemma_with_expert.paligemma.model."
+EXPERT_KEYS = "paligemma_with_expert.gemma_expert.model."
+#: The expert's projections, by their lerobot names.
+PROJECTIONS = ("action_in_proj.", "action_out_proj.", "time_mlp_in.", "time_mlp_out.")
+STATE_BINS = 256
+
+
+@dataclass(frozen=True)
+class GemmaSizes:
+    """One Gemma stack's sizes (lerobot's ``GemmaConfig`` fields)."""
+
+    width: int
+    depth: int
+    mlp_dim: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    def hf_config(self, **extra: Any) -> Any:
+        """The ``transformers`` ``GemmaConfig`` of these sizes, as lerobot makes it."""
+        return hf().GemmaConfig(
+            hidden_size=self.width,
+            intermediate_size=self.mlp_dim,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            num_hidden_layers=self.depth,
+            vocab_size=VOCAB_SIZE,
+            hidden_activation="gelu_pytorch_tanh",
+            hidden_act="gelu_pytorch_tanh",
+            **extra,
+        )
+
+
+@dataclass(frozen=True)
+class TokenizerStep:
+    """The processor's tokenizer step: which tokenizer, and how it pads."""
+
+    name: str
+    max_length: int
+    padding: str
+    padding_side: str
+    truncation: bool
+
+
+def _fail(path: Path, message: str, field: str = "base_model.id") -> SpecError:
+    return SpecError(f"LeRobot π0.5 checkpoint {str(path)!r}: {message}", field=field)
+
+
+def _sizes(root: Path, config: dict[str, Any]) -> tuple[GemmaSizes, GemmaSizes, dict[str, int]]:
+    sidecar = root / SIDECAR
+    recorded = json.loads(sidecar.read_text()).get(SIZES_KEY) if sidecar.is_file() else None
+    if isinstance(recorded, dict):
+        return (
+            GemmaSizes(**recorded["paligemma"]),
+            GemmaSizes(**recorded["action_expert"]),
+            dict(recorded.get("vision", {})),
+        )
+    out: list[GemmaSizes] = []
+    for key in ("paligemma_variant", "action_expert_variant"):
+        variant = config.get(key)
+        if variant not in GEMMA_VARIANTS:
+            raise _fail(
+                root, f"{key} {variant!r} is not one of lerobot's {list(GEMMA_VARIANTS)}", key
+            )
+        out.append(GemmaSizes(**GEMMA_VARIANTS[str(variant)]))
+    return out[0], out[1], {}
+
+
+def _tokenizer_step(root: Path) -> TokenizerStep:
+    steps = json.loads((root / PREPROCESSOR).read_text()).get("steps", [])
+    for step in steps:
+        if isinstance(step, dict) and step.get("registry_name") == "tokenizer_processor":
+            cfg = step.get("config", {})
+            name = cfg.get("tokenizer_name")
+            if not name:
+                break
+            return TokenizerStep(
+                name=str(name),
+                max_length=int(cfg.get("max_length", 200)),
+                padding=str(cfg.get("padding", "max_length")),
+                padding_side=str(cfg.get("padding_side", "right")),
+                truncation=bool(cfg.get("truncation", True)),
+            )
+    raise _fail(root, f"{PREPROCESSOR} has no tokenizer step naming its tokenizer")
+
+
+def _stats(ckpt: LeRobotCheckpoint, key: str, mode: str) -> FeatureNormStats | None:
+    stats = ckpt.stats.get(key, {})
+    need = ("q01", "q99") if mode == "QUANTILES" else ("mean", "std")
+    if not set(need) <= set(stats):
+        return None
+    mean = stats.get("mean", [(lo + hi) / 2 for lo, hi in zip(stats["q01"], stats["q99"])])
+    std = stats.get("std", [1.0] * len(mean))
+    return FeatureNormStats(
+        mean=mean,
+        std=std,
+        q01=stats.get("q01", stats.get("min", mean)),
+        q99=stats.get("q99", stats.get("max", mean)),
+    )
+
+
+def _as_named_by(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` under ``model``'s names: newer ``transformers`` drop SigLIP's
+    ``vision_model.`` level that lerobot's (older) saves."""
+    names = set(model.state_dict())
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        flat = key.replace("vision_tower.vision_model.", "vision_tower.", 1)
+        out[flat if key not in names and flat in names else key] = value
+    return out
+
+
+def discretize_state(state: np.ndarray) -> np.ndarray:
+    """π0.5's state bins: values in [-1, 1] → 0..255 (openpi's tokenizer rule; a value
+    below -1 gives -1, above 1 gives 256, as there)."""
+    edges = np.linspace(-1, 1, STATE_BINS + 1)[:-1]
+    bins: np.ndarray = np.digitize(state, bins=edges) - 1
+    return bins
+
+
+def pi05_prompt(task: str, state: np.ndarray) -> str:
+    """The text π0.5's processor makes of an instruction and a normalized state."""
+    cleaned = task.strip().replace("_", " ").replace("\n", " ")
+    numbers = " ".join(str(int(b)) for b in discretize_state(state))
+    return f"Task: {cleaned}, State: {numbers};\nAction: "
+
+
+class Pi05Checkpoint:
+    """A loaded LeRobot π0.5 checkpoint: the frozen prefix (:attr:`vlm`), its tokenizer,
+    the config, and the expert's tensors (:attr:`expert_state`, by the tenant module's
+    names) that every ``pi05_expert`` starts from.
+
+    Raises:
+        SpecError: (from :meth:`read`) a checkpoint that is no π0.5 or lacks its parts.
+    """
+
+    def __init__(self, root: Path, *, device: torch.device, dtype: torch.dtype):
+        self.root = root
+        self.ckpt = read_lerobot_checkpoint(root)
+        if self.ckpt.type != PI05_TYPE:
+            raise _fail(root, f"type is {self.ckpt.type!r}, not {PI05_TYPE!r}")
+        self.config: dict[str, Any] = json.loads((root / "config.json").read_text())
+        self.prefix_sizes, self.expert_sizes, vision = _sizes(root, self.config)
+        self.tokenizer_step = _tokenizer_step(root)
+        resolution = self.config.get("image_resolution") or [224, 224]
+        self.image_size = int(resolution[0])
+        state = load_file(str(root / WEIGHTS))
+        state = {k.removeprefix("model."): v for k, v in state.items()}
+        self.vlm = self._build_vlm(vision)
+        prefix = {k[len(PREFIX_KEYS) :]: v for k, v in state.items() if k.startswith(PREFIX_KEYS)}
+        self.vlm.load_state_dict(_as_named_by(self.vlm, prefix), strict=True)
+        self.vlm.requires_grad_(False)
+        self.vlm.to(device=device, dtype=dtype).eval()
+        self.expert_state: dict[str, torch.Tensor] = {
+            "gemma_expert." + k[len(EXPERT_KEYS) :]: v
+            for k, v in state.items()
+            if k.startswith(EXPERT_KEYS)
+        }
+        self.expert_state.update({k: v for k, v in state.items() if k.startswith(PROJECTIONS)})
+        self.tokenizer = self._load_tokenizer()
+
+    @staticmethod
+    def claims(path: Path) -> bool:
+        """Whether ``path`` is a LeRobot directory of type ``pi05`` (checked no further)."""
+        config = path / "config.json"
+        if not config.is_file():
+            return False
+        try:
+            data = json.loads(config.read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(data, dict) and data.get("type") == PI05_TYPE and "model_type" not in data
+
+    # --- sizes ---------------------------------------------------------------------
+
+    @property
+    def chunk_size(self) -> int:
+        return self.ckpt.chunk_size
+
+    @property
+    def max_action_dim(self) -> int:
+        return self.ckpt.max_action_dim
+
+    @property
+    def max_state_dim(self) -> int:
+        return self.ckpt.max_state_dim
+
+    @property
+    def num_inference_steps(self) -> int:
+        return int(self.config.get("num_inference_steps", 10))
+
+    @property
+    def num_cameras(self) -> int:
+        return max(1, len(self.ckpt.cameras))
+
+    def setting(self, key: str, default: float) -> float:
+        return float(self.config.get(key, default))
+
+    # --- loading -------------------------------------------------------------------
+
+    def _build_vlm(self, vision: dict[str, int]) -> torch.nn.Module:
+        text = self.prefix_sizes.hf_config()
+        base = hf().PaliGemmaConfig()
+        vision_config = base.vision_config
+        vision_config.image_size = self.image_size
+        vision_config.intermediate_size = VISION_INTERMEDIATE
+        for key, value in vision.items():
+            setattr(vision_config, key, value)
+        vision_config.projection_dim = self.prefix_sizes.width
+        config = hf().PaliGemmaConfig(
+            text_config=text.to_dict(),
+            vision_config=vision_config.to_dict(),
+            projection_dim=self.prefix_sizes.width,
+            image_token_index=VOCAB_SIZE,
+        )
+        # lerobot's prefix runs eager attention with an explicit additive mask.
+        config.text_config._attn_implementation = "eager"
+        model: torch.nn.Module = hf().PaliGemmaModel(config)
+        model.config.text_config._attn_implementation = "eager"
+        return model
+
+    def _load_tokenizer(self) -> Any:
+        name = self.tokenizer_step.name
+        local = self.root / name
+        # A tokenizer the folder carries is named relative to it (lerobot resolves it
+        # from its working folder); otherwise a hub id, from the local hub cache.
+        source = str(local) if local.is_dir() else name
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or local.is_dir()
+        return hf().AutoTokenizer.from_pretrained(source, local_files_only=offline)
+
+    # --- the prefix ----------------------------------------------------------------
+
+    def tokenize(self, prompts: Sequence[str], device: torch.device) -> dict[str, torch.Tensor]:
+        step = self.tokenizer_step
+        out = self.tokenizer(
+            list(prompts),
+            max_length=step.max_length,
+            truncation=step.truncation,
+            padding=step.padding,
+            padding_side=step.padding_side,
+            return_tensors="pt",
+        )
+        return {
+            "input_ids": out["input_ids"].to(device),
+            "lang_mask": out["attention_mask"].to(device).bool(),
+        }
+
+    def encode(
+        self,
+        pixel_values: torch.Tensor,
+        camera_mask: torch.Tensor,
+        input_ids: torch.Tensor,
+        lang_mask: torch.Tensor,
+    ) -> BackboneOutput:
+        """The prefix forward as lerobot's ``sample_actions`` runs it.
+
+        Args:
+            pixel_values: ``[B, slots, 3, S, S]`` in [-1, 1].
+            camera_mask: ``[B, slots]`` present cameras.
+            input_ids, lang_mask: ``[B, L]`` the prompts' tokens, right-padded.
+
+        Returns:
+            Last hidden state (zero at padding), the prefix's validity and its per-layer
+            keys and values.
+        """
+        rows, slots = int(pixel_values.shape[0]), int(pixel_values.shape[1])
+        vlm: Any = self.vlm
+        dtype = next(vlm.parameters()).dtype
+        images = vlm.get_image_features(pixel_values.flatten(0, 1).to(dtype)).pooler_output
+        tokens = int(images.shape[1])
+        images = images.reshape(rows, slots * tokens, -1)
+        image_pad = camera_mask.bool().repeat_interleave(tokens, dim=1)
+        lang = vlm.language_model.embed_tokens(input_ids)
+        embeds = torch.cat([images.to(lang.dtype), lang], dim=1)
+        pad = torch.cat([image_pad, lang_mask.bool()], dim=1)
+        both = pad[:, None, :, None] & pad[:, None, None, :]
+        mask = torch.zeros(both.shape, dtype=embeds.dtype, device=embeds.device)
+        mask = mask.masked_fill(~both, MASKED)
+        out = vlm.language_model(
+            inputs_embeds=embeds,
+            attention_mask=mask,
+            position_ids=pad.long().cumsum(-1) - 1,
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state.masked_fill(~pad[..., None], 0.0)
+        kv = tuple((layer.keys, layer.values) for layer in out.cache.layers)
+        return BackboneOutput(hidden_states=hidden, attention_mask=pad.long(), prefix_kv=kv)
+
+    # --- tenants -------------------------------------------------------------------
+
+    def normalization(self) -> NormalizationStats | None:
+        """The checkpoint's processor statistics as a tenant's normalization, in its
+        own mode (π0.5: quantiles); ``None`` when the mode or statistics are missing."""
+        mapping = self.config.get("normalization_mapping") or {}
+        mode = str(mapping.get("STATE", "QUANTILES"))
+        if mode not in ("QUANTILES", "MEAN_STD") or mapping.get("ACTION", mode) != mode:
+            return None
+        state = _stats(self.ckpt, STATE_KEY, mode)
+        action = _stats(self.ckpt, ACTION_KEY, mode)
+        if state is None or action is None:
+            return None
+        return NormalizationStats(
+            mode="quantile" if mode == "QUANTILES" else "mean_std", state=state, action=action
+        )
+
+    def check_dims(self, name: str, *, state_dim: int, action_dim: int, action_chunk: int) -> None:
+        """Raise unless a tenant of these dims fits the checkpoint's expert.
+
+        Raises:
+            SpecError: naming each offending schema field and the checkpoint's limit.
+        """
+        dims = SchemaDims(state_dim=state_dim, action_dim=action_dim, action_chunk=action_chunk)
+        problems = schema_problems(self.ckpt, dims)
+        if problems:
+            raise SpecError(
+                f"a 'pi05_expert' for schema {name!r} does not fit this π0.5 checkpoint:\n"
+                + "\n".join(f"  {f}: {m}" for f, m in problems),
+                fields=[f for f, _ in problems],
+                problems=dict(problems),
+            )
+
+    def check_schema(self, schema: DataSchema) -> None:
+        """:meth:`check_dims` of ``schema``."""
+        self.check_dims(
+            schema.name,
+            state_dim=schema.state_dim,
+            action_dim=schema.action_dim,
+            action_chunk=schema.action_chunk,
+        )

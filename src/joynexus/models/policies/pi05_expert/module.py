@@ -1,0 +1,182 @@
+"""A tenant's private π0.5 action expert, attending to the shared PaliGemma prefix KV cache.
+
+What π0.5 changes against π0, and this module computes as lerobot does:
+
+* **Adaptive RMSNorm time conditioning.** The flow time is not mixed into the action
+  tokens; it becomes a sinusoidal embedding (computed in float64, as lerobot's
+  ``create_sinusoidal_pos_embedding`` on the CPU, then float32), through
+  ``time_mlp_in`` → SiLU → ``time_mlp_out`` → SiLU, and conditions *every* norm of the
+  expert: each norm's ``dense`` layer maps it to a scale, a shift and a gate, and the
+  residual branches are gated (``x + gate · f(x)``). The layers are ``transformers``'
+  own π0.5 expert layers (``PI05ActionExpertModel``: Gemma attention and MLP, adaptive
+  norms), under lerobot's parameter names.
+* **No state token.** The state reached the prefix as text (the resident writes it into
+  the prompt); :meth:`Pi05Expert.velocity` ignores the padded state it is handed.
+
+The suffix is the noisy chunk through ``action_in_proj``; it sees every valid prefix
+token and itself (one bidirectional block), positions continue after the prefix's
+valid tokens, and ``action_out_proj`` reads the velocity off. The time convention,
+padding of a narrower schema, loss, sampler and Flow-SDE are
+:class:`~joynexus.models.policies.prefix_expert.PrefixFlowExpert`'s.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from joynexus.models.archs.lerobot_pi.checkpoint import MASKED, Pi05Checkpoint
+from joynexus.models.policies.base import PolicyHead
+from joynexus.models.policies.pi05_expert.config import (
+    PI05_EXPERT_NEEDS,
+    Pi05ExpertConfig,
+    pi05_checkpoint_of,
+)
+from joynexus.models.policies.prefix_expert import PrefixFlowExpert
+from joynexus.models.schema import DataSchema
+from joynexus.models.types import BackboneOutput
+
+
+def _hf_pi05() -> Any:
+    return importlib.import_module("transformers.models.pi05.modeling_pi05")
+
+
+def time_embedding(t: torch.Tensor, width: int, min_period: float, max_period: float) -> torch.Tensor:
+    """Sine-cosine embedding ``[B, width]`` of times ``t`` ``[B]``, computed in float64
+    (periods from ``min_period`` to ``max_period``) and returned in ``t``'s dtype."""
+    fraction = torch.linspace(0.0, 1.0, width // 2, dtype=torch.float64, device=t.device)
+    period = min_period * (max_period / min_period) ** fraction
+    angle = (1.0 / period * 2 * math.pi)[None, :] * t[:, None].double()
+    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(t.dtype)
+
+
+class Pi05Expert(PrefixFlowExpert):
+    """The action expert of a π0.5 checkpoint as one tenant's action module.
+
+    Args:
+        config: The tenant's expert settings.
+        pi05: The resident π0.5 checkpoint (sizes, settings and pretrained weights).
+        hidden_size, state_dim, action_dim, action_chunk: The backbone width and the
+            tenant schema's dims.
+
+    Raises:
+        SpecError: the schema is wider or longer than the checkpoint allows.
+    """
+
+    def __init__(
+        self,
+        config: Pi05ExpertConfig,
+        *,
+        pi05: Pi05Checkpoint,
+        hidden_size: int,
+        state_dim: int,
+        action_dim: int,
+        action_chunk: int,
+    ):
+        super().__init__(
+            hidden_size=hidden_size,
+            state_dim=state_dim,
+            action_dim=action_dim,
+            action_chunk=action_chunk,
+        )
+        pi05.check_dims(
+            "tenant", state_dim=state_dim, action_dim=action_dim, action_chunk=action_chunk
+        )
+        self.expert_config = config
+        self.chunk_size = pi05.chunk_size
+        self.max_action_dim = pi05.max_action_dim
+        self.max_state_dim = pi05.max_state_dim
+        self.num_inference_steps = config.num_inference_steps or pi05.num_inference_steps
+        self._beta_alpha = pi05.setting("time_sampling_beta_alpha", 1.5)
+        self._time_scale = pi05.setting("time_sampling_scale", 0.999)
+        self._time_offset = pi05.setting("time_sampling_offset", 0.001)
+        self._min_period = pi05.setting("min_period", 4e-3)
+        self._max_period = pi05.setting("max_period", 4.0)
+        sizes = pi05.expert_sizes
+        width = sizes.width
+        expert_config = sizes.hf_config()
+        gemma_expert: Any = _hf_pi05().PI05ActionExpertModel(expert_config)
+        # lerobot's denoising step runs eager attention with an explicit additive mask.
+        gemma_expert.config._attn_implementation = "eager"
+        self.gemma_expert = gemma_expert
+        self.action_in_proj = nn.Linear(self.max_action_dim, width)
+        self.action_out_proj = nn.Linear(width, self.max_action_dim)
+        self.time_mlp_in = nn.Linear(width, width)
+        self.time_mlp_out = nn.Linear(width, width)
+        if config.init == "pretrained":
+            self.load_state_dict(pi05.expert_state, strict=False)
+            missing = set(self.state_dict()) - set(pi05.expert_state)
+            if missing:
+                raise ValueError(f"π0.5 checkpoint lacks expert tensors {sorted(missing)[:4]}")
+
+    def expert_state(self) -> dict[str, torch.Tensor]:
+        """The expert's tensors under the names :class:`Pi05Checkpoint` gives them."""
+        return dict(self.state_dict())
+
+    def time_condition(self, t: torch.Tensor) -> torch.Tensor:
+        """What modulates every norm: ``silu(time_mlp_out(silu(time_mlp_in(emb(t)))))``."""
+        emb = time_embedding(t, self.action_in_proj.out_features, self._min_period, self._max_period)
+        emb = emb.to(self.time_mlp_in.weight.dtype)
+        return F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(emb))))
+
+    def velocity(
+        self,
+        features: BackboneOutput,
+        padded_state: torch.Tensor,
+        x: torch.Tensor,
+        t: torch.Tensor,
+    ) -> torch.Tensor:
+        """The expert's velocity ``[B, chunk_size, max_action_dim]`` at ``x`` and ``t``
+        (``padded_state`` is unused: π0.5's state is in the prefix's prompt)."""
+        if features.prefix_kv is None:
+            raise ValueError(
+                "pi05_expert needs the π0.5 prefix KV cache (BackboneOutput.prefix_kv); "
+                "the base model did not produce one"
+            )
+        cache_utils = importlib.import_module("transformers.cache_utils")
+        # A fresh cache per call: the expert's layers append their keys and values.
+        cache = cache_utils.DynamicCache(ddp_cache_data=list(features.prefix_kv))
+        ref = self.action_in_proj.weight
+        actions = self.action_in_proj(x.to(ref.dtype))
+        condition = self.time_condition(t.float())
+        prefix = features.attention_mask.bool()
+        rows, chunk = int(actions.shape[0]), int(actions.shape[1])
+        seen = torch.cat([prefix, prefix.new_ones((rows, chunk))], dim=1)
+        mask = torch.zeros((rows, 1, chunk, seen.shape[1]), dtype=ref.dtype, device=ref.device)
+        mask = mask.masked_fill(~seen[:, None, None, :], MASKED)
+        offsets = prefix.long().sum(dim=1, keepdim=True)
+        positions = offsets + torch.arange(chunk, device=ref.device)[None, :]
+        out = self.gemma_expert(
+            inputs_embeds=actions,
+            timestep_embeds=condition,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+        )
+        hidden = out.last_hidden_state[:, -self.chunk_size :]
+        velocity: torch.Tensor = self.action_out_proj(hidden.to(ref.dtype))
+        return velocity
+
+
+def build_pi05_expert(
+    config: Pi05ExpertConfig, hidden_size: int, schema: DataSchema, base: object
+) -> PolicyHead:
+    """A tenant's expert from the resident π0.5 checkpoint (its expert for ``init:
+    pretrained``).
+
+    Raises:
+        SpecError: no π0.5 base model, or a schema that does not fit its checkpoint.
+    """
+    return Pi05Expert(
+        config,
+        pi05=pi05_checkpoint_of(base, what=PI05_EXPERT_NEEDS),
+        hidden_size=hidden_size,
+        state_dim=schema.state_dim,
+        action_dim=schema.action_dim,
+        action_chunk=schema.action_chunk,
+    )
