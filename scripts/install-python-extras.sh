@@ -72,33 +72,40 @@ sys.exit(m.version('openpi-client') != '${OPENPI_CLIENT_VERSION}')" 2>/dev/null;
   fi
 fi
 
-# The LeRobot venv. lerobot pins torch < 2.11 and transformers < 5, so it cannot share the
-# project venv; it gets a side venv, `.venv-lerobot`, in which `joynexus models make-tiny`
-# builds LeRobot checkpoints with the real policy classes and the interop tests load what
-# JoyNexus exports. lerobot itself goes in without its declared dependencies (they pull a
-# CUDA torch, robot drivers, trackers); what its smolvla / pi0 / pi05 policy and processor
-# modules import is listed here, at releases that agree with transformers 4.x's
-# huggingface_hub. The registry's torchvision is a CUDA build whose ops library does not
-# load on the CPU torch; the side-venv scripts account for that (joynexus.interop).
+# The LeRobot venv. lerobot 0.4.4 (the newest for Python 3.11) pins transformers < 5, so it
+# cannot share the project venv; it gets a side venv, `.venv-lerobot`, in which `joynexus
+# models make-tiny` builds LeRobot checkpoints with the real policy classes and the interop
+# tests load what JoyNexus exports. Today's lerobot (0.6.1, Python >= 3.12) is the
+# reference environment of scripts/install-lerobot-reference.sh. lerobot itself goes in
+# without its declared dependencies (they pull robot drivers, trackers); what its smolvla /
+# pi0 / pi05 policy and processor modules import is listed here, at releases that agree
+# with transformers 4.x's huggingface_hub. torch and torchvision are one matching pair:
+# lerobot imports torchvision at module level, and a torchvision built for another torch
+# fails that import ("operator torchvision::nms does not exist"). The registry has no CPU
+# torchvision for x86_64, so the pair is the registry's (CUDA) build, which runs on the CPU.
 LEROBOT_VERSION=0.4.4
+LEROBOT_TORCH=("torch==2.14.1" "torchvision==0.29.1")
 LEROBOT_SIDE="${JOYNEXUS_LEROBOT_VENV:-$ROOT/.venv-lerobot}"
 LEROBOT_PYTHON="${JOYNEXUS_LEROBOT_BASE_PYTHON:-$PY}"
 drop_dangling_link "$LEROBOT_SIDE"
 if ! "$LEROBOT_SIDE/bin/python" -c "import importlib.metadata as m, sys
+from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy
 sys.exit(m.version('lerobot') != '${LEROBOT_VERSION}')" 2>/dev/null; then
   echo "building the LeRobot venv ${LEROBOT_SIDE} (lerobot ${LEROBOT_VERSION})"
   # Not fatal for the rest of the install: without it the LeRobot interop tests fail
   # and say why, and `joynexus models make-tiny` refuses to start.
   if ! ( "$LEROBOT_PYTHON" -m venv --clear "$LEROBOT_SIDE" \
       && "$LEROBOT_SIDE/bin/python" -m pip install --quiet --upgrade pip \
-      && "$LEROBOT_SIDE/bin/python" -m pip install --quiet "torch==2.13.0" \
+      && "$LEROBOT_SIDE/bin/python" -m pip install --quiet "${LEROBOT_TORCH[@]}" \
         "transformers>=4.53,<5" "huggingface_hub<0.37" \
       && "$LEROBOT_SIDE/bin/python" -m pip install --quiet --no-deps \
-        "lerobot==${LEROBOT_VERSION}" "torchvision==0.28.0" "draccus==0.10.0" mergedeep \
+        "lerobot==${LEROBOT_VERSION}" "draccus==0.10.0" mergedeep \
         typing_inspect mypy_extensions "datasets==4.1.1" "dill<0.4.1" xxhash multiprocess \
         pandas python-dateutil pytz tzdata pyarrow pillow "accelerate<2" "imageio<3" \
         "diffusers==0.35.2" "pyserial<4" deepdiff orderly_set cachebox av "einops<0.9" \
-        num2words docopt "gymnasium<2" ); then
+        num2words docopt "gymnasium<2" \
+      && "$LEROBOT_SIDE/bin/python" -c \
+        "from lerobot.policies.smolvla.modeling_smolvla import SmolVLAPolicy" ); then
     echo "install-python-extras: could not build the LeRobot venv ${LEROBOT_SIDE}" >&2
   fi
 fi

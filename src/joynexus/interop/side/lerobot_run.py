@@ -1,7 +1,9 @@
-"""Runs INSIDE the LeRobot side venv (``.venv-lerobot``), never in the project venv.
+"""Runs INSIDE a LeRobot environment, never in the project venv: the side venv
+``.venv-lerobot`` (lerobot 0.4.4) or the reference environment (lerobot 0.6.1,
+:mod:`joynexus.interop.reference`).
 
-``lerobot`` pins torch < 2.11 and transformers < 5, so the project cannot import it; this
-script is what JoyNexus runs with the side venv's python (see
+``lerobot`` pins releases the project venv does not have (and 0.6.1 needs Python 3.12+);
+this script is what JoyNexus runs with those environments' python (see
 :mod:`joynexus.interop.lerobot`) to use the real ``lerobot`` classes:
 
 * ``make-tiny``: a randomly initialised LeRobot policy of a real family built by its own
@@ -21,7 +23,6 @@ the side venv; ``joynexus.models.tiny`` is loaded from its file).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib
 import importlib.util
 import json
@@ -35,22 +36,6 @@ import torch
 #: only come in the 300M / 2B Gemma variants in lerobot 0.4.4).
 TINY_FAMILIES = ("smolvla",)
 VLM_DIR = "vlm"
-
-
-def _allow_cpu_torchvision() -> None:
-    """Let the registry's torchvision (a CUDA build) import on the CPU torch.
-
-    lerobot imports torchvision at module level (dataset transforms) though the policy
-    code never calls its ops. The CUDA build's ops library cannot load here, and
-    torchvision's import then fails registering fake kernels for two of those ops; their
-    schemas declared up front, the import goes through and the ops stay unavailable.
-    """
-    for op in ("nms", "qnms"):
-        # RuntimeError: already defined (a torchvision whose ops library loads).
-        with contextlib.suppress(RuntimeError):
-            torch.library.define(
-                f"torchvision::{op}", "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"
-            )
 
 
 def _tiny_module() -> Any:
@@ -128,12 +113,27 @@ def make_tiny(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     policy = modeling.SmolVLAPolicy(config)
     policy.eval()
+    if args.flat_vision_positions:
+        _flatten_vision_positions(policy)
     stats = _stats(args.state_dim, args.action_dim, args.seed)
     pre, post = processors.make_smolvla_pre_post_processors(config, dataset_stats=stats)
     policy.save_pretrained(out)
     pre.save_pretrained(out)
     post.save_pretrained(out)
     return {"out": str(out), "family": args.family, "files": sorted(p.name for p in out.iterdir())}
+
+
+def _flatten_vision_positions(policy: Any) -> None:
+    """Give every patch position of the VLM's vision tower the same embedding.
+
+    transformers 4 and 5 bucket SmolVLM's patch positions one bucket apart (see
+    ``joynexus.models.archs.smolvlm.smolvla``): with equal position embeddings the two
+    rules compute the same, so a comparison across them checks everything else.
+    """
+    for name, param in policy.named_parameters():
+        if name.endswith("vision_model.embeddings.position_embedding.weight"):
+            with torch.no_grad():
+                param.copy_(param[:1].expand_as(param))
 
 
 def predict(args: argparse.Namespace) -> dict[str, Any]:
@@ -173,7 +173,8 @@ def probe(args: argparse.Namespace) -> dict[str, Any]:
         importlib.import_module(f"lerobot.policies.{family}.processor_{family}")
     importlib.import_module("lerobot.policies.factory")
     metadata = importlib.import_module("importlib.metadata")
-    return {p: metadata.version(p) for p in ("lerobot", "torch", "transformers")}
+    versions = {p: metadata.version(p) for p in ("lerobot", "torch", "transformers")}
+    return {**versions, "python": ".".join(str(v) for v in sys.version_info[:3])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,6 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--chunk-size", type=int, default=4)
     tiny.add_argument("--num-steps", type=int, default=3)
     tiny.add_argument("--camera", action="append")
+    tiny.add_argument(
+        "--flat-vision-positions",
+        action="store_true",
+        help="one embedding for every vision patch position (see _flatten_vision_positions)",
+    )
     pred = sub.add_parser("predict")
     pred.add_argument("--policy", required=True)
     pred.add_argument("--obs", required=True, help="safetensors: observation tensors + noise")
@@ -198,7 +204,6 @@ def main(argv: list[str] | None = None) -> int:
     pred.add_argument("--out", required=True)
     pred.add_argument("--select", action="store_true", help="select_action, step by step")
     args = parser.parse_args(argv)
-    _allow_cpu_torchvision()
     commands = {"probe": probe, "make-tiny": make_tiny, "predict": predict}
     result = commands[args.command](args)
     print(json.dumps(result))
