@@ -170,7 +170,10 @@ def _stats(ckpt: LeRobotCheckpoint, key: str, mode: str) -> FeatureNormStats | N
     need = ("q01", "q99") if mode == "QUANTILES" else ("mean", "std")
     if not set(need) <= set(stats):
         return None
-    mean = stats.get("mean", [(lo + hi) / 2 for lo, hi in zip(stats["q01"], stats["q99"])])
+    if "mean" in stats:
+        mean = stats["mean"]
+    else:
+        mean = [(lo + hi) / 2 for lo, hi in zip(stats["q01"], stats["q99"], strict=True)]
     std = stats.get("std", [1.0] * len(mean))
     return FeatureNormStats(
         mean=mean,
@@ -296,9 +299,10 @@ class Pi05Checkpoint:
         )
         # lerobot's prefix runs eager attention with an explicit additive mask.
         config.text_config._attn_implementation = "eager"
-        model: torch.nn.Module = hf().PaliGemmaModel(config)
+        model: Any = hf().PaliGemmaModel(config)
         model.config.text_config._attn_implementation = "eager"
-        return model
+        built: torch.nn.Module = model
+        return built
 
     def _load_tokenizer(self) -> Any:
         name = self.tokenizer_step.name

@@ -46,7 +46,9 @@ def _hf_pi05() -> Any:
     return importlib.import_module("transformers.models.pi05.modeling_pi05")
 
 
-def time_embedding(t: torch.Tensor, width: int, min_period: float, max_period: float) -> torch.Tensor:
+def time_embedding(
+    t: torch.Tensor, width: int, min_period: float, max_period: float
+) -> torch.Tensor:
     """Sine-cosine embedding ``[B, width]`` of times ``t`` ``[B]``, computed in float64
     (periods from ``min_period`` to ``max_period``) and returned in ``t``'s dtype."""
     fraction = torch.linspace(0.0, 1.0, width // 2, dtype=torch.float64, device=t.device)
@@ -120,7 +122,9 @@ class Pi05Expert(PrefixFlowExpert):
 
     def time_condition(self, t: torch.Tensor) -> torch.Tensor:
         """What modulates every norm: ``silu(time_mlp_out(silu(time_mlp_in(emb(t)))))``."""
-        emb = time_embedding(t, self.action_in_proj.out_features, self._min_period, self._max_period)
+        emb = time_embedding(
+            t, self.action_in_proj.out_features, self._min_period, self._max_period
+        )
         emb = emb.to(self.time_mlp_in.weight.dtype)
         return F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(emb))))
 

@@ -1,0 +1,139 @@
+"""π0.5 in: what lerobot 0.6.1 saved, JoyNexus loads and predicts with, the same actions.
+
+Needs the reference environment (``make install`` builds it:
+scripts/install-lerobot-reference.sh); without it these tests FAIL and say why — they
+never skip.
+
+How the model is shrunk (lerobot's π configs accept only ``gemma_300m`` / ``gemma_2b``):
+the side script ``joynexus/interop/side/lerobot_pi.py`` builds lerobot's own
+``PI05Config(paligemma_variant="gemma_300m", action_expert_variant="gemma_300m")``,
+then, inside the reference process only, after the config is constructed, answers
+lerobot's ``get_gemma_config`` with tiny widths and depths (prefix Gemma 64 wide, 2
+layers; expert 32 wide, 2 layers) and gives the PaliGemma config lerobot builds a tiny
+SigLIP tower (32 wide, 1 layer, 8 px patches, projected to 64) just before lerobot's
+``PaliGemmaForConditionalGenerationWithPiGemma`` is made of it. Every class that
+computes is lerobot's, unmodified; the adaptive norms' modulation (zero at lerobot's
+init) is given random weights so the time conditioning shows. The sizes are recorded in
+the folder's ``joynexus.json``, which both sides read. 32 px cameras, chunk 4, 3
+denoising steps, a 48-token prompt, fp32.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from joynexus.errors import SpecError
+from joynexus.interop.reference import reference_problem, run_reference
+from joynexus.models.archs.lerobot_pi import Pi05Prefix
+from joynexus.models.backbone import ResidentBaseModel
+from joynexus.models.batch import ObservationBatch
+from joynexus.models.execution.grouped import GroupedExecutor
+from joynexus.models.policies.pi05_expert import Pi05Expert, Pi05ExpertConfig
+from joynexus.models.schema import CameraSpec, DataSchema
+from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
+from tests.interop.lerobot_helpers import TASKS
+
+SIDE = 32
+CAMERAS = ("top", "wrist")
+TOLERANCE = 1e-4
+
+
+def require_reference() -> None:
+    """The reference environment must run; the test FAILS (never skips) when not."""
+    problem = reference_problem()
+    if problem is not None:
+        pytest.fail(problem)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("pi05")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(work: Path) -> Path:
+    """A tiny π0.5 saved by lerobot 0.6.1 itself (see the module docstring)."""
+    require_reference()
+    out = work / "pi05"
+    args = ["make-tiny", "--family", "pi05", "--out", str(out), "--seed", "3"]
+    for camera in CAMERAS:
+        args += ["--camera", camera]
+    run_reference("lerobot_pi.py", args, binds=[work])
+    return out
+
+
+def schema_of(action_dim: int = 6) -> DataSchema:
+    return DataSchema(
+        name="own",
+        cameras={c: CameraSpec(height=SIDE, width=SIDE) for c in CAMERAS},
+        state_dim=6,
+        action_dim=action_dim,
+        action_chunk=4,
+        fps=10.0,
+        instruction=TASKS[0],
+    )
+
+
+def test_lerobot_061_pi05_actions_are_joynexus_actions(checkpoint: Path, work: Path) -> None:
+    """In: for the same observation and noise, JoyNexus's π0.5 (the shared prefix with
+    the state written into each row's prompt, a tenant's copy of the expert) predicts
+    lerobot 0.6.1's ``select_action`` actions, processors included."""
+    g = torch.Generator().manual_seed(11)
+    pixels = {
+        c: torch.randint(0, 256, (2, SIDE, SIDE, 3), generator=g, dtype=torch.uint8)
+        for c in CAMERAS
+    }
+    state = torch.randn(2, 6, generator=g)
+    obs = {
+        f"observation.images.{c}": (p.permute(0, 3, 1, 2) / 255).contiguous()
+        for c, p in pixels.items()
+    }
+    save_file({**obs, "observation.state": state}, str(work / "obs.safetensors"))
+    (work / "task.json").write_text(json.dumps(TASKS))
+    out = work / "actions.safetensors"
+    args = ["predict", "--policy", str(checkpoint), "--obs", str(work / "obs.safetensors")]
+    args += ["--task", str(work / "task.json"), "--out", str(out), "--seed", "21"]
+    # The checkpoint names its tokenizer relative to its folder: run from there.
+    run_reference("lerobot_pi.py", args, binds=[work], cwd=checkpoint)
+    ref = load_file(str(out))
+    theirs, noise = ref["actions"], ref["noise"]
+
+    base = ResidentBaseModel.from_pretrained(str(checkpoint))
+    schema = schema_of()
+    slot = TenantSlot("t", schema, base, Pi05ExpertConfig(), optimizer=OptimizerConfig(lr=1e-3))
+    norm = base.default_normalization(schema)
+    assert norm is not None and norm.mode == "quantile"
+    model_state = norm.normalize(state.numpy(), "state")
+    batch = ObservationBatch(
+        cameras={c: p.numpy() for c, p in pixels.items()}, state=model_state, instructions=TASKS
+    )
+    executor = GroupedExecutor(base, [slot])
+    feature = base.canonicalize([("t", schema, batch)])
+    resident = base.resident
+    assert isinstance(resident, Pi05Prefix)
+    # The prompts carry each row's state, tokenized as lerobot's processor did.
+    assert torch.equal(feature.model_inputs["input_ids"].cpu(), ref["tokens"])
+    features = executor.shared_forward({"t": batch})["t"]
+    expert = slot.action_module
+    assert isinstance(expert, Pi05Expert)
+    with torch.no_grad():
+        chunk = expert.denoise(features, torch.from_numpy(model_state), noise)
+    mine = torch.from_numpy(norm.unnormalize(chunk[:, :4, :6].numpy(), "action"))
+    assert theirs.shape == mine.shape == (2, 4, 6)
+    difference = (mine - theirs).abs().max().item()
+    print(f"largest action difference, JoyNexus vs lerobot 0.6.1 pi05: {difference:.3g}")
+    assert difference <= TOLERANCE
+    # Not vacuous: the rows (different observations) act differently.
+    assert (theirs[0] - theirs[1]).abs().max() > 1e-3
+
+
+def test_a_schema_wider_than_the_pi05_checkpoint_is_a_spec_error(checkpoint: Path) -> None:
+    base = ResidentBaseModel.from_pretrained(str(checkpoint))
+    config = Pi05ExpertConfig()
+    with pytest.raises(SpecError, match="max_action_dim of 8"):
+        config.check_base(base, schema_of(action_dim=9))
