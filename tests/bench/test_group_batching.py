@@ -40,6 +40,12 @@ def test_smallest_grid_json_shape(model_dir: Path) -> None:
     assert set(bd["action_module_forward_s"]) == {"oft", "flow_matching"}
     assert bd["base_forward_serial_s"] > 0 and bd["base_forward_grouped_s"] > 0
     assert result["config"]["dtype"] == "float32" and result["config"]["threads"] == 1
+    # Memory is read off the process (RSS), beside the parameters' own storage.
+    mem = result["memory"]
+    assert mem["rss_before_load_mb"] > 0 and 0 < mem["rss_after_load_mb"] <= mem["rss_peak_mb"]
+    assert mem["parameter_storage_mb"] == pytest.approx(
+        result["config"]["base_parameters"] * 4 / 2**20
+    )
 
 
 def test_cli_writes_json_and_rejects_bad_lists(model_dir: Path, tmp_path: Path) -> None:

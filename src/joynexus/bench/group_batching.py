@@ -8,12 +8,16 @@ separately, so ``serial_s``/``grouped_s`` isolate the shared forward stage, as F
 does. The breakdown (Figure 11) sets that stage next to the tenant-private action-module
 forward (OFT and flow-matching heads at their default sizes).
 
-Everything runs on a model built locally by :func:`joynexus.models.tiny.make_tiny` and
-loaded through ``from_pretrained``: nothing is downloaded.
+Everything runs on a model built locally by :func:`joynexus.models.tiny.make_tiny` (or,
+``size="real"``, :func:`joynexus.bench.real_models.build_real`: SmolVLA's VLM prefix or a
+Qwen2.5-VL at published widths, random weights) and loaded through ``from_pretrained``:
+nothing is downloaded. Memory is measured: this process's RSS before and after loading
+the backbone and its peak over the forwards (and torch's allocator peak on a GPU).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 import time
@@ -25,6 +29,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from joynexus.bench.memory import PeakRss, rss_mb
 from joynexus.models.archs.smolvlm.resident import SMOLVLA_ARCH, SmolVLAResident
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
@@ -37,6 +42,8 @@ from joynexus.models.tiny import make_tiny
 from joynexus.models.types import BackboneOutput
 
 Group = tuple[str, DataSchema, ObservationBatch]
+#: ``--size real``: :mod:`joynexus.bench.real_models`'s configurations.
+REAL_SIZE = "real"
 
 
 def _sync(device: torch.device) -> None:
@@ -154,16 +161,22 @@ def measure_cell(
     start = time.perf_counter()
     grouped_feature = base.canonicalize(groups)
     canon_grouped = time.perf_counter() - start
-    serial_s = _median_time(
-        lambda: _encode_all(base, serial_features), device, repeats=repeats, warmup=warmup
-    )
-    grouped_s = _median_time(
-        lambda: base.encode(grouped_feature), device, repeats=repeats, warmup=warmup
-    )
+    # The last timed outputs are compared (not a fresh pass of each: at real size on a
+    # CPU one pass takes minutes).
+    last: dict[str, Any] = {}
+
+    def serial() -> None:
+        last["serial"] = _encode_all(base, serial_features)
+
+    def grouped() -> None:
+        last["grouped"] = base.encode(grouped_feature)
+
+    serial_s = _median_time(serial, device, repeats=repeats, warmup=warmup)
+    grouped_s = _median_time(grouped, device, repeats=repeats, warmup=warmup)
     diff = _max_diff(
         grouped_feature,
-        base.encode(grouped_feature),
-        _encode_all(base, serial_features),
+        last["grouped"],
+        last["serial"],
         right_padded=base.extension(SmolVLAResident) is not None,
     )
     return {
@@ -238,8 +251,13 @@ def measure_breakdown(
 
 
 def _build(arch: str, tmp: Path, size: str) -> Path:
-    """The bench's model: a tiny/small VLM, or (``smolvla``) a tiny LeRobot SmolVLA with
-    two cameras, built by the real lerobot in its venv."""
+    """The bench's model: a tiny/small VLM, a real-size one (``size="real"``, built in a
+    child process), or (``smolvla``) a tiny LeRobot SmolVLA with two cameras, built by
+    the real lerobot in its venv."""
+    if size == REAL_SIZE:
+        from joynexus.bench.real_models import build_real_isolated
+
+        return build_real_isolated(arch, tmp / f"real-{arch}")
     if arch == SMOLVLA_ARCH:
         from joynexus.interop.lerobot import make_tiny_lerobot
 
@@ -266,7 +284,8 @@ def run_group_batching(
     """Run the benchmark and return its JSON-ready results.
 
     Args:
-        arch, size: Which tiny/small model to build (``joynexus models make-tiny``).
+        arch, size: Which tiny/small model to build (``joynexus models make-tiny``), or
+            ``size="real"``: ``arch`` ``smolvla`` or ``qwen2_5_vl`` at real size.
         tenants, batches: The grid (Figure 10).
         device: ``cpu`` (fp32) or ``cuda`` (bf16).
         repeats, warmup: Timed and untimed runs per measurement; the median is kept.
@@ -289,14 +308,25 @@ def run_group_batching(
         torch.set_num_threads(threads)
     try:
         with tempfile.TemporaryDirectory(prefix="joynexus-bench-") as tmp:
+            if progress is not None and model_dir is None:
+                progress(f"building the {size} {arch} model")
             path = Path(model_dir) if model_dir is not None else _build(arch, Path(tmp), size)
+            rss_before = rss_mb()
             base = ResidentBaseModel.from_pretrained(str(path), device=device)
+            # Safetensors weights are memory-mapped and paged in on first use: touch them,
+            # so the RSS after loading is the resident backbone and no timed forward
+            # pays the page faults.
+            with torch.no_grad():
+                for p in base.model.parameters():
+                    p.sum()
+            rss_loaded = rss_mb()
             grid = []
-            for t in tenants:
-                for b in batches:
-                    if progress is not None:
-                        progress(f"{t} tenants x batch {b}")
-                    grid.append(measure_cell(base, t, b, repeats=repeats, warmup=warmup))
+            with PeakRss(base.device) as peak:
+                for t in tenants:
+                    for b in batches:
+                        if progress is not None:
+                            progress(f"{t} tenants x batch {b}")
+                        grid.append(measure_cell(base, t, b, repeats=repeats, warmup=warmup))
             result: dict[str, Any] = {
                 "config": {
                     "arch": arch,
@@ -312,7 +342,21 @@ def run_group_batching(
                 "grid": grid,
                 "breakdown": None,
                 "max_abs_diff": max(cell["max_abs_diff"] for cell in grid),
+                "memory": {
+                    "rss_before_load_mb": rss_before,
+                    "rss_after_load_mb": rss_loaded,
+                    "rss_after_forwards_mb": rss_mb(),
+                    "rss_backbone_mb": rss_loaded - rss_before,
+                    "parameter_storage_mb": sum(
+                        p.numel() * p.element_size() for p in base.model.parameters()
+                    )
+                    / 2**20,
+                    **peak.as_dict(),
+                },
             }
+            sidecar = path / "joynexus.json"
+            if size == REAL_SIZE and sidecar.is_file():
+                result["config"]["real"] = json.loads(sidecar.read_text()).get("real")
             if breakdown is not None:
                 if progress is not None:
                     progress(f"breakdown at {breakdown[0]} tenants x batch {breakdown[1]}")
@@ -351,6 +395,13 @@ def print_report(result: dict[str, Any], console: Console) -> None:
     console.print(speed)
     console.print(times)
     console.print(f"max |grouped - serial| feature diff: {result['max_abs_diff']:.2e}")
+    mem = result.get("memory")
+    if mem:
+        console.print(
+            f"memory (RSS): backbone loaded +{mem['rss_backbone_mb']:.0f} MiB "
+            f"({mem['parameter_storage_mb']:.0f} MiB of parameters), peak over the forwards "
+            f"{mem['rss_peak_mb']:.0f} MiB"
+        )
     bd = result.get("breakdown")
     if bd:
         t2 = Table(title=f"Forward breakdown at {bd['tenants']} tenants x batch {bd['batch']}")

@@ -169,20 +169,25 @@ def stop_servers(servers: Sequence[Server]) -> None:
 
 @contextmanager
 def running_servers(
-    root: Path, names: Sequence[str], model: str, threads: int, extra_args: Sequence[str] = ()
+    root: Path,
+    names: Sequence[str],
+    model: str,
+    threads: int,
+    extra_args: Sequence[str] = (),
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> Iterator[list[Server]]:
     started: list[Server] = []
     try:
         for name in names:
             started.append(start_server(root / name, model, threads, extra_args))
-        wait_ready(started)
+        wait_ready(started, start_timeout_s)
         yield started
     finally:
         stop_servers(started)
 
 
-def wait_ready(servers: Sequence[Server]) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
+def wait_ready(servers: Sequence[Server], timeout_s: float = START_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
     pending = list(servers)
     while pending:
         for s in list(pending):
@@ -192,7 +197,7 @@ def wait_ready(servers: Sequence[Server]) -> None:
                 if httpx.get(f"{s.url}/healthz", timeout=2).status_code == 200:
                     pending.remove(s)
         if pending and time.monotonic() > deadline:
-            raise TimeoutError(f"{len(pending)} server(s) not ready after {START_TIMEOUT_S:g} s")
+            raise TimeoutError(f"{len(pending)} server(s) not ready after {timeout_s:g} s")
         if pending:
             time.sleep(0.2)
 

@@ -66,6 +66,9 @@ REAL_SIZE = "real"
 #: The baseline's memory budget at real size (one copy is 1.5-2 GB): what fits a
 #: shared CPU box beside the bench and the other processes.
 REAL_MEMORY_BUDGET_MB = 7000.0
+#: At real size: a request's and a server start's time limit (a batch of real-size
+#: forwards takes minutes on a loaded CPU).
+REAL_TIMEOUT_S = 1800.0
 
 
 def _custom_spec(tenant: str, model: str) -> dict[str, Any]:
@@ -85,13 +88,13 @@ def _open_tenant(server: Server, tenant: str, model: str | None) -> str:
     from joynexus.client import Client
 
     admin = (server.run_dir / "admin.key").read_text().strip()
-    with Client(server.url, admin, timeout=60) as c:
+    with Client(server.url, admin, timeout=300) as c:
         key = str(c.create_tenant(tenant)["api_key"])
     if model is None:
         return key
-    with Client(server.url, key, timeout=60) as c:
+    with Client(server.url, key, timeout=300) as c:
         st = c.submit(_custom_spec(tenant, model))
-        st = c.wait(st.workload_id, states=["running"], timeout_s=120, poll_s=0.1)
+        st = c.wait(st.workload_id, states=["running"], timeout_s=600, poll_s=0.1)
         if st.state.value != "running":
             raise RuntimeError(f"tenant {tenant}: workload {st.state.value}: {st.error}")
     return key
@@ -127,6 +130,7 @@ async def _drive(
     duration_s: float,
     requests: int | None,
     on_start: Callable[[], None] = lambda: None,
+    timeout_s: float = 120.0,
 ) -> float:
     """Closed-loop clients (``clients`` per tenant) until the deadline; elapsed seconds.
 
@@ -135,7 +139,7 @@ async def _drive(
     https = {
         t.url: httpx.AsyncClient(
             base_url=t.url,
-            timeout=120,
+            timeout=timeout_s,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
         )
         for t in targets
@@ -262,6 +266,7 @@ def _side(
     duration_s: float,
     requests: int | None,
     alone: bool = True,
+    timeout_s: float = 120.0,
 ) -> dict[str, Any]:
     """One deployment under the closed-loop load: its figures; with ``alone``, also the
     stages of requests that have the server to themselves (:func:`_alone`)."""
@@ -273,7 +278,7 @@ def _side(
             time.sleep(0.2)  # the warm-up's events delivered first
             before.update(_scrape(servers))
 
-        elapsed = asyncio.run(_drive(targets, clients, duration_s, requests, mark))
+        elapsed = asyncio.run(_drive(targets, clients, duration_s, requests, mark, timeout_s))
     time.sleep(0.2)  # the Metrics Service delivers its events asynchronously
     after = _scrape(servers)
     pss = sum(s.pss() for s in servers)
@@ -434,9 +439,9 @@ def _pair(
     for n in fronts:
         say(f"ours ({canonicalizer}, {n} front procs): one server, {tenants} tenants")
         ours_args = [*args, "--front-procs", str(n)]
-        with running_servers(root / f"ours-f{n}", ["server"], model, ours_threads, ours_args) as (
-            server,
-        ):
+        with running_servers(
+            root / f"ours-f{n}", ["server"], model, ours_threads, ours_args, load["timeout_s"]
+        ) as (server,):
             targets = [_Target(t, server.url, _open_tenant(server, t, model)) for t in names]
             say(f"ours: {tenants}x{load['clients']} clients for {load['duration_s']:g} s")
             ours_runs[n] = {"front_procs": n, **_side("ours", [server], targets, **load)}
@@ -445,7 +450,9 @@ def _pair(
     measured = names[:fit]
     say(f"baseline ({canonicalizer}): {fit} of {tenants} single-policy servers")
     base_args = [*args, "--front-procs", "0"]
-    with running_servers(root / "baseline", measured, model, threads, base_args) as servers:
+    with running_servers(
+        root / "baseline", measured, model, threads, base_args, load["timeout_s"]
+    ) as servers:
         targets = [
             _Target(t, s.url, _open_tenant(s, t, model))
             for t, s in zip(measured, servers, strict=True)
@@ -532,7 +539,14 @@ def _run(
 ) -> dict[str, Any]:
     names = [f"t{i}" for i in range(tenants)]
     load_1m = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    load = {"clients": clients_per_tenant, "duration_s": duration_s, "requests": requests}
+    # At real size one request takes seconds on a CPU: no requests-alone pass after it.
+    load = {
+        "clients": clients_per_tenant,
+        "duration_s": duration_s,
+        "requests": requests,
+        "alone": size != REAL_SIZE,
+        "timeout_s": REAL_TIMEOUT_S if size == REAL_SIZE else 120.0,
+    }
     runs: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="joynexus-bench-serving-") as tmp:
         root = Path(tmp)

@@ -131,7 +131,7 @@ def _print_run(result: dict[str, Any], console: Console) -> None:
         "overhead (decode + admission + canonicalize + encode)",
         *(f"{result[side]['stages']['overhead_ms']:.2f}" for side in ("ours", "baseline")),
     )
-    if all("alone" in result[side] for side in ("ours", "baseline")):
+    if all(result[side].get("alone") for side in ("ours", "baseline")):
         breakdown.add_row(
             f"overhead of a request alone ({result['ours']['alone']['requests']} one at a "
             "time, after the load)",

@@ -79,6 +79,9 @@ def _point(
         pss_after_mb=r["pss_after_mb"],
         mean_batch_rows=r["stages"]["mean_batch_rows"],
         mean_batch_tenants=r["stages"]["mean_batch_tenants"],
+        # Where a request's time went (the server's own stage meters): which stage
+        # grows with the tenants.
+        stages=r["stages"],
     )
     return out
 
