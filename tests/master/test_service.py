@@ -109,3 +109,13 @@ def test_lifecycle_sft_then_eval_of_the_same_policy(
                 master.status("bob", est.workload_id)
 
     asyncio.run(main())
+
+
+def test_the_master_repeats_none_of_its_model_primitives() -> None:
+    """One predict surface: callers use ``master.primitives``; no Master delegate."""
+    from joynexus.master.primitives import ModelPrimitives
+    from joynexus.master.service import MasterService
+
+    calls = {n for n in vars(ModelPrimitives) if not n.startswith("_")}
+    assert {"predict", "train_batch", "rollout", "require_slot"} <= calls
+    assert calls.isdisjoint(vars(MasterService)), calls & set(vars(MasterService))

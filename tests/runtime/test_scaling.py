@@ -4,6 +4,7 @@ serialization and rollback, the autoscaling policy."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -266,3 +267,17 @@ def test_autoscaler_follows_inference_pressure_and_is_off_by_default(
         await pool.stop()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("name", ["predict", "rollout", "evaluate"])
+def test_the_pools_dispatched_calls_are_the_protocols_and_the_engines_signature(
+    name: str,
+) -> None:
+    """Written once: the pool derives its calls from the protocol, which must be the
+    engine's own signature (a change to one that the other lacks fails here)."""
+    from joynexus.services.protocols import InferenceModelServiceAPI
+
+    protocol = inspect.signature(getattr(InferenceModelServiceAPI, name))
+    assert inspect.signature(getattr(EnginePool, name)) == protocol
+    assert inspect.signature(getattr(InferenceModelService, name)) == protocol
+    assert inspect.iscoroutinefunction(getattr(EnginePool, name))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -80,7 +81,10 @@ def _on_engine(
             result: R = await getattr(m.handle.engine, name)(*args, **kwargs)
             return result
 
-    on_engine.__name__ = on_engine.__qualname__ = name
+    # __wrapped__: help() and inspect.signature show the protocol's parameters.
+    functools.update_wrapper(on_engine, method, assigned=(), updated=())
+    on_engine.__name__ = name
+    on_engine.__qualname__ = f"EnginePool.{name}"
     on_engine.__doc__ = method.__doc__ or f"``{name}`` on the engine the pool dispatches to."
     return on_engine
 
