@@ -69,6 +69,9 @@ def lerobot_actions(
             "--out",
             str(out),
             *(["--select"] if select else []),
-        ]
+        ],
+        # An export names its VLM folder relative to itself ("vlm"): lerobot resolves
+        # it against the working folder.
+        cwd=policy,
     )
     return load_file(str(out))["actions"]

@@ -36,8 +36,9 @@ SIDE_SCRIPT = Path(__file__).with_name("side") / "lerobot_run.py"
 FAMILIES = ("smolvla", "pi0", "pi05")
 #: The families ``make-tiny`` builds through the real classes (see side.lerobot_run).
 TINY_FAMILIES = ("smolvla",)
-#: The families hosted as the resident prefix (models.policies.smolvla_expert).
-HOSTED_FAMILIES = ("smolvla",)
+#: The families hosted as the resident prefix (models.policies.smolvla_expert,
+#: models.policies.pi05_expert).
+HOSTED_FAMILIES = ("smolvla", "pi05")
 #: ``base_model: {id: tiny:smolvla}``: the tiny SmolVLA make-tiny writes by default.
 TINY_LEROBOT = "smolvla"
 TINY_ID = "tiny:" + TINY_LEROBOT
@@ -285,8 +286,11 @@ def lerobot_python() -> Path:
     return side_python(LEROBOT_VENV, LEROBOT_VENV_ENV)
 
 
-def run_lerobot_side(args: list[str], *, timeout: float = 600.0) -> dict[str, Any]:
-    """Run :mod:`joynexus.interop.side.lerobot_run` with ``args`` in the LeRobot venv.
+def run_lerobot_side(
+    args: list[str], *, timeout: float = 600.0, cwd: str | Path | None = None
+) -> dict[str, Any]:
+    """Run :mod:`joynexus.interop.side.lerobot_run` with ``args`` in the LeRobot venv
+    (in folder ``cwd``: an exported policy names its own VLM folder relative to it).
 
     Returns:
         The JSON object the script prints last.
@@ -309,6 +313,7 @@ def run_lerobot_side(args: list[str], *, timeout: float = 600.0) -> dict[str, An
         text=True,
         timeout=timeout,
         check=False,
+        cwd=cwd,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
     )
     if proc.returncode != 0:
