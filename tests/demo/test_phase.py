@@ -5,11 +5,17 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from joynexus.control.job import JobState
 from joynexus.demo.mixture import build_mixture
-from joynexus.demo.phase import PhaseTrace, run_phase
+from joynexus.demo.phase import PhaseTrace, run_phase, shortfall
+from joynexus.errors import EnvironmentServiceError, InternalError
 from joynexus.master.service import CANCELLED_REASON, RESTARTED_REASON, ROLE_RESTARTED_REASON
+from joynexus.runtime.hosting import RuntimeConfig
+from joynexus.services.environment import EnvironmentServiceConfig
 from joynexus.spec.workload import WorkloadSpec
+from joynexus.workflows.summary import RunSummary, TenantSummary
 
 NOT_FAULT = (CANCELLED_REASON, RESTARTED_REASON, ROLE_RESTARTED_REASON)
 
@@ -63,3 +69,35 @@ def test_phase_closes_fill_admission_and_reruns_fresh(tmp_path: Path) -> None:
         ended = [j for j in jobs if j.state is JobState.FAILED and j.terminal_reason in NOT_FAULT]
         assert len(jobs) == s.jobs_completed + s.jobs_dropped + s.jobs_failed + len(ended)
     assert second.usage.started_at >= first.usage.generated_at  # usage.json not resumed
+
+
+def test_a_phase_whose_simulators_do_not_start_says_which_and_what_to_try(
+    tmp_path: Path,
+) -> None:
+    """Regression: on a heavily loaded machine the paper's simulators did not start in
+    the time allowed, and ``joynexus demo`` ended in a traceback saying "completed
+    updates {...} fall short of {'rl-libero': 0, ...}"."""
+    rl, _ = _specs(tmp_path)
+    run_dir = tmp_path / "phase"
+    (run_dir / "models").mkdir(parents=True)
+    config = RuntimeConfig(env=EnvironmentServiceConfig(start_timeout_s=0.001))
+    with pytest.raises(EnvironmentServiceError) as info:
+        asyncio.run(run_phase("multi-tenant", [rl], run_dir, config=config))
+    message = str(info.value)
+    assert message.startswith("phase multi-tenant ended without its matched work")
+    assert f"{rl.tenant} failed: " in message and "did not answer start" in message
+    assert "--envs fast" in message
+
+
+def test_a_shortfall_without_a_failure_names_the_tenants_that_fell_short(tmp_path: Path) -> None:
+    summary = RunSummary(
+        run_dir=str(tmp_path),
+        wall_s=1.0,
+        tenants={"rl-a": TenantSummary(task="rl", state="completed", jobs_completed=1)},
+    )
+    error = shortfall("isolated:rl-a", summary, {"rl-a": 2})
+    assert isinstance(error, InternalError)
+    assert str(error) == (
+        "phase isolated:rl-a ended without its matched work, nothing to compare: "
+        "rl-a completed 1 of 2 updates"
+    )

@@ -24,6 +24,7 @@ from typing import Any
 
 from joynexus.api import UsageReport
 from joynexus.control.job import JobState, TaskType
+from joynexus.errors import EnvironmentServiceError, InternalError, JoyNexusError
 from joynexus.master.run import LocalRun, record_missing_datasets, wipe_run_state
 from joynexus.metrics.events import MetricEvent
 from joynexus.runtime.hosting import RuntimeConfig
@@ -37,6 +38,7 @@ __all__ = [
     "JobRecord",
     "PhaseTrace",
     "run_phase",
+    "shortfall",
     "window_busy_seconds",
     "window_union_seconds",
 ]
@@ -191,6 +193,36 @@ def _window_end(jobs: Sequence[JobRecord], matched: Mapping[str, int]) -> float 
     return max(ends) if ends else None
 
 
+def shortfall(name: str, summary: RunSummary, matched: Mapping[str, int]) -> JoyNexusError:
+    """The error of a phase that ended without its matched work: which tenants failed
+    and why (their workloads' errors), or which fell short, and what to try.
+
+    A failed simulator makes it an :class:`EnvironmentServiceError`; anything else an
+    :class:`InternalError` (the phase's loops ended early with no reason given).
+    """
+    failed = {t: s.errors for t, s in summary.tenants.items() if s.state == "failed"}
+    short = {
+        t: f"{summary.tenants[t].jobs_completed if t in summary.tenants else 0} of {n}"
+        for t, n in matched.items()
+        if n > 0 and (summary.tenants[t].jobs_completed if t in summary.tenants else 0) < n
+    }
+    parts = [f"{t} failed: {'; '.join(errs) or 'no reason given'}" for t, errs in failed.items()]
+    parts += [f"{t} completed {what} updates" for t, what in short.items() if t not in failed]
+    what = "; ".join(parts) or "no training tenant completed an update"
+    message = f"phase {name} ended without its matched work, nothing to compare: {what}"
+    text = " ".join(" ".join(errs) for errs in failed.values())
+    if "simulator" in text:
+        if "did not answer" in text:
+            # Seen on a 2-core machine under a load of 12 to 20: the paper's simulators
+            # took longer than the Environment Service allows to start.
+            message += (
+                ". The simulators answered too slowly, as on a heavily loaded machine: "
+                "rerun when it is quieter, or with the faster simulators (--envs fast)"
+            )
+        return EnvironmentServiceError(message, phase=name, failed=failed, short=short)
+    return InternalError(message, phase=name, failed=failed, short=short)
+
+
 def _loops_started(run: LocalRun) -> float | None:
     """Wall-clock time of the first ``running`` lifecycle record of the run's workloads
     (written by the Master when a workload's producer or evaluator starts)."""
@@ -234,7 +266,8 @@ async def run_phase(
 
     Raises:
         SpecError / DatasetError: a bad spec, before anything starts.
-        RuntimeError: the run completed fewer updates than ``matched`` asks for.
+        EnvironmentServiceError / InternalError: the run ended without the updates
+            ``matched`` asks for (see :func:`shortfall`).
     """
     compiled = compile_workloads(list(specs))
     fill = set(fill_tenants)
@@ -323,8 +356,7 @@ async def run_phase(
                 and j.finished_at <= end
             )
     if end is None:
-        got = {t: s.jobs_completed for t, s in summary.tenants.items()}
-        raise RuntimeError(f"phase {name}: completed updates {got} fall short of {dict(matched)}")
+        raise shortfall(name, summary, matched)
     if loops_started is not None:
         start = loops_started
     elif started:
