@@ -18,6 +18,7 @@ the backbone and its peak over the forwards (and torch's allocator peak on a GPU
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -312,6 +313,7 @@ def run_group_batching(
                 progress(f"building the {size} {arch} model")
             path = Path(model_dir) if model_dir is not None else _build(arch, Path(tmp), size)
             rss_before = rss_mb()
+            load_start = os.getloadavg()[0]
             base = ResidentBaseModel.from_pretrained(str(path), device=device)
             # Safetensors weights are memory-mapped and paged in on first use: touch them,
             # so the RSS after loading is the resident backbone and no timed forward
@@ -338,6 +340,10 @@ def run_group_batching(
                     "warmup": warmup,
                     "base_parameters": sum(p.numel() for p in base.model.parameters()),
                     "canonical_image_size": base.canonical_image_size,
+                    # How busy the machine was (other processes' load skews the timings).
+                    "cpu_count": os.cpu_count(),
+                    "load_avg_1m_at_start": load_start,
+                    "load_avg_1m_at_end": os.getloadavg()[0],
                 },
                 "grid": grid,
                 "breakdown": None,
@@ -395,6 +401,11 @@ def print_report(result: dict[str, Any], console: Console) -> None:
     console.print(speed)
     console.print(times)
     console.print(f"max |grouped - serial| feature diff: {result['max_abs_diff']:.2e}")
+    if cfg.get("load_avg_1m_at_start") is not None:
+        console.print(
+            f"load average {cfg['load_avg_1m_at_start']:.2f} at start, "
+            f"{cfg['load_avg_1m_at_end']:.2f} at end, {cfg['cpu_count']} CPUs"
+        )
     mem = result.get("memory")
     if mem:
         console.print(
