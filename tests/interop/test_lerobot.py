@@ -167,8 +167,8 @@ def test_hub_ids_are_checked_by_the_family_they_name() -> None:
     assert hub_family("HuggingFaceTB/SmolVLM2-500M-Video-Instruct") is None
     with pytest.raises(SpecError, match="LeRobot 'diffusion' policy; JoyNexus hosts"):
         check_lerobot_base("lerobot/diffusion_pusht", FITS)
-    with pytest.raises(SpecError, match="hosts only \\['smolvla'\\]"):
-        check_lerobot_base("lerobot/pi05_base", FITS)
+    with pytest.raises(SpecError, match="hosts only \\['smolvla', 'pi05'\\]"):
+        check_lerobot_base("lerobot/pi0_base", FITS)
     # A hosted family by hub id passes the offline check (its dims are checked on load).
     assert check_lerobot_base("lerobot/smolvla_base", FITS) is None
     # Not a LeRobot policy: nothing to check here.
@@ -209,6 +209,6 @@ def test_the_backbones_page_offers_no_lerobot_id_the_code_refuses() -> None:
     assert offered, "the section names no LeRobot id"
     for model_id in sorted(offered):
         check_lerobot_base(model_id, None)  # raises SpecError for one the code refuses
-    with pytest.raises(SpecError, match="hosts only \\['smolvla'\\]"):
+    with pytest.raises(SpecError, match="hosts only \\['smolvla', 'pi05'\\]"):
         check_lerobot_base("lerobot/pi0_base", None)
     assert "`lerobot/pi0_base`" in section and "refused today" in section

@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from joynexus.errors import SpecError
-from joynexus.interop.reference import reference_problem, run_reference
+from joynexus.interop.reference import run_reference
 from joynexus.models.archs.lerobot_pi import Pi05Prefix
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
@@ -37,17 +37,10 @@ from joynexus.models.policies.pi05_expert import Pi05Expert, Pi05ExpertConfig
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from tests.interop.lerobot_helpers import TASKS
+from tests.interop.lerobot_pi_helpers import CAMERAS, tiny_pi05
 
 SIDE = 32
-CAMERAS = ("top", "wrist")
 TOLERANCE = 1e-4
-
-
-def require_reference() -> None:
-    """The reference environment must run; the test FAILS (never skips) when not."""
-    problem = reference_problem()
-    if problem is not None:
-        pytest.fail(problem)
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +51,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def checkpoint(work: Path) -> Path:
     """A tiny π0.5 saved by lerobot 0.6.1 itself (see the module docstring)."""
-    require_reference()
-    out = work / "pi05"
-    args = ["make-tiny", "--family", "pi05", "--out", str(out), "--seed", "3"]
-    for camera in CAMERAS:
-        args += ["--camera", camera]
-    run_reference("lerobot_pi.py", args, binds=[work])
-    return out
+    return tiny_pi05(work / "pi05")
 
 
 def schema_of(action_dim: int = 6) -> DataSchema:

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 
 from joynexus.errors import InvalidRequestError
+from joynexus.interop.lerobot import hub_family
 from joynexus.models.archs.base import LoadRequest, Resident, ResidentArch
 from joynexus.models.archs.lerobot_pi.checkpoint import PI05_TYPE, Pi05Checkpoint, pi05_prompt
 from joynexus.models.canon.canonicalize import BatchEncoder
@@ -133,7 +134,15 @@ class LeRobotPi05(ResidentArch):
 
     def claims(self, model_id: str, *, local_only: bool) -> str | None:
         path = Path(model_id).expanduser()
-        return str(path) if path.is_dir() and Pi05Checkpoint.claims(path) else None
+        if path.is_dir():
+            return str(path) if Pi05Checkpoint.claims(path) else None
+        if hub_family(model_id) != PI05_TYPE:
+            return None
+        # ``lerobot/pi05_*``: fetched once into the hub cache (its tokenizer, PaliGemma's,
+        # comes from the hub cache too).
+        from huggingface_hub import snapshot_download
+
+        return str(snapshot_download(model_id, local_files_only=local_only))
 
     def load(self, request: LoadRequest) -> Resident:
         checkpoint = Pi05Checkpoint(Path(request.path), device=request.device, dtype=request.dtype)

@@ -195,8 +195,8 @@ def _as_named_by(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict
 
 
 def discretize_state(state: np.ndarray) -> np.ndarray:
-    """π0.5's state bins: values in [-1, 1] → 0..255 (openpi's tokenizer rule; a value
-    below -1 gives -1, above 1 gives 256, as there)."""
+    """π0.5's state bins: values in [-1, 1] → 0..255 (openpi's tokenizer rule, kept
+    as it is: a value below -1 gives -1, one above 1 gives 255)."""
     edges = np.linspace(-1, 1, STATE_BINS + 1)[:-1]
     bins: np.ndarray = np.digitize(state, bins=edges) - 1
     return bins
