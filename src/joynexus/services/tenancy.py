@@ -1,7 +1,7 @@
 """Tenant configuration shared by the Training and Inference Model Services.
 
 A :class:`TenantConfig` is everything a service needs to build one tenant's
-:class:`~joynexus.models.slots.TenantSlot` (schema, action module, optimizer, critic,
+:class:`~joynexus.models.tenant.slots.TenantSlot` (schema, action module, optimizer, critic,
 seed) plus where its checkpoints go. It is plain pydantic data, so it crosses a process
 (Ray actor) boundary unchanged.
 """
@@ -17,10 +17,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from joynexus.models.normalization import NormalizationStats
-from joynexus.models.payload import check_normalization
+from joynexus.models.checkpoints.payload import check_normalization
 from joynexus.models.policies import HeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.schema import DataSchema
-from joynexus.models.slots import BaseModelRef, OptimizerConfig, TenantSlot
+from joynexus.models.tenant.slots import BaseModelRef, OptimizerConfig, TenantSlot
 from joynexus.spec.workload import AlgorithmSpec, WorkloadSpec
 from joynexus.utils.priority_lock import PriorityRLock
 
