@@ -28,6 +28,8 @@ from joynexus.models.execution.grouped import GroupedExecutor
 from joynexus.models.policies.pi05_expert import Pi05Expert, Pi05ExpertConfig
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
+from joynexus.spec.workload import WorkloadSpec, parse_spec
+from joynexus.workflows.compile import compile_workloads
 from tests.interop.lerobot_pi_helpers import tiny_pi05
 from tests.models.reference import apply_loss, grouped_predict, serial_predict
 
@@ -221,3 +223,63 @@ def test_bad_pi05_checkpoints_are_spec_errors_at_spec_check(
     with pytest.raises(SpecError, match="max_action_dim of 8") as info:
         Pi05ExpertConfig().check_base(base, schema("w", 6, 9, 4, ("top",)))
     assert info.value.details["fields"] == ["schema.action_dim"]
+
+
+def test_lora_on_the_pi05_prefix_grouped_equals_serial(base: ResidentBaseModel) -> None:
+    """A tenant's LoRA on the shared prefix's language model moves its own rows only;
+    grouped with a tenant without one equals each run alone."""
+    from joynexus.models.lora import LoRAConfig
+    from tests.models.test_lora_vision import randomize
+
+    lora = LoRAConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj"))
+    slots = [
+        TenantSlot(t, s, base, Pi05ExpertConfig(lora=None if t == "b" else lora), seed=i)
+        for i, (t, s) in enumerate(SCHEMAS.items())
+    ]
+    randomize(slots[0], 10, only="language_model")
+    ex = GroupedExecutor(base, slots)
+    batches = _batches()
+    grouped = ex.shared_forward(batches)
+    bare = ex.shared_forward(batches, adapters=dict.fromkeys(batches))
+    for t, batch in batches.items():
+        serial = ex.shared_forward({t: batch})[t]
+        g, s = grouped[t].hidden_states, serial.hidden_states
+        assert _rel(g, s) <= REL, t
+        changed = float((g - bare[t].hidden_states).abs().max())
+        assert (changed > 1e-4) == (t == "a"), f"{t}: adapter effect {changed}"
+
+
+def _spec(model: Path, action_dim: int) -> WorkloadSpec:
+    return parse_spec(
+        {
+            "tenant": "alice",
+            "task": "custom",
+            "base_model": {"id": str(model)},
+            "schema": {
+                "cameras": {"top": {"height": 32, "width": 32}},
+                "state_dim": 6,
+                "action_dim": action_dim,
+                "action_chunk": 4,
+            },
+            "action_module": {"type": "pi05_expert"},
+        }
+    )
+
+
+def test_spec_check_accepts_a_fitting_pi05_and_refuses_bad_ones(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """What ``spec check`` and submission run (compile_workloads), before any load."""
+    run = compile_workloads([_spec(checkpoint, 6)], allow_custom=True)
+    assert [w.tenant_id for w in run.workloads] == ["alice"]
+    with pytest.raises(SpecError, match=r"schema\.action_dim"):
+        compile_workloads([_spec(checkpoint, 9)], allow_custom=True)
+    unknown = _copy(checkpoint, tmp_path / "unknown")
+    config = json.loads((unknown / "config.json").read_text())
+    (unknown / "config.json").write_text(json.dumps({**config, "type": "pi07"}))
+    with pytest.raises(SpecError, match="unknown type"):
+        compile_workloads([_spec(unknown, 6)], allow_custom=True)
+    missing = _copy(checkpoint, tmp_path / "missing")
+    (missing / "policy_preprocessor.json").unlink()
+    with pytest.raises(SpecError, match=r"policy_preprocessor\.json is missing"):
+        compile_workloads([_spec(missing, 6)], allow_custom=True)
