@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from joynexus.models.normalization import NormalizationStats
 from joynexus.models.checkpoints.payload import check_normalization
+from joynexus.models.normalization import NormalizationStats
 from joynexus.models.policies import HeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.schema import DataSchema
 from joynexus.models.tenant.slots import BaseModelRef, OptimizerConfig, TenantSlot
