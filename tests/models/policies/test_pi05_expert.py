@@ -21,7 +21,11 @@ from joynexus.algorithms.losses import ppo_loss
 from joynexus.errors import SpecError
 from joynexus.interop.lerobot import POSTPROCESSOR, SchemaDims, check_lerobot_base
 from joynexus.models.archs.lerobot_pi import PI05_ARCH
-from joynexus.models.archs.lerobot_pi.checkpoint import Pi05Checkpoint, pi05_prompt
+from joynexus.models.archs.lerobot_pi.checkpoint import (
+    Pi05Checkpoint,
+    lerobot_names,
+    pi05_prompt,
+)
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.execution.grouped import GroupedExecutor
@@ -95,6 +99,24 @@ def test_the_prompt_carries_the_discretized_state() -> None:
 
     prompt = pi05_prompt(" pick_up\nthe cube ", np.array([-1.5, -1.0, 0.0, 0.999, 1.5]))
     assert prompt == "Task: pick up the cube, State: -1 0 128 255 255;\nAction: "
+
+
+def test_hub_checkpoint_names_are_read_as_lerobot_reads_them() -> None:
+    one = torch.ones(1)
+    names = lerobot_names(
+        {
+            "action_time_mlp_in.weight": one,
+            "model.action_out_proj.bias": one,
+            "state_proj.weight": one,
+            "paligemma_with_expert.paligemma.lm_head.weight": one,
+        }
+    )
+    assert set(names) == {
+        "time_mlp_in.weight",
+        "action_out_proj.bias",
+        "paligemma_with_expert.paligemma.lm_head.weight",
+        "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight",
+    }
 
 
 def test_the_prefix_is_resident_once_and_each_tenant_copies_the_expert(

@@ -194,6 +194,31 @@ def _as_named_by(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict
     return out
 
 
+def lerobot_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A π0.5 ``model.safetensors`` under the names lerobot 0.6.1's ``PI05Policy``
+    loads it by (what its ``from_pretrained`` fixes, so hub checkpoints saved by
+    openpi's converter load too): no ``model.`` prefix; openpi's ``action_time_mlp_*``
+    are ``time_mlp_*``; a tied PaliGemma saved as its ``lm_head`` alone gives the
+    embedding; ``state_proj`` (π0's) is dropped."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        name = key.removeprefix("model.")
+        if name.startswith("state_proj."):
+            continue
+        for old, new in (
+            ("action_time_mlp_in.", "time_mlp_in."),
+            ("action_time_mlp_out.", "time_mlp_out."),
+        ):
+            if name.startswith(old):
+                name = new + name[len(old) :]
+        out[name] = value
+    head = "paligemma_with_expert.paligemma.lm_head.weight"
+    embed = PREFIX_KEYS + "language_model.embed_tokens.weight"
+    if embed not in out and head in out:
+        out[embed] = out[head]
+    return out
+
+
 def discretize_state(state: np.ndarray) -> np.ndarray:
     """π0.5's state bins: values in [-1, 1] → 0..255 (openpi's tokenizer rule, kept
     as it is: a value below -1 gives -1, one above 1 gives 255)."""
@@ -228,8 +253,7 @@ class Pi05Checkpoint:
         self.tokenizer_step = _tokenizer_step(root)
         resolution = self.config.get("image_resolution") or [224, 224]
         self.image_size = int(resolution[0])
-        state = load_file(str(root / WEIGHTS))
-        state = {k.removeprefix("model."): v for k, v in state.items()}
+        state = lerobot_names(load_file(str(root / WEIGHTS)))
         self.vlm = self._build_vlm(vision)
         prefix = {k[len(PREFIX_KEYS) :]: v for k, v in state.items() if k.startswith(PREFIX_KEYS)}
         self.vlm.load_state_dict(_as_named_by(self.vlm, prefix), strict=True)
