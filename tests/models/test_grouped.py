@@ -31,6 +31,7 @@ from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 from joynexus.utils.priority_lock import PriorityRLock
 from tests.models.conftest import TinyBackbone
+from tests.models.reference import grouped_predict, serial_predict
 
 OFT = OFTHeadConfig(hidden_dim=32, num_blocks=1)
 FM = FlowMatchingHeadConfig(hidden_dim=32, num_layers=1, num_heads=2, num_inference_steps=3)
@@ -155,8 +156,8 @@ def test_grouped_predict_equals_serial_predict(base: ResidentBaseModel) -> None:
     def gens() -> dict[str, torch.Generator]:
         return {t: torch.Generator().manual_seed(11) for t in batches}
 
-    grouped = ex.predict(batches, generators=gens())
-    serial = ex.serial_predict(batches, generators=gens())
+    grouped = grouped_predict(ex, batches, generators=gens())
+    serial = serial_predict(ex, batches, generators=gens())
     for tid, schema in (("lib", LIB), ("cal", CAL), ("pt", PT)):
         assert grouped[tid].shape == (
             batches[tid].batch_size,
@@ -183,7 +184,7 @@ def test_run_requests_answers_each_request_with_its_rows(base: ResidentBaseModel
     assert [r.actions.shape for r in results] == [(2, 8, 7), (1, 8, 2), (1, 8, 7)]
     assert all(r.policy_version == 0 and r.actions.dtype == np.float32 for r in results)
     for req, res in zip(requests, results, strict=True):
-        alone = ex.predict({req.tenant_id: req.observation})[req.tenant_id]
+        alone = grouped_predict(ex, {req.tenant_id: req.observation})[req.tenant_id]
         np.testing.assert_allclose(res.actions, alone.numpy(), atol=1e-5, rtol=0)
 
     with pytest.raises(ConflictError, match="pins policy version 3"):
@@ -201,7 +202,7 @@ def test_sample_mode_returns_log_probs_and_values(base: ResidentBaseModel) -> No
     (res,) = ex.run_requests([ServeRequest("rl", obs)], "sample")
     assert res.log_probs is not None and res.log_probs.shape == (3,)
     assert res.values is not None and res.values.shape == (3,)
-    mean = ex.predict({"rl": obs})["rl"].numpy()
+    mean = grouped_predict(ex, {"rl": obs})["rl"].numpy()
     assert not np.allclose(res.actions, mean)  # sampled, not the mean
     features = ex.shared_forward({"rl": obs})["rl"]
     lp = slot.action_module.log_prob(  # type: ignore[operator]
@@ -212,10 +213,10 @@ def test_sample_mode_returns_log_probs_and_values(base: ResidentBaseModel) -> No
 
 def test_memory_for_n_tenants_is_base_plus_slots(base: ResidentBaseModel) -> None:
     ex = _executor(base, {f"t{i}": (LIB if i % 2 else CAL, OFT if i % 2 else FM) for i in range(6)})
-    report = ex.resident_parameter_bytes()
     slot_sum = sum(s.parameter_bytes() for s in ex.slots.values())
-    assert report["total"] == base.parameter_bytes() + slot_sum
-    assert resident_bytes(base.model.parameters(), ex.slots.values()) == report["total"]
+    assert slot_sum > 0
+    total = resident_bytes(base.model.parameters(), ex.slots.values())
+    assert total == base.parameter_bytes() + slot_sum
     assert all(s.base is base for s in ex.slots.values())
 
 

@@ -29,6 +29,7 @@ from joynexus.models.schema import CALVIN, LIBERO, PUSHT
 from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 from tests.models.conftest import TinyBackbone
+from tests.models.reference import grouped_predict
 
 REL_TOL = 1e-5
 
@@ -188,8 +189,8 @@ def test_payload_carries_the_adapter(tiny_backbone: TinyBackbone) -> None:
     dst = TenantSlot("t", LIBERO, base, lora_head(4), seed=99)
     load_weights(dst, payload)
     batch = {"t": ObservationBatch.synthetic(LIBERO, 2, seed=5)}
-    a = GroupedExecutor(base, [src]).predict(batch)["t"]
-    b = GroupedExecutor(base, [dst]).predict(batch)["t"]
+    a = grouped_predict(GroupedExecutor(base, [src]), batch)["t"]
+    b = grouped_predict(GroupedExecutor(base, [dst]), batch)["t"]
     torch.testing.assert_close(a, b)
 
 

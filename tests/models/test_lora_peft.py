@@ -12,7 +12,6 @@ import torch
 
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.canon.feature import max_abs_diff_left_padded
-from joynexus.models.checkpoints.payload import load_slot, save_slot
 from joynexus.models.execution.grouped import GroupedExecutor
 from joynexus.models.lora import PEFT_CONFIG_FILE, PEFT_WEIGHTS_FILE, LoRAConfig
 from joynexus.models.policies import OFTHeadConfig
@@ -20,6 +19,7 @@ from joynexus.models.schema import LIBERO, PUSHT
 from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.tiny import quiet_transformers
 from tests.models.conftest import TinyBackbone, TinyModelDir
+from tests.models.reference import load_slot, save_slot
 from tests.models.test_lora import randomize_b
 
 

@@ -19,6 +19,7 @@ from joynexus.models.lora import LoRAConfig
 from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig
 from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from tests.models.conftest import TinyBackbone
+from tests.models.reference import save_slot
 
 STEPS = 20
 BATCH = 2
@@ -81,7 +82,7 @@ def test_lora_grouped_training_matches_serial(head_type: str, tiny_backbone: Tin
 def test_lora_checkpoint_resumes_training_exactly(
     tiny_backbone: TinyBackbone, tmp_path: Path
 ) -> None:
-    from joynexus.models.checkpoints.payload import load_slot, save_slot
+    from tests.models.reference import load_slot
 
     base = tiny_backbone("qwen2_5_vl")
     a, b = _executor(base, "oft"), _executor(base, "oft")

@@ -18,6 +18,7 @@ from joynexus.models.schema import CALVIN, LIBERO, PUSHT
 from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 from tests.models.conftest import TinyBackbone
+from tests.models.reference import grouped_predict
 from tests.models.test_lora import REL_TOL, _adapter_grads, _feature_loss, _rel
 
 ARCHES = ["smolvlm", "paligemma", "qwen2_5_vl", "qwen3_vl", "pi0"]
@@ -164,8 +165,8 @@ def test_payload_round_trip_restores_the_vision_adapter(tiny_backbone: TinyBackb
     dst = TenantSlot("t", LIBERO, base, vision_head(4), seed=99)
     load_weights(dst, payload)
     batch = {"t": ObservationBatch.synthetic(LIBERO, 2, seed=5)}
-    a = GroupedExecutor(base, [src]).predict(batch)["t"]
-    b = GroupedExecutor(base, [dst]).predict(batch)["t"]
+    a = grouped_predict(GroupedExecutor(base, [src]), batch)["t"]
+    b = grouped_predict(GroupedExecutor(base, [dst]), batch)["t"]
     torch.testing.assert_close(a, b)
 
 

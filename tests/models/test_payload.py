@@ -21,16 +21,15 @@ from joynexus.models.checkpoints.payload import (
     TenantPayload,
     checkpoint_dir,
     export_params,
-    load_slot,
     load_weights,
     read_manifest,
-    save_slot,
 )
 from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig, ValueHeadConfig
 from joynexus.models.schema import CALVIN, LIBERO
 from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from joynexus.models.types import BackboneOutput
 from tests.models.conftest import TinyBackbone
+from tests.models.reference import load_slot, save_slot, train_step
 
 OFT = OFTHeadConfig(hidden_dim=32, num_blocks=1)
 FM = FlowMatchingHeadConfig(hidden_dim=32, num_layers=1, num_heads=2)
@@ -51,7 +50,7 @@ def _data(base: ResidentBaseModel, step: int) -> tuple[BackboneOutput, torch.Ten
 
 
 def _train(slot: TenantSlot, steps: range) -> list[float]:
-    return [slot.train_step(*_data(slot.base, i)).loss for i in steps]  # type: ignore[arg-type]
+    return [train_step(slot, *_data(slot.base, i)).loss for i in steps]  # type: ignore[arg-type]
 
 
 def _slot(base: ResidentBaseModel, tenant: str = "t1", seed: int = 0, **kw: object) -> TenantSlot:

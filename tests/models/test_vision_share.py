@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from joynexus.models.archs.qwen_vl import positions, vision_share
-from joynexus.models.archs.qwen_vl.vision_share import blank_plan, shared_blanks
+from joynexus.models.archs.base import Resident
+from joynexus.models.archs.qwen_vl import QwenVLResident
+from joynexus.models.archs.qwen_vl.vision_share import blank_plan
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.execution.grouped import GroupedExecutor
@@ -29,6 +30,11 @@ def _groups(n: int) -> list[tuple[str, DataSchema, ObservationBatch]]:
         (f"t{i}", ONE_CAMERA, ObservationBatch.synthetic(ONE_CAMERA, 1 + i % 2, seed=i))
         for i in range(n)
     ]
+
+
+def _qwen(base: ResidentBaseModel) -> QwenVLResident:
+    assert isinstance(base.resident, QwenVLResident)
+    return base.resident
 
 
 class _ImagesSeen:
@@ -114,7 +120,7 @@ def test_without_a_plan_every_image_is_encoded(tiny_backbone: TinyBackbone) -> N
     feature = base.canonicalize(_groups(3), validated=False)
     seen = _ImagesSeen(base)
     try:
-        with torch.no_grad(), shared_blanks(None):
+        with torch.no_grad():
             feature.blank_plan = None
             base.encode(feature)
     finally:
@@ -145,18 +151,15 @@ def test_cached_rope_positions_equal_the_models_own(arch: str, tiny_backbone: Ti
             "attention_mask": inputs["attention_mask"],
         }
         want, _ = model.get_rope_index(**kwargs)
-        got = model.compute_3d_position_ids(
-            **kwargs, video_grid_thw=None, inputs_embeds=None, cache=None
-        )
-        assert torch.equal(got, want)
+        got = _qwen(base).positions(inputs)
+        assert got is not None and torch.equal(got, want)
+    feature = base.canonicalize(groups)
+    feature.blank_plan = None  # every image, so only the positions and layout differ
     with torch.no_grad():
-        cached = base.encode(base.canonicalize(groups)).hidden_states
-        del model.compute_3d_position_ids  # the class's own method again
-        try:
-            plain = base.encode(base.canonicalize(groups)).hidden_states
-        finally:
-            positions.install(model)
-    torch.testing.assert_close(cached, plain, rtol=0, atol=0)
+        ours = base.encode(feature).hidden_states
+        # The model's own path: its canonical inputs alone, it computes the rest itself.
+        own = Resident.forward(_qwen(base), feature.model_inputs, feature, ()).hidden_states
+    torch.testing.assert_close(ours, own, rtol=0, atol=0)
 
 
 def _with_instruction(batch: ObservationBatch, text: str) -> ObservationBatch:
@@ -170,17 +173,16 @@ def test_the_towers_precomputed_layout_gives_the_models_own_features(
     arch: str, tiny_backbone: TinyBackbone
 ) -> None:
     base = tiny_backbone(arch)
-    model = base.model
-    feature = base.canonicalize(_groups(3), validated=False)
-    feature.blank_plan = None  # every image, so only the layout differs
+    inputs = base.canonicalize(_groups(3), validated=False).model_inputs
+    pixels, grid = inputs["pixel_values"], inputs["image_grid_thw"]
+    vision = _qwen(base).vision
+    assert vision is not None
     with torch.no_grad():
-        ours = base.encode(feature).hidden_states
-        del model.get_image_features  # the class's own method: the tower derives it all
-        try:
-            own = base.encode(feature).hidden_states
-        finally:
-            vision_share.install(model)
-    torch.testing.assert_close(ours, own, rtol=0, atol=0)
+        ours = vision.image_features(pixels, grid, None)  # the layout computed once
+        own = base.model.get_image_features(pixels, grid, return_dict=True)  # by the tower
+    assert len(ours.pooler_output) == len(own.pooler_output) == int(grid.shape[0])
+    for mine, theirs in zip(ours.pooler_output, own.pooler_output, strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("arch", QWEN)
@@ -188,7 +190,7 @@ def test_equal_attention_segments_are_one_batched_call_with_the_same_output(
     arch: str, tiny_backbone: TinyBackbone, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     attn = tiny_backbone(arch).model.visual.blocks[0].attn
-    assert "forward" in vars(attn)  # installed on the instance
+    assert type(attn).__name__.startswith("SegmentBatched")  # a subclass of its own class
     gen = torch.Generator().manual_seed(0)
     length, segments = 6, 4
     total = length * segments
@@ -213,7 +215,7 @@ def test_equal_attention_segments_are_one_batched_call_with_the_same_output(
         with torch.no_grad():
             ours = attn(hidden, cu, position_embeddings=rope)
             assert calls == batched
-            own = type(attn).forward(attn, hidden, cu, position_embeddings=rope)
+            own = type(attn).own.forward(attn, hidden, cu, position_embeddings=rope)
         torch.testing.assert_close(ours, own, rtol=0, atol=1e-6)
 
 
@@ -226,10 +228,12 @@ def test_the_batched_tower_attention_gives_the_models_own_features(
     blocks = base.model.visual.blocks
     with torch.no_grad():
         ours = base.encode(feature).hidden_states
-        saved = [vars(block.attn).pop("forward") for block in blocks]  # the class's own
+        batched = [type(block.attn) for block in blocks]
+        for block in blocks:
+            block.attn.__class__ = type(block.attn).own  # the class's own forward
         try:
             own = base.encode(feature).hidden_states
         finally:
-            for block, forward in zip(blocks, saved, strict=True):
-                block.attn.forward = forward
+            for block, cls in zip(blocks, batched, strict=True):
+                block.attn.__class__ = cls
     torch.testing.assert_close(ours, own, rtol=0, atol=1e-5)

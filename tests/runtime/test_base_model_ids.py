@@ -24,10 +24,10 @@ def test_a_tiny_model_keeps_its_spec_id_wherever_it_is_built(tmp_path: Path) -> 
     """A checkpoint trained on tiny:qwen2_5_vl in one run directory loads in another
     (``init_from`` a checkpoint path): the model is known by its spec id, not by the
     directory it was materialized in."""
-    from joynexus.models.checkpoints.payload import load_slot, save_slot
     from joynexus.models.policies import OFTHeadConfig
     from joynexus.models.schema import PUSHT
     from joynexus.models.tenant.slots import TenantSlot
+    from tests.models.reference import load_slot, save_slot
 
     spec = BaseModelSpec(id="tiny:qwen2_5_vl", canonical_image_size=28)
     one = load_base_model(spec, tmp_path / "run-1" / "models")

@@ -20,13 +20,14 @@ from joynexus.envs.base import EnvSpec
 from joynexus.errors import SchemaMismatchError
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
-from joynexus.models.checkpoints.payload import export_params, load_slot, save_slot
+from joynexus.models.checkpoints.payload import export_params
 from joynexus.models.normalization import FeatureNormStats, NormalizationStats
 from joynexus.models.policies import OFTHeadConfig
 from joynexus.queues.training import TrainingQueue
 from joynexus.services.environment import EnvironmentService
 from joynexus.services.inference import InferenceModelService, RolloutConfig
 from joynexus.services.tenancy import TenantConfig, build_slot
+from tests.models.reference import load_slot, save_slot
 
 SPEC = EnvSpec(kind="reach2d", num_envs=4, image_size=32)
 SCHEMA = env_schema(SPEC)

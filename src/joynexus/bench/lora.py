@@ -41,7 +41,14 @@ from joynexus.bench.group_batching import paired_median_times
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.canon.feature import VLAFeature, max_abs_diff_left_padded
-from joynexus.models.lora import LoRAConfig, LoRARows, LoRASegment, lora_rows, save_peft_adapter
+from joynexus.models.lora import (
+    LoRAAdapter,
+    LoRAConfig,
+    LoRARows,
+    LoRASegment,
+    lora_rows,
+    save_peft_adapter,
+)
 from joynexus.models.policies import OFTHeadConfig
 from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.tiny import make_tiny, quiet_transformers
@@ -52,6 +59,18 @@ def _probe_loss(out: BackboneOutput, proj: torch.Tensor) -> torch.Tensor:
     mask = out.attention_mask.unsqueeze(-1).to(out.hidden_states.dtype)
     pooled = (out.hidden_states * mask).sum(dim=1) / mask.sum(dim=1)
     return ((pooled @ proj) ** 2).sum()
+
+
+def _adapter(slot: TenantSlot) -> LoRAAdapter:
+    """The LoRA adapter of a slot this bench built with one."""
+    assert slot.lora is not None
+    return slot.lora
+
+
+def _grad(param: torch.nn.Parameter) -> torch.Tensor:
+    """A parameter's gradient after a backward pass that reached it."""
+    assert param.grad is not None
+    return param.grad
 
 
 def _forward(
@@ -154,14 +173,10 @@ def measure_rank(
     groups = [(s.tenant_id, s.schema, batches[s.tenant_id]) for s in slots]
     grouped_feature = base.canonicalize(groups)
     grouped_segments = [
-        LoRASegment(e.start, e.stop, by_id[e.tenant_id].lora)  # type: ignore[arg-type]
-        for e in grouped_feature.slices
+        LoRASegment(e.start, e.stop, _adapter(by_id[e.tenant_id])) for e in grouped_feature.slices
     ]
     serial = [(s, base.canonicalize([g])) for s, g in zip(slots, groups, strict=True)]
-    serial_segments = {
-        s.tenant_id: [LoRASegment(0, f.batch_size, s.lora)]  # type: ignore[arg-type]
-        for s, f in serial
-    }
+    serial_segments = {s.tenant_id: [LoRASegment(0, f.batch_size, _adapter(s))] for s, f in serial}
     proj = torch.randn(
         base.hidden_size, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float32
     ).to(device=base.device, dtype=base.dtype)
@@ -185,9 +200,9 @@ def measure_rank(
     def grads() -> dict[str, torch.Tensor]:
         out = {}
         for s in slots:
-            assert s.lora is not None
-            out[s.tenant_id] = torch.cat([p.grad.flatten() for p in s.lora.parameters()])  # type: ignore[union-attr]
-            s.lora.zero_grad(set_to_none=True)
+            lora = _adapter(s)
+            out[s.tenant_id] = torch.cat([_grad(p).flatten() for p in lora.parameters()])
+            lora.zero_grad(set_to_none=True)
         return out
 
     # Differences (fp32 on CPU).

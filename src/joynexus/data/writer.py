@@ -336,7 +336,7 @@ class LeRobotDatasetWriter:
         row["dataset_from_index"] = start
         row["dataset_to_index"] = start + n
         for key in self.info.video_keys:
-            row.update(self._write_video(key, columns[key]))  # type: ignore[arg-type]
+            row.update(self._write_video(key, columns[key]))
         for key, feat_stats in stats.items():
             for name, value in feat_stats.items():
                 row[f"stats/{key}/{name}"] = value.tolist()
@@ -403,7 +403,9 @@ class LeRobotDatasetWriter:
             self._data_slot = advance_chunk_file(chunk, file, self.info.chunks_size)
         return {"data/chunk_index": chunk, "data/file_index": file}
 
-    def _write_video(self, key: str, frames: list[np.ndarray]) -> dict[str, Any]:
+    def _write_video(self, key: str, frames: np.ndarray | list[Any]) -> dict[str, Any]:
+        """Append an episode's frames (``[T, H, W, C]``, or one array per frame) to the
+        key's video file."""
         chunk, file = self._video_slots[key]
         enc = self._encoders.get(key)
         if enc is None:

@@ -273,8 +273,10 @@ def prepare_libero(
     # hf-libero computes its config file name at import; follow a later switch of packs.
     loaded = sys.modules.get("libero.libero")
     if loaded is not None:
-        loaded.libero_config_path = str(config_dir)  # type: ignore[attr-defined]
-        loaded.config_file = str(config_dir / "config.yaml")  # type: ignore[attr-defined]
+        # The module's own globals, which its functions read (no attributes it declares).
+        vars(loaded).update(
+            libero_config_path=str(config_dir), config_file=str(config_dir / "config.yaml")
+        )
 
     import libero.libero as libero_pkg  # reads LIBERO_CONFIG_PATH on first import
 

@@ -19,8 +19,8 @@ and the hook scales it by ``k``. A tenant's images therefore only ever meet its 
 adapter.
 
 The segment loop is a plain-torch segmented gather-matmul (as Punica's SGMV does), so
-it runs on CPU and CUDA; it sits behind :data:`SegmentedLoRAKernel` and
-:func:`set_segmented_kernel`, so a fused kernel can replace it.
+it runs on CPU and CUDA; it has the :data:`SegmentedLoRAKernel` signature a fused
+kernel would take its place with.
 
 Adapters are exported in PEFT format (:func:`save_peft_adapter`):
 ``adapter_model.safetensors`` + ``adapter_config.json``, loadable with
@@ -346,17 +346,6 @@ def _batched_delta(
     return torch.baddbmm(base3, xa, b.transpose(1, 2), alpha=alpha).reshape(base_out.shape)
 
 
-_kernel: SegmentedLoRAKernel = sgmv_torch
-
-
-def set_segmented_kernel(kernel: SegmentedLoRAKernel | None) -> SegmentedLoRAKernel:
-    """Install ``kernel`` (None = the plain-torch one); returns the previous kernel."""
-    global _kernel
-    previous = _kernel
-    _kernel = kernel or sgmv_torch
-    return previous
-
-
 # --- per-forward row assignment -----------------------------------------------------
 
 
@@ -486,7 +475,7 @@ class LoRAHost:
                 )
         if not segments:
             return None
-        return _kernel(x, output, segments, assignment.training)
+        return sgmv_torch(x, output, segments, assignment.training)
 
 
 def peft_config(adapter: LoRAAdapter) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 
@@ -97,7 +97,7 @@ def tenant_table(summary: dict[str, Any], limit: int = 12) -> Table:
     if len(tenants) > limit:
         title += f" (first {limit} of {len(tenants)})"
     t = Table(title=title)
-    for name, justify in (
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
         ("tenant", "left"),
         ("kind", "left"),
         ("updates", "right"),
@@ -106,8 +106,9 @@ def tenant_table(summary: dict[str, Any], limit: int = 12) -> Table:
         ("isolated: duration", "right"),
         ("drops (multi / iso)", "right"),
         ("policy version", "right"),
-    ):
-        t.add_column(name, justify=justify)  # type: ignore[arg-type]  # rich: Literal
+    )
+    for name, justify in columns:
+        t.add_column(name, justify=justify)
     for row in tenants[:limit]:
         t.add_row(
             row["tenant_id"],

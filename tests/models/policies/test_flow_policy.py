@@ -18,6 +18,7 @@ from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 from tests.models.conftest import TinyBackbone
+from tests.models.reference import serial_forward
 
 D, S, A, CHUNK = 16, 3, 2, 4
 CFG = FlowMatchingHeadConfig(hidden_dim=32, num_heads=4, num_layers=1, num_inference_steps=4)
@@ -179,7 +180,7 @@ def test_grouped_flow_log_probs_equal_serial(base: ResidentBaseModel) -> None:
         for i, (t, (sch, _)) in enumerate(heads.items())
     }
     grouped = ex.shared_forward(batches)
-    serial = ex.serial_forward(batches)
+    serial = serial_forward(ex, batches)
     for tid in ("fa", "fb"):
         slot = ex.slot(tid)
         state = torch.from_numpy(batches[tid].state)

@@ -25,6 +25,7 @@ from joynexus.models.schema import CALVIN, LIBERO, PUSHT, DataSchema
 from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from joynexus.models.types import BackboneOutput
 from tests.models.conftest import TinyBackbone, TinyModelDir
+from tests.models.reference import apply_loss, grouped_predict, serial_forward, serial_predict
 
 REL = 1e-5
 SCHEMAS = {"libero": LIBERO, "calvin": CALVIN, "pusht": PUSHT}
@@ -87,7 +88,7 @@ def test_grouped_equals_serial_features_actions_and_losses(tiny_backbone: TinyBa
     base = tiny_backbone("pi0")
     ex = _executor(base)
     batches = _batches()
-    grouped, serial = ex.shared_forward(batches), ex.serial_forward(batches)
+    grouped, serial = ex.shared_forward(batches), serial_forward(ex, batches)
     lengths = {tid: int(out.attention_mask.shape[1]) for tid, out in serial.items()}
     assert len(set(lengths.values())) > 1, "tenants should need different prefix lengths"
     for tid in batches:
@@ -109,7 +110,10 @@ def test_grouped_equals_serial_features_actions_and_losses(tiny_backbone: TinyBa
     def gens() -> dict[str, torch.Generator]:
         return {tid: torch.Generator().manual_seed(7) for tid in batches}
 
-    pg, ps = ex.predict(batches, generators=gens()), ex.serial_predict(batches, generators=gens())
+    pg, ps = (
+        grouped_predict(ex, batches, generators=gens()),
+        serial_predict(ex, batches, generators=gens()),
+    )
     for tid, schema in SCHEMAS.items():
         assert pg[tid].shape == (2, schema.action_chunk, schema.action_dim)
         assert _rel(pg[tid], ps[tid]) <= REL
@@ -143,7 +147,7 @@ def test_sft_steps_the_tenants_expert_only(tiny_backbone: TinyBackbone) -> None:
 
     start = float(fixed_loss().detach())
     for _ in range(3):
-        slot.apply_loss(fixed_loss())
+        apply_loss(slot, fixed_loss())
     # Its own gradient steps lower the tenant's flow-matching loss.
     assert float(fixed_loss().detach()) < 0.95 * start
     ex.train_step({"a": batch})  # the grouped path steps it too
@@ -163,7 +167,7 @@ def test_other_heads_run_on_the_pi0_prefix(tiny_backbone: TinyBackbone) -> None:
     slots = [TenantSlot(f"t{i}", PUSHT, base, h, seed=i) for i, h in enumerate(heads)]
     ex = GroupedExecutor(base, slots)
     batch = ObservationBatch.synthetic(PUSHT, 2, seed=1)
-    out = ex.predict({s.tenant_id: batch for s in slots})
+    out = grouped_predict(ex, {s.tenant_id: batch for s in slots})
     assert all(a.shape == (2, PUSHT.action_chunk, PUSHT.action_dim) for a in out.values())
     steps = ex.train_step({s.tenant_id: batch for s in slots})
     assert all(r.policy_version == 1 for r in steps.values())
@@ -187,7 +191,7 @@ def test_num_inference_steps_is_per_tenant(tiny_backbone: TinyBackbone) -> None:
 
     expert.velocity = counting  # type: ignore[method-assign]
     ex = GroupedExecutor(base, [quick])
-    ex.predict({"b": ObservationBatch.synthetic(PUSHT, 1, seed=0)})
+    grouped_predict(ex, {"b": ObservationBatch.synthetic(PUSHT, 1, seed=0)})
     assert len(calls) == 2
 
 
@@ -327,7 +331,7 @@ def test_a_policy_gradient_step_follows_the_advantage(tiny_backbone: TinyBackbon
     _, old, chain = expert.sample(features, state, generator=torch.Generator().manual_seed(1))
     advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
     for _ in range(2):
-        slot.apply_loss(-(advantages * expert.log_prob(features, state, chain)).mean())
+        apply_loss(slot, -(advantages * expert.log_prob(features, state, chain)).mean())
     with torch.no_grad():
         change = expert.log_prob(features, state, chain) - old
     # The advantage-weighted log-likelihood went up: the policy moved its way.
@@ -341,8 +345,8 @@ def test_export_pi0_cli_writes_a_tenant_checkpoint_as_a_policy(
     from typer.testing import CliRunner
 
     from joynexus.cli.main import app
-    from joynexus.models.checkpoints.payload import save_slot
     from joynexus.models.normalization import FeatureNormStats, NormalizationStats
+    from tests.models.reference import save_slot
 
     base = tiny_backbone("pi0")
     slot = TenantSlot("a", PUSHT, base, Pi0ExpertConfig(), optimizer=OptimizerConfig(lr=1e-3))

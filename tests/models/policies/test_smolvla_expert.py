@@ -21,7 +21,6 @@ from joynexus.models.archs.smolvlm.resident import SmolVLAResident
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.checkpoints.lerobot_export import export_lerobot_checkpoint
-from joynexus.models.checkpoints.payload import save_slot
 from joynexus.models.execution.grouped import GroupedExecutor
 from joynexus.models.normalization import FeatureNormStats, NormalizationStats
 from joynexus.models.policies import OFTHeadConfig
@@ -29,6 +28,13 @@ from joynexus.models.policies.smolvla_expert import SmolVLAExpert, SmolVLAExpert
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from tests.interop.lerobot_helpers import TASKS, lerobot_actions, tiny_smolvla
+from tests.models.reference import (
+    apply_loss,
+    grouped_predict,
+    save_slot,
+    serial_forward,
+    serial_predict,
+)
 
 REL = 1e-5
 
@@ -122,13 +128,16 @@ def test_the_checkpoint_is_resident_once_and_each_tenant_copies_its_expert(
 def test_grouped_equals_serial_actions_and_losses(base: ResidentBaseModel) -> None:
     ex = _executor(base)
     batches = _batches()
-    serial = ex.serial_forward(batches)
+    serial = serial_forward(ex, batches)
     assert len({int(o.attention_mask.shape[1]) for o in serial.values()}) > 1
 
     def gens() -> dict[str, torch.Generator]:
         return {t: torch.Generator().manual_seed(7) for t in batches}
 
-    pg, ps = ex.predict(batches, generators=gens()), ex.serial_predict(batches, generators=gens())
+    pg, ps = (
+        grouped_predict(ex, batches, generators=gens()),
+        serial_predict(ex, batches, generators=gens()),
+    )
     for t, s in SCHEMAS.items():
         assert pg[t].shape == (2, s.action_chunk, s.action_dim)
         assert _rel(pg[t], ps[t]) <= REL
@@ -158,7 +167,7 @@ def test_sft_lowers_the_loss_and_steps_only_the_tenants_expert(base: ResidentBas
 
     start = float(fixed_loss().detach())
     for _ in range(5):
-        slot.apply_loss(fixed_loss())
+        apply_loss(slot, fixed_loss())
     assert float(fixed_loss().detach()) < 0.9 * start
     ex.train_step({"a": batch})
     after = _smolvla(base).model.state_dict()
@@ -194,7 +203,7 @@ def test_an_rl_step_moves_the_flow_sde_log_probability(base: ResidentBaseModel) 
     assert torch.allclose(new, old, atol=1e-4)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
     loss, _ = ppo_loss(new, old, advantages)
-    slot.apply_loss(loss)
+    apply_loss(slot, loss)
     moved = expert.log_prob(features, state, sample.chain).detach() - old
     # The step raises the log-probability of the chains with positive advantage.
     assert float(moved[advantages > 0].mean()) > float(moved[advantages < 0].mean())

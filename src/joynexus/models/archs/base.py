@@ -177,14 +177,24 @@ class Resident:
     def encode(self, feature: VLAFeature, output_layers: Sequence[int]) -> BackboneOutput:
         """The frozen forward of ``feature`` (grad mode is the caller's): last hidden
         state, zero at padding, its mask and the chosen layers."""
+        return self.forward(feature.model_inputs, feature, output_layers)
+
+    def forward(
+        self,
+        inputs: Mapping[str, Any],
+        feature: VLAFeature,
+        output_layers: Sequence[int],
+    ) -> BackboneOutput:
+        """:meth:`encode` of ``feature`` with the model called on ``inputs`` (its canonical
+        inputs, with what a resident computed for the model ahead of the forward)."""
         want_layers = bool(output_layers)
         out = self.model(
-            **feature.model_inputs,
+            **inputs,
             output_hidden_states=want_layers,
             use_cache=False,
             return_dict=True,
         )
-        mask = feature.model_inputs["attention_mask"]
+        mask = inputs["attention_mask"]
         pad = ~mask.bool().unsqueeze(-1)
         hidden = out.last_hidden_state.masked_fill(pad, 0.0)
         layers = None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -57,15 +57,19 @@ def _interpolate_aa(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(x, size=size, mode="bilinear", align_corners=False, antialias=True)
 
 
-def _aten_aa(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    out: torch.Tensor = _ATEN_AA(x, list(size), False, None)  # type: ignore[misc]
-    return out
-
-
 # ``F.interpolate``'s antialiased bilinear mode is this one aten op. Its Python argument
 # checks cost a lone request more than the uint8 kernel itself (cold, after a forward),
 # so the op is called directly where this torch has it (tests hold the two equal).
-_ATEN_AA = getattr(torch._C._nn, "_upsample_bilinear2d_aa", None)
+_ATEN_AA: Callable[..., torch.Tensor] | None = getattr(
+    torch._C._nn, "_upsample_bilinear2d_aa", None
+)
+
+
+def _aten_aa(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    assert _ATEN_AA is not None  # chosen below only where this torch has the op
+    return _ATEN_AA(x, list(size), False, None)
+
+
 _resize_aa = _interpolate_aa if _ATEN_AA is None else _aten_aa
 
 

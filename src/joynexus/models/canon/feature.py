@@ -50,7 +50,7 @@ class VLAFeature:
             were laid out from (heads with an image encoder of their own read them).
         blank_plan: Which images the vision tower encodes when blank slots share one
             pass, set by the backbone that canonicalized the batch
-            (:func:`joynexus.models.vision_share.blank_plan`); ``None``: every image.
+            (:func:`joynexus.models.archs.qwen_vl.vision_share.blank_plan`); ``None``: every image.
     """
 
     model_inputs: dict[str, torch.Tensor]

@@ -3,7 +3,8 @@
 * :func:`export_params` / :func:`load_weights` move one tenant's action-module tensors
   from the Training Model Service to the Inference Model Service. A payload never
   contains base-model weights.
-* :func:`save_slot` / :func:`load_slot` persist a slot to
+* :func:`snapshot_slot` + :func:`write_checkpoint` persist a slot (:func:`read_checkpoint`
+  + :func:`install_checkpoint` restore it) to
   ``<output_dir>/<tenant>/step_<n>/`` with ``action_module.safetensors``, optionally
   ``optimizer.safetensors`` + ``optimizer.json``, and ``manifest.json`` (tenant, schema
   signature, base model id + hash, policy version, step, creation time, sha256 of every
@@ -281,30 +282,6 @@ def snapshot_slot(slot: TenantSlot, *, include_optim: bool = True) -> SlotSnapsh
     )
 
 
-def save_slot(
-    slot: TenantSlot,
-    output_dir: str | os.PathLike[str],
-    step: int,
-    *,
-    include_optim: bool = True,
-    base_model_id: str | None = None,
-    base_model_hash: str | None = None,
-    clock: Callable[[], float] = time.time,
-    ledger: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write ``slot`` to ``<output_dir>/<tenant>/step_<step>/`` atomically
-    (:func:`snapshot_slot` then :func:`write_checkpoint`)."""
-    return write_checkpoint(
-        snapshot_slot(slot, include_optim=include_optim),
-        output_dir,
-        step,
-        base_model_id=base_model_id,
-        base_model_hash=base_model_hash,
-        clock=clock,
-        ledger=ledger,
-    )
-
-
 def write_checkpoint(
     snapshot: SlotSnapshot,
     output_dir: str | os.PathLike[str],
@@ -560,16 +537,3 @@ def install_checkpoint(slot: TenantSlot, loaded: LoadedCheckpoint) -> Checkpoint
         restore_optimizer(slot, *loaded.optimizer)
     slot.policy_version = loaded.manifest.policy_version
     return loaded.manifest
-
-
-def load_slot(
-    slot: TenantSlot,
-    path: str | os.PathLike[str],
-    *,
-    base_model_hash: str | None = None,
-    load_optim: bool = True,
-) -> CheckpointManifest:
-    """Restore ``slot``'s module, optimizer (when saved) and policy version from ``path``
-    (:func:`read_checkpoint`, then :func:`install_checkpoint`)."""
-    loaded = read_checkpoint(slot, path, base_model_hash=base_model_hash, load_optim=load_optim)
-    return install_checkpoint(slot, loaded)

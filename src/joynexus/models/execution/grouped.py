@@ -25,7 +25,7 @@ from joynexus.errors import CapacityError, ConflictError, InvalidRequestError, N
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.canon.feature import VLAFeature
 from joynexus.models.canon.tensor import moved_to
-from joynexus.models.execution.decode import Decoded, DecodeGroup, decode_groups, decode_slot
+from joynexus.models.execution.decode import DecodeGroup, decode_groups
 from joynexus.models.execution.grouped_step import sft_step
 from joynexus.models.lora import LoRAAdapter, LoRARows, LoRASegment, lora_rows
 from joynexus.models.schema import DataSchema
@@ -228,14 +228,6 @@ class GroupedExecutor:
                 tenant_id=tenant_id,
             ) from None
 
-    def resident_parameter_bytes(self) -> dict[str, int]:
-        """Base bytes (counted once), each tenant's slot bytes, and their sum."""
-        report = {"base": self.base.parameter_bytes()}
-        for tid, slot in self.slots.items():
-            report[f"slot:{tid}"] = slot.parameter_bytes()
-        report["total"] = sum(report.values())
-        return report
-
     # --- shared forward --------------------------------------------------------------
 
     def shared_forward(
@@ -331,13 +323,6 @@ class GroupedExecutor:
             times.backbone_s += time.perf_counter() - t1
         return out
 
-    def serial_forward(self, batches: Mapping[str, ObservationBatch]) -> dict[str, BackboneOutput]:
-        """One backbone forward per tenant (the serial baseline)."""
-        out: dict[str, BackboneOutput] = {}
-        for tid, batch in batches.items():
-            out.update(self.shared_forward({tid: batch}))
-        return out
-
     # --- training --------------------------------------------------------------------
 
     def train_step(
@@ -381,59 +366,6 @@ class GroupedExecutor:
         return results
 
     # --- inference -------------------------------------------------------------------
-
-    def _decode(
-        self,
-        features: Mapping[str, BackboneOutput],
-        batches: Mapping[str, ObservationBatch],
-        mode: Literal["mean", "sample"],
-        generators: Mapping[str, torch.Generator] | None,
-    ) -> dict[str, Decoded]:
-        out: dict[str, Decoded] = {}
-        device = self.base.device
-        for tid, batch in batches.items():
-            slot = self.slot(tid)
-            state = _to_tensor(batch.state, device)
-            gen = (generators or {}).get(tid, slot.inference_generator)
-            out[tid] = decode_slot(slot, features[tid], state, mode, gen)
-        return out
-
-    def predict(
-        self,
-        batches: Mapping[str, ObservationBatch],
-        *,
-        mode: Literal["mean", "sample"] = "mean",
-        generators: Mapping[str, torch.Generator] | None = None,
-    ) -> dict[str, torch.Tensor]:
-        """Grouped forward, then each tenant's head decodes its rows.
-
-        Args:
-            batches: tenant id → observations.
-            mode: ``"mean"`` = deterministic OFT mean / flow ODE from noise;
-                ``"sample"`` = draw from the Gaussian policy / a Flow-SDE chain.
-            generators: Optional per-tenant generators (default: each slot's own
-                inference generator).
-
-        Returns:
-            tenant id → ``[B, chunk, action_dim]`` actions.
-        """
-        with self._lock:
-            features = self.shared_forward(batches)
-            decoded = self._decode(features, batches, mode, generators)
-        return {tid: d.actions for tid, d in decoded.items()}
-
-    def serial_predict(
-        self,
-        batches: Mapping[str, ObservationBatch],
-        *,
-        mode: Literal["mean", "sample"] = "mean",
-        generators: Mapping[str, torch.Generator] | None = None,
-    ) -> dict[str, torch.Tensor]:
-        """:meth:`predict` with one backbone forward per tenant (baseline)."""
-        with self._lock:
-            features = self.serial_forward(batches)
-            decoded = self._decode(features, batches, mode, generators)
-        return {tid: d.actions for tid, d in decoded.items()}
 
     def _current_slot(self, tenant_id: str, policy_version: int | None) -> TenantSlot:
         slot = self.slot(tenant_id)

@@ -265,28 +265,6 @@ class TenantSlot:
             features, state, actions.to(state), action_mask, generator=self.generator
         )
 
-    def apply_loss(self, loss: torch.Tensor) -> StepResult:
-        """Backward ``loss`` into this slot only, clip, step AdamW, bump the version.
-
-        This is the one place a tenant's parameters change, so custom algorithms (PPO,
-        GRPO) call it with their own loss. (Grouped steps, whose losses share one
-        autograd graph, go through :func:`~joynexus.models.execution.grouped_step.grouped_step`.)
-
-        Gradients are clipped per module (action module and value head each to
-        ``grad_clip``), as when actor and critic have their own optimizers. One global
-        clip over both let the critic's gradient (norm 15-25 on reach2d while it fits
-        the returns) set the clip coefficient of the policy too, shrinking the policy's
-        steps by a factor that tracks critic error; measured, PPO then barely learned.
-        ``StepResult.grad_norm`` is still the global norm before clipping.
-
-        Raises:
-            InvalidRequestError: if the loss is not a finite scalar.
-        """
-        value = self.check_loss(loss)
-        self.optimizer.zero_grad(set_to_none=True)
-        torch.autograd.backward(loss)
-        return self.step_optimizer(value)
-
     def check_loss(self, loss: torch.Tensor) -> float:
         """The loss value; raises unless ``loss`` is a finite scalar."""
         if loss.dim() != 0:
@@ -318,22 +296,6 @@ class TenantSlot:
         return StepResult(
             loss=value, policy_version=self.policy_version, grad_norm=float(grad_norm)
         )
-
-    def train_step(
-        self,
-        features: BackboneOutput,
-        state: torch.Tensor,
-        actions: torch.Tensor,
-        action_mask: torch.Tensor | None = None,
-    ) -> StepResult:
-        """One supervised (SFT) update on this tenant's rows of backbone output.
-
-        A LoRA slot keeps the features' graph (it reaches the adapter); any other slot
-        cuts it.
-        """
-        if self.lora is None:
-            features = features.detach()
-        return self.apply_loss(self.loss(features, state, actions, action_mask))
 
     @torch.no_grad()
     def predict(

@@ -16,7 +16,8 @@ import torch
 
 from joynexus.errors import InvalidRequestError
 from joynexus.models.archs.base import Resident, ResidentArch
-from joynexus.models.archs.qwen_vl import positions, vision_share
+from joynexus.models.archs.qwen_vl import vision_share
+from joynexus.models.archs.qwen_vl.positions import RopePositions
 from joynexus.models.canon.canonicalize import PixelLayout, PromptStyle
 from joynexus.models.canon.feature import VLAFeature
 from joynexus.models.types import BackboneOutput
@@ -33,8 +34,10 @@ class QwenVLResident(Resident):
 
     def __init__(self, arch: str, model: torch.nn.Module, processor: Any, **kwargs: Any):
         super().__init__(arch, model, processor, **kwargs)
-        self.shares_blanks = vision_share.install(model)
-        self.caches_positions = positions.install(model)
+        self.vision = vision_share.install(model)
+        self.positions = RopePositions.of(model)
+        self.shares_blanks = self.vision is not None
+        self.caches_positions = self.positions is not None
 
     def check_canonical_size(self) -> None:
         super().check_canonical_size()
@@ -51,13 +54,22 @@ class QwenVLResident(Resident):
             )
 
     def prepare(self, feature: VLAFeature) -> None:
-        if self.shares_blanks:
+        if self.vision is not None:
             # Planned here, from the CPU mask: no device-to-host copy in the forward.
             feature.blank_plan = vision_share.blank_plan(feature.camera_mask)
 
     def encode(self, feature: VLAFeature, output_layers: Sequence[int]) -> BackboneOutput:
-        with vision_share.shared_blanks(feature.blank_plan):
-            return super().encode(feature, output_layers)
+        # What the model would compute first, computed here and handed in through the
+        # forward's own arguments (``position_ids``, ``mm_encoder_outputs``).
+        inputs: dict[str, Any] = dict(feature.model_inputs)
+        if self.positions is not None and (found := self.positions(inputs)) is not None:
+            inputs["position_ids"] = found
+        pixels, grid = inputs.get("pixel_values"), inputs.get("image_grid_thw")
+        if self.vision is not None and pixels is not None and grid is not None:
+            del inputs["pixel_values"]
+            image = self.vision.image_features(pixels, grid, feature.blank_plan)
+            inputs["mm_encoder_outputs"] = {"image": image}
+        return self.forward(inputs, feature, output_layers)
 
 
 class QwenVLArch(ResidentArch):

@@ -6,18 +6,18 @@ order), or exact:
 * **One blank per forward.** A row whose tenant shows fewer cameras than the backbone has
   slots fills the others with the blank canonical image, and every blank gives the same
   vision features unless a tenant's LoRA adapts the tower. A group batch of n one-camera
-  rows on a two-slot backbone would encode n identical blanks; with :func:`shared_blanks`
-  it encodes one and hands its features to every blank slot. That is about half of the
-  tower, and the tower is about half of a small backbone's forward. A single-policy
-  server answering one row at a time has nothing to share, so this is a saving of group
-  batching.
+  rows on a two-slot backbone would encode n identical blanks; :meth:`VisionShare.
+  image_features` encodes one and hands its features to every blank slot. That is about
+  half of the tower, and the tower is about half of a small backbone's forward. A
+  single-policy server answering one row at a time has nothing to share, so this is a
+  saving of group batching.
 * **The patch embedding as one matrix product.** Qwen-VL embeds patches with a
   ``Conv3d`` whose kernel equals its stride, which is a linear map of each flattened
   patch; oneDNN's 3-D convolution is several times slower on CPU than the product.
 * **The grid's layout, once per grid.** The tower derives its rotary positions, attention
   segments and (Qwen2.5-VL) window order from the images' grids in Python on every
-  forward; canonical images share one grid, so :func:`install` computes them once, with
-  the tower's own functions, and passes them in the names the tower accepts them
+  forward; canonical images share one grid, so :class:`VisionShare` computes them once,
+  with the tower's own functions, and passes them in the names the tower accepts them
   precomputed under (exact).
 * **Equal attention segments as one batched call.** Without flash attention the tower
   attends segment by segment (an image, or a window of one) in a Python loop: one
@@ -25,17 +25,18 @@ order), or exact:
   length, so the segments are the batch of ONE call instead (the same products per
   segment); segments of different lengths keep the loop.
 
-All are installed on the model instance by :func:`install` (the class is untouched).
+How they reach the model: the image features go into the forward through its own
+``mm_encoder_outputs`` argument (the model then does not run the tower itself), and the
+patch embedding and the tower's attention modules become subclasses of their own classes
+(:func:`install`) whose ``forward`` falls back on the class's own for anything else.
+Nothing of ``transformers`` is assigned over.
 """
 
 from __future__ import annotations
 
 import itertools
 import sys
-import types
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,49 +45,37 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from joynexus.models.lora import active_rows
 
-#: Per forward: the images the tower encodes (indices into the flattened row-major
+#: A blank plan: the images the tower encodes (indices into the flattened row-major
 #: ``[rows, slots]`` images) and, per image, which of those it takes its features from.
-_PLAN: ContextVar[tuple[list[int], list[int]] | None] = ContextVar(
-    "joynexus_vision_share", default=None
-)
-
+BlankPlan = tuple[list[int], list[int]]
 _MAX_LAYOUTS = 64
 
 
-def install(model: torch.nn.Module) -> bool:
-    """Give a Qwen-VL base ``model`` these savings; ``False`` (nothing changed) for a
-    layout this module does not know."""
-    visual = getattr(model, "visual", None)
-    original = getattr(model, "get_image_features", None)
-    if visual is None or original is None:
-        return False
-    proj = getattr(getattr(visual, "patch_embed", None), "proj", None)
-    if isinstance(proj, torch.nn.Conv3d) and tuple(proj.kernel_size) == tuple(proj.stride):
-        visual.patch_embed.forward = types.MethodType(_patch_embed_forward, visual.patch_embed)
-    for block in getattr(visual, "blocks", ()):
-        attn = getattr(block, "attn", None)
-        tower = None if attn is None else _attention_helpers(attn)
-        if attn is not None and tower is not None:
-            attn.forward = types.MethodType(_make_segment_attention(attn.forward, tower), attn)
+class VisionShare:
+    """The image features of a Qwen-VL base model's batches, blanks encoded once and the
+    grid's layout computed once (build with :func:`install`)."""
 
-    layouts: dict[bytes, dict[str, torch.Tensor]] = {}
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self._visual = model.visual
+        self._layouts: dict[bytes, dict[str, torch.Tensor]] = {}
 
-    def layout(grid: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _layout(self, grid: torch.Tensor) -> dict[str, torch.Tensor]:
         key = grid.cpu().numpy().tobytes()
-        found = layouts.get(key)
+        found = self._layouts.get(key)
         if found is None:
-            found = _tower_layout(visual, grid)
-            if len(layouts) >= _MAX_LAYOUTS:
-                layouts.clear()
-            layouts[key] = found
+            found = _tower_layout(self._visual, grid)
+            if len(self._layouts) >= _MAX_LAYOUTS:
+                self._layouts.clear()
+            self._layouts[key] = found
         return found
 
-    def get_image_features(
-        pixel_values: torch.Tensor, image_grid_thw: torch.Tensor | None = None, **kwargs: Any
+    def image_features(
+        self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor, plan: BlankPlan | None
     ) -> Any:
-        if image_grid_thw is None:
-            return original(pixel_values, image_grid_thw, **kwargs)
-        plan = _PLAN.get()
+        """What ``get_image_features`` returns for these images (``pooler_output``: one
+        tensor per image; Qwen3-VL's ``deepstack_features`` alike), each blank of
+        ``plan`` encoded once unless a row's LoRA adapts the tower."""
         images = int(image_grid_thw.shape[0])
         if (
             plan is None
@@ -94,22 +83,55 @@ def install(model: torch.nn.Module) -> bool:
             or len(plan[1]) != images
             or pixel_values.shape[0] % images
         ):
-            return original(pixel_values, image_grid_thw, **{**layout(image_grid_thw), **kwargs})
+            return self._model.get_image_features(
+                pixel_values, image_grid_thw, return_dict=True, **self._layout(image_grid_thw)
+            )
         keep, source = plan
         per = pixel_values.shape[0] // images  # canonical images: one patch count
         index = torch.tensor(keep, device=pixel_values.device)
         kept = pixel_values.view(images, per, -1).index_select(0, index).flatten(0, 1)
         grid = image_grid_thw.index_select(0, index.to(image_grid_thw.device))
-        out = original(kept, grid, **{**layout(grid), **kwargs})
+        out = self._model.get_image_features(kept, grid, return_dict=True, **self._layout(grid))
         out.pooler_output = tuple(out.pooler_output[j] for j in source)
         deepstack = getattr(out, "deepstack_features", None)
         if deepstack is not None:  # Qwen3-VL: the same images' features at earlier layers
             out.deepstack_features = [tuple(f[j] for j in source) for f in deepstack]
         return out
 
-    # An attribute of this instance shadows the class's method for this model only.
-    model.get_image_features = get_image_features  # type: ignore[assignment]
-    return True
+
+def install(model: torch.nn.Module) -> VisionShare | None:
+    """Give a Qwen-VL base ``model`` these savings; ``None`` (nothing changed) for a
+    layout this module does not know."""
+    visual: Any = getattr(model, "visual", None)
+    if visual is None or not callable(getattr(model, "get_image_features", None)):
+        return None
+    embed = getattr(visual, "patch_embed", None)
+    proj = getattr(embed, "proj", None)
+    if isinstance(proj, torch.nn.Conv3d) and tuple(proj.kernel_size) == tuple(proj.stride):
+        embed.__class__ = _subclass(type(embed), "Matmul", {"forward": _patch_embed_forward})
+    for block in getattr(visual, "blocks", ()):
+        attn = getattr(block, "attn", None)
+        tower = None if attn is None else _attention_helpers(attn)
+        if attn is not None and tower is not None:
+            own = type(attn)
+            forward = _segment_attention(own.forward, tower)
+            attn.__class__ = _subclass(own, "SegmentBatched", {"forward": forward})
+    return VisionShare(model)
+
+
+_SUBCLASSES: dict[tuple[type, str], type] = {}
+
+
+def _subclass(base: type, prefix: str, members: dict[str, Any]) -> type:
+    """``base`` with ``members`` overridden, its own class kept as ``own`` (one class per
+    base and prefix; a module already of such a class keeps it)."""
+    if base in _SUBCLASSES.values():
+        return base
+    found = _SUBCLASSES.get((base, prefix))
+    if found is None:
+        found = type(f"{prefix}{base.__name__}", (base,), {"own": base, **members})
+        _SUBCLASSES[(base, prefix)] = found
+    return found
 
 
 def _rows_adapt_the_tower() -> bool:
@@ -119,7 +141,7 @@ def _rows_adapt_the_tower() -> bool:
     return rows is not None and bool(rows.image_segments)
 
 
-def blank_plan(camera_mask: torch.Tensor) -> tuple[list[int], list[int]] | None:
+def blank_plan(camera_mask: torch.Tensor) -> BlankPlan | None:
     """For ``bool [rows, slots]`` on the CPU (True: a present camera), the images to
     encode and each image's source among them, or ``None`` when fewer than two slots are
     blank."""
@@ -139,17 +161,6 @@ def blank_plan(camera_mask: torch.Tensor) -> tuple[list[int], list[int]] | None:
                 keep.append(i)
             source.append(blank)
     return keep, source
-
-
-@contextmanager
-def shared_blanks(plan: tuple[list[int], list[int]] | None) -> Iterator[None]:
-    """Encode each blank slot of the next forward(s) in this context once
-    (:func:`blank_plan`); ``None`` encodes every image."""
-    token = _PLAN.set(plan)
-    try:
-        yield
-    finally:
-        _PLAN.reset(token)
 
 
 def _tower_layout(visual: Any, grid: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -189,12 +200,10 @@ def _attention_helpers(attn: Any) -> Any | None:
     return module
 
 
-def _make_segment_attention(
-    original: Callable[..., torch.Tensor], tower: Any
-) -> Callable[..., torch.Tensor]:
+def _segment_attention(own: Callable[..., torch.Tensor], tower: Any) -> Callable[..., torch.Tensor]:
     """A vision attention forward that runs equal-length segments as one batch and
     leaves anything else (flash attention's varlen kernel, unequal segments) to
-    ``original``, the module's own forward; ``tower`` is the module defining it."""
+    ``own``, the class's own forward; ``tower`` is the module defining it."""
 
     def forward(
         self: Any,
@@ -205,13 +214,13 @@ def _make_segment_attention(
         **kwargs: Any,
     ) -> torch.Tensor:
         if position_embeddings is None or tower.is_flash_attention_requested(self.config):
-            return original(hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
+            return own(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
         bounds = cu_seqlens.tolist()  # the per-segment loop reads these lengths too
         lengths = {b - a for a, b in itertools.pairwise(bounds)}
         total = int(hidden_states.shape[0])
         # One length, and the segments tile the sequence from its first token to its last.
         if len(lengths) != 1 or 0 in lengths or bounds[0] != 0 or bounds[-1] != total:
-            return original(hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
+            return own(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
         (length,) = lengths
         heads = int(self.num_heads)
         # [tokens, 3, heads, head_dim] → q, k, v of [tokens, heads, head_dim], q and k rotated.
@@ -257,4 +266,4 @@ def _patch_embed_forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor
     return out.view(-1, int(self.embed_dim))
 
 
-__all__ = ["blank_plan", "install", "shared_blanks"]
+__all__ = ["BlankPlan", "VisionShare", "blank_plan", "install"]
