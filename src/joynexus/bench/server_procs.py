@@ -42,7 +42,7 @@ STOP_TIMEOUT_S = 10.0
 
 def psutil_module() -> Any:
     try:
-        import psutil  # type: ignore[import-untyped,unused-ignore]
+        import psutil  # type: ignore[import-untyped,unused-ignore]  # stubs may be absent
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise RuntimeError("bench serving needs psutil (pip install psutil)") from exc
     return psutil

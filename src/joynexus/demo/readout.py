@@ -79,7 +79,7 @@ def success_reading(row: Mapping[str, Any]) -> str:
     lo_hi = (row.get("success_rate_ci95_initial"), row.get("success_rate_ci95_final"))
     if any(not isinstance(ci, list | tuple) or len(ci) != 2 for ci in lo_hi):
         return "not measured"
-    (b_lo, b_hi), (a_lo, a_hi) = lo_hi  # type: ignore[misc]
+    (b_lo, b_hi), (a_lo, a_hi) = lo_hi  # type: ignore[misc]  # pairs: checked above
     if a_lo > b_hi:
         return "rose: the intervals do not overlap"
     if a_hi < b_lo:

@@ -142,7 +142,7 @@ def create_app(
             app.openapi_schema = document
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
     return app
 
 

@@ -136,7 +136,7 @@ def add_component_schemas(document: dict[str, Any]) -> None:
     for model, mode in _REGISTERED.values():
         schema = model.model_json_schema(
             ref_template="#/components/schemas/{model}",
-            mode=mode,  # type: ignore[arg-type]
+            mode=mode,  # type: ignore[arg-type]  # pydantic types mode as a Literal
         )
         for name, sub in schema.pop("$defs", {}).items():
             schemas.setdefault(name, sub)

@@ -79,7 +79,7 @@ def attach(name: str) -> shared_memory.SharedMemory:
     """Open the model process's block ``name`` without owning it: Python 3.11's resource
     tracker would otherwise unlink it when this process exits."""
     shm = shared_memory.SharedMemory(name)
-    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]  # private
     return shm
 
 
