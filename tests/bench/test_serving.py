@@ -19,7 +19,7 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_tiny_run_reports_ratios_and_leaves_no_process(tmp_path: Path) -> None:
     before = _children()
     out = tmp_path / "serving.json"
@@ -77,7 +77,7 @@ def test_servers_are_stopped_on_ctrl_c(tmp_path: Path, monkeypatch: pytest.Monke
     before = _children()
     started: list[int] = []
 
-    def interrupted(servers: list[server_procs.Server]) -> None:
+    def interrupted(servers: list[server_procs.Server], *_: object) -> None:
         started.extend(s.proc.pid for s in servers)
         assert all(s.proc.poll() is None for s in servers)
         raise KeyboardInterrupt
