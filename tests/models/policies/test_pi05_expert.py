@@ -35,7 +35,7 @@ from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from joynexus.spec.workload import WorkloadSpec, parse_spec
 from joynexus.workflows.compile import compile_workloads
 from tests.interop.lerobot_pi_helpers import tiny_pi05
-from tests.models.reference import apply_loss, grouped_predict, serial_predict
+from tests.models.reference import apply_loss, grouped_predict, load_slot, save_slot, serial_predict
 
 REL = 1e-5
 
@@ -305,3 +305,20 @@ def test_spec_check_accepts_a_fitting_pi05_and_refuses_bad_ones(
     (missing / "policy_preprocessor.json").unlink()
     with pytest.raises(SpecError, match=r"policy_preprocessor\.json is missing"):
         compile_workloads([_spec(missing, 6)], allow_custom=True)
+
+
+def test_a_trained_tenant_checkpoint_restores_its_expert(
+    base: ResidentBaseModel, tmp_path: Path
+) -> None:
+    """Resume: a π0.5 tenant's saved checkpoint restores the trained expert (its
+    adaptive norms and projections) into a fresh slot, predicting the same."""
+    opt = OptimizerConfig(lr=1e-3)
+    slot = TenantSlot("a", SCHEMAS["a"], base, Pi05ExpertConfig(), optimizer=opt)
+    batch = ObservationBatch.synthetic(SCHEMAS["a"], 2, seed=5)
+    GroupedExecutor(base, [slot]).train_step({"a": batch})
+    saved = save_slot(slot, tmp_path, 1)
+    fresh = TenantSlot("a", SCHEMAS["a"], base, Pi05ExpertConfig(), optimizer=opt)
+    load_slot(fresh, saved)
+    trained, restored = slot.action_module.state_dict(), fresh.action_module.state_dict()
+    assert all(torch.equal(v, restored[k]) for k, v in trained.items())
+    assert any(not torch.equal(v, _pi05(base).expert_state[k]) for k, v in trained.items())
