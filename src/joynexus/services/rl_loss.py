@@ -2,7 +2,7 @@
 
 The policy is the slot's head through its :class:`~joynexus.models.policies.PolicyHead`
 contract: a Gaussian OFT head gives the log-density of the action chunk, a flow head
-(DiT or π0 expert) as a Flow-SDE policy the log-density of the recorded denoising chain
+(DiT or a checkpoint's expert) as a Flow-SDE policy the log-density of the recorded denoising chain
 (:mod:`joynexus.models.policies.flow`). The losses only see log-probabilities:
 
 * ``ppo``: clipped surrogate, value loss (when the tenant has a critic and returns are
