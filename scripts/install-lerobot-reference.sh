@@ -106,7 +106,10 @@ fi
 partial="${ROOT}.partial"
 safe_remove "$partial"
 mkdir -p "$(dirname "$ROOT")"
-debootstrap --variant=minbase --include="${PYTHON},${PYTHON}-venv,python3-pip,ca-certificates" \
+# In its own mount namespace too: debootstrap mounts /proc (and, in a container, binds
+# /dev nodes) into the target while it works; none of that may reach the machine.
+unshare -m --propagation private --fork \
+  debootstrap --variant=minbase --include="${PYTHON},${PYTHON}-venv,python3-pip,ca-certificates" \
   "$SUITE" "$partial" "$mirror" >"${partial}.log" 2>&1 || {
   tail -n 20 "${partial}.log" >&2
   echo "install-lerobot-reference: debootstrap of ${SUITE} from the machine's mirror failed" >&2
