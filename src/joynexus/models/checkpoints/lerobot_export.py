@@ -34,6 +34,8 @@ from joynexus.errors import InvalidRequestError
 from joynexus.interop.lerobot import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
 from joynexus.models.archs.smolvlm.resident import SmolVLAResident
 from joynexus.models.archs.smolvlm.smolvla import export_smolvla
+from joynexus.models.checkpoints.lerobot_pi05_export import PI05_HEAD, export_pi05_checkpoint
+from joynexus.models.checkpoints.payload import read_manifest
 from joynexus.models.checkpoints.tenant_export import read_tenant_expert
 from joynexus.models.lora import peft_deltas
 from joynexus.models.normalization import NormalizationStats
@@ -183,8 +185,9 @@ def merged_lora(
 def export_lerobot_checkpoint(
     checkpoint: str | Path, out: str | Path, *, base: Any, schema: DataSchema | None = None
 ) -> Path:
-    """Export the ``smolvla_expert`` tenant checkpoint ``checkpoint`` into ``out``;
-    ``schema``: the tenant's, for the image features (else the checkpoint's).
+    """Export the ``smolvla_expert`` tenant checkpoint ``checkpoint`` into ``out``
+    (a ``pi05_expert`` one: :func:`export_pi05_checkpoint`); ``schema``: the tenant's,
+    for the image features (else the checkpoint's).
 
     Raises:
         NotFoundError: no checkpoint there.
@@ -192,6 +195,8 @@ def export_lerobot_checkpoint(
             a LoRA adapter with a layer that cannot be merged.
         SpecError: ``base`` is not a SmolVLA base model.
     """
+    if read_manifest(checkpoint).head.get("type") == PI05_HEAD:  # π0.5: its own module
+        return export_pi05_checkpoint(checkpoint, out, base=base, schema=schema)
     expert, stats = read_tenant_expert(checkpoint, "smolvla_expert", "a LeRobot SmolVLA policy")
     resident = smolvla_of(base, what="export --format lerobot")
     try:
