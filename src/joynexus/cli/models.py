@@ -118,7 +118,7 @@ def export_pi0_command(
 def export_command(
     out: Annotated[Path, typer.Option("--out", help="Directory to write the policy into.")],
     export_format: Annotated[
-        str, typer.Option("--format", help="lerobot (a smolvla_expert tenant) | pi0")
+        str, typer.Option("--format", help="lerobot (a smolvla_expert or pi05_expert tenant) | pi0")
     ] = "lerobot",
     checkpoint: Annotated[
         Path | None,
@@ -142,7 +142,7 @@ def export_command(
     ] = None,
 ) -> None:
     """Export a tenant's trained policy with the resident prefix as a standalone policy:
-    ``--format lerobot`` writes a LeRobot SmolVLA directory (lerobot's from_pretrained
+    ``--format lerobot`` writes a LeRobot SmolVLA or π0.5 directory (lerobot's from_pretrained
     loads it), ``--format pi0`` a PI0ForConditionalGeneration directory."""
     from joynexus.models.checkpoints.payload import checkpoint_dir, find_latest_checkpoint
 
