@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from joynexus.interop.reference import reference_problem, run_reference
+from joynexus.interop.reference import reference_problem
+from joynexus.interop.tiny_pi import TINY_PI_CAMERAS, make_tiny_pi05
 
-CAMERAS = ("top", "wrist")
+CAMERAS = TINY_PI_CAMERAS
 
 
 def require_reference() -> None:
@@ -28,9 +29,4 @@ def tiny_pi05(out: Path, *, seed: int = 3) -> Path:
     """A tiny π0.5 (cameras ``top`` and ``wrist`` at 32 px, state and action 6 padded
     to 8, chunk 4, 3 denoising steps) written by lerobot 0.6.1 into ``out``."""
     require_reference()
-    args = ["make-tiny", "--family", "pi05", "--out", str(out), "--seed", str(seed)]
-    for camera in CAMERAS:
-        args += ["--camera", camera]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    run_reference("lerobot_pi.py", args, binds=[out.parent])
-    return out
+    return make_tiny_pi05(out, seed=seed, cameras=CAMERAS)

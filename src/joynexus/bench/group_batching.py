@@ -31,11 +31,13 @@ from rich.console import Console
 from rich.table import Table
 
 from joynexus.bench.memory import PeakRss, rss_mb
+from joynexus.models.archs.lerobot_pi.checkpoint import Pi05Checkpoint
 from joynexus.models.archs.smolvlm.resident import SMOLVLA_ARCH, SmolVLAResident
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.canon.feature import VLAFeature, max_abs_diff_left_padded
 from joynexus.models.policies import FlowMatchingHeadConfig, OFTHeadConfig, PolicyConfig
+from joynexus.models.policies.pi05_expert import Pi05ExpertConfig
 from joynexus.models.policies.smolvla_expert import SmolVLAExpertConfig
 from joynexus.models.schema import CALVIN, LIBERO, DataSchema
 from joynexus.models.tenant.slots import TenantSlot
@@ -45,6 +47,8 @@ from joynexus.models.types import BackboneOutput
 Group = tuple[str, DataSchema, ObservationBatch]
 #: ``--size real``: :mod:`joynexus.bench.real_models`'s configurations.
 REAL_SIZE = "real"
+#: ``--arch pi05``: a tiny LeRobot π0.5 saved by lerobot 0.6.1 (the reference environment).
+PI05 = "pi05"
 
 
 def _sync(device: torch.device) -> None:
@@ -68,17 +72,21 @@ def _median_time(
 
 
 def _fit(base: ResidentBaseModel, schema: DataSchema) -> DataSchema:
-    """``schema`` cut to what a pretrained checkpoint's expert serves (SmolVLA: its
-    state/action widths and chunk); unchanged on a bare VLM."""
+    """``schema`` cut to what a pretrained checkpoint's expert serves (SmolVLA, π0.5:
+    its state/action widths and chunk); unchanged on a bare VLM."""
     smolvla = base.extension(SmolVLAResident)
-    if smolvla is None:
+    pi05 = base.extension(Pi05Checkpoint)
+    if smolvla is not None:
+        limits = (smolvla.ckpt.max_state_dim, smolvla.ckpt.max_action_dim, smolvla.ckpt.chunk_size)
+    elif pi05 is not None:
+        limits = (pi05.max_state_dim, pi05.max_action_dim, pi05.chunk_size)
+    else:
         return schema
-    ckpt = smolvla.ckpt
     return schema.model_copy(
         update={
-            "state_dim": min(schema.state_dim, ckpt.max_state_dim),
-            "action_dim": min(schema.action_dim, ckpt.max_action_dim),
-            "action_chunk": min(schema.action_chunk, ckpt.chunk_size),
+            "state_dim": min(schema.state_dim, limits[0]),
+            "action_dim": min(schema.action_dim, limits[1]),
+            "action_chunk": min(schema.action_chunk, limits[2]),
         }
     )
 
@@ -150,6 +158,10 @@ def _max_diff(
     return worst
 
 
+def _lerobot_prefix(base: ResidentBaseModel) -> bool:
+    return base.extension(SmolVLAResident) is not None or base.extension(Pi05Checkpoint) is not None
+
+
 def measure_cell(
     base: ResidentBaseModel, num_tenants: int, batch: int, *, repeats: int, warmup: int
 ) -> dict[str, Any]:
@@ -178,7 +190,8 @@ def measure_cell(
         grouped_feature,
         last["grouped"],
         last["serial"],
-        right_padded=base.extension(SmolVLAResident) is not None,
+        # LeRobot's prefixes (SmolVLA, π0.5) pad their prompts on the right.
+        right_padded=_lerobot_prefix(base),
     )
     return {
         "tenants": num_tenants,
@@ -223,6 +236,8 @@ def measure_breakdown(
     }
     if base.extension(SmolVLAResident) is not None:
         heads["smolvla_expert"] = SmolVLAExpertConfig()
+    if base.extension(Pi05Checkpoint) is not None:
+        heads = {"pi05_expert": Pi05ExpertConfig()}
     for name, head in heads.items():
         slots = [
             TenantSlot(tid, schema, base, head, seed=i) for i, (tid, schema, _) in enumerate(groups)
@@ -254,7 +269,8 @@ def measure_breakdown(
 def _build(arch: str, tmp: Path, size: str) -> Path:
     """The bench's model: a tiny/small VLM, a real-size one (``size="real"``, built in a
     child process), or (``smolvla``) a tiny LeRobot SmolVLA with two cameras, built by
-    the real lerobot in its venv."""
+    the real lerobot in its venv, or (``pi05``) a tiny LeRobot π0.5 built by lerobot
+    0.6.1 in the reference environment."""
     if size == REAL_SIZE:
         from joynexus.bench.real_models import build_real_isolated
 
@@ -265,6 +281,10 @@ def _build(arch: str, tmp: Path, size: str) -> Path:
         out = tmp / "smolvla"
         make_tiny_lerobot(arch, out, cameras=["top", "wrist"])
         return out
+    if arch == PI05:
+        from joynexus.interop.tiny_pi import make_tiny_pi05
+
+        return make_tiny_pi05(tmp / "pi05")
     return make_tiny(arch, tmp, size=size)
 
 

@@ -26,6 +26,7 @@ from joynexus.cli.models_bench import (
 console = Console()
 
 REAL = "real"
+PI05 = "pi05"
 ModelSizeOption = Annotated[
     str,
     typer.Option(
@@ -44,6 +45,19 @@ def check_real_arch(arch: str) -> None:
     if arch not in REAL_ARCHES:
         raise typer.BadParameter(
             f"--size real builds {', '.join(REAL_ARCHES)}; got {arch!r}", param_hint="--arch"
+        )
+
+
+def check_pi05_reference(model_dir: Path | None) -> None:
+    """``--arch pi05`` builds its checkpoint with lerobot 0.6.1 in the reference
+    environment (unless ``--model-dir`` names one already built): refuse in one line,
+    saying how to build it, when that environment cannot run here."""
+    from joynexus.interop.reference import reference_problem
+
+    problem = None if model_dir is not None else reference_problem()
+    if problem is not None:
+        raise typer.BadParameter(
+            f"pi05 builds its tiny checkpoint with lerobot: {problem}", param_hint="--arch"
         )
 
 
@@ -66,7 +80,9 @@ def bench_group_batching(
         typer.Option(
             "--arch",
             help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm | pi0 | smolvla (tiny: a "
-            "LeRobot SmolVLA checkpoint built by the real lerobot; real: its VLM prefix)",
+            "LeRobot SmolVLA checkpoint built by the real lerobot; real: its VLM prefix) | "
+            "pi05 (tiny: a LeRobot π0.5 built by lerobot 0.6.1 in the reference "
+            "environment, pi05_expert tenants)",
         ),
     ] = "qwen2_5_vl",
     size: ModelSizeOption = "tiny",
@@ -108,6 +124,11 @@ def bench_group_batching(
         _check_model_options("smolvlm", size, device)
         if size != "tiny":
             raise typer.BadParameter("smolvla is built at --size tiny or real", param_hint="--size")
+    elif arch == PI05:
+        _check_model_options("paligemma", size, device)
+        if size != "tiny":
+            raise typer.BadParameter("pi05 is built at --size tiny", param_hint="--size")
+        check_pi05_reference(model_dir)
     else:
         _check_model_options(arch, size, device)
     result = run_group_batching(

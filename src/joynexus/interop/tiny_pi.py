@@ -1,0 +1,34 @@
+"""Tiny π0.5 checkpoints saved by lerobot 0.6.1 itself, in the reference environment.
+
+How they are shrunk is the side script's docstring (``joynexus/interop/side/
+lerobot_pi.py``): lerobot's own ``PI05Config`` with the ``gemma_300m`` variants, made
+small inside the reference process after the config is constructed. The tests and
+``joynexus bench group-batching --arch pi05`` build theirs here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from joynexus.interop.reference import run_reference
+
+#: The tiny checkpoint's cameras (32 px each).
+TINY_PI_CAMERAS = ("top", "wrist")
+
+
+def make_tiny_pi05(out: Path, *, seed: int = 3, cameras: Sequence[str] = TINY_PI_CAMERAS) -> Path:
+    """A tiny π0.5 (``cameras`` at 32 px, state and action 6 padded to 8, chunk 4, 3
+    denoising steps) written by lerobot 0.6.1 into ``out``.
+
+    Raises:
+        ServiceUnavailableError: the reference environment is not built or cannot be
+            entered here (the message says how to build it).
+        InvalidRequestError: lerobot failed.
+    """
+    args = ["make-tiny", "--family", "pi05", "--out", str(out), "--seed", str(seed)]
+    for camera in cameras:
+        args += ["--camera", camera]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    run_reference("lerobot_pi.py", args, binds=[out.parent])
+    return out

@@ -1,0 +1,42 @@
+"""``joynexus bench group-batching --arch pi05``: the option's checks.
+
+The measured run (a tiny π0.5 built by lerobot 0.6.1, 8 tenants x batch 1) is
+``docs/results/group-batching-pi05-tiny.json``; building the checkpoint takes most of a
+minute here, so these tests check what the option refuses before anything is built.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from joynexus.cli.main import app
+
+
+def _plain(text: str) -> str:
+    # Typer's error box wraps and frames the message: keep the words only.
+    return " ".join(re.sub(r"[│╭╮╰╯─]", " ", text).split())
+
+
+def test_pi05_is_built_at_tiny_size_only() -> None:
+    result = CliRunner().invoke(
+        app, ["bench", "group-batching", "--arch", "pi05", "--size", "small"]
+    )
+    assert result.exit_code == 2
+    assert "pi05 is built at --size tiny" in _plain(result.output)
+
+
+def test_pi05_without_the_reference_environment_says_how_to_build_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("JOYNEXUS_LEROBOT_REFERENCE", str(tmp_path / "none"))
+    result = CliRunner().invoke(
+        app, ["bench", "group-batching", "--arch", "pi05", "--tenants", "2", "--batch", "1"]
+    )
+    assert result.exit_code == 2
+    words = _plain(result.output)
+    assert "pi05 builds its tiny checkpoint with lerobot" in words
+    assert "build it with" in words
