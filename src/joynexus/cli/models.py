@@ -185,7 +185,14 @@ def _export(export_format: str, checkpoint: Path, out: Path, base_model: str | N
 
     exporters = {"lerobot": export_lerobot_checkpoint, "pi0": export_pi0_checkpoint}
     try:
-        model_id = base_model or read_manifest(checkpoint).base_model_id
+        manifest = read_manifest(checkpoint)
+        model_id = base_model or manifest.base_model_id
+        if export_format == "lerobot" and manifest.data_schema is None:
+            console.print(
+                "note: this checkpoint predates recorded tenant schemas; the exported "
+                "image features are the base checkpoint's, not the tenant's cameras",
+                highlight=False,
+            )
         # A checkpoint names a tiny model by its spec id (tiny:pi0, tiny:smolvla): it is
         # rebuilt from its fixed seed in a scratch directory, and exported while that
         # still exists (a LeRobot export copies the checkpoint's config and processors).

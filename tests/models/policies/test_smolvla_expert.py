@@ -402,6 +402,8 @@ def test_models_export_cli_writes_the_tenants_lerobot_directory(
     args = ["models", "export", "--format", "lerobot", "--tenant", "t", "--out", str(out)]
     result = CliRunner().invoke(app, [*args, *common])
     assert result.exit_code == 0, result.output
+    # The tenant's cameras and image size (recorded in its checkpoint), not the base's.
+    assert _images(out) == {"observation.images.top": [3, 96, 96]} != _images(checkpoint)
     weights = load_file(str(out / "model.safetensors"))
     expert = slot.action_module
     assert isinstance(expert, SmolVLAExpert)
@@ -419,6 +421,52 @@ def test_models_export_cli_writes_the_tenants_lerobot_directory(
     assert result.exit_code != 0 and "only a 'smolvla_expert' exports" in _text(result.output)
     result = CliRunner().invoke(app, [*args, "--format", "onnx"])
     assert result.exit_code != 0 and "lerobot" in result.output
+
+
+def _images(policy: Path) -> dict[str, list[int]]:
+    """A LeRobot policy directory's image input features: name → shape."""
+    features = json.loads((policy / "config.json").read_text())["input_features"]
+    return {k: v["shape"] for k, v in features.items() if k.startswith("observation.images.")}
+
+
+def test_an_old_checkpoint_without_its_schema_exports_the_bases_images_with_a_note(
+    base: ResidentBaseModel, checkpoint: Path, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from joynexus.cli.main import app
+
+    slot = TenantSlot("t", SCHEMAS["c"], base, SmolVLAExpertConfig())
+    saved = save_slot(slot, tmp_path / "outputs", 1, include_optim=False)
+    manifest = json.loads((saved / "manifest.json").read_text())
+    assert manifest["data_schema"]["cameras"] == {"top": {"height": 96, "width": 96, "channels": 3}}
+    del manifest["data_schema"]  # as written before manifests recorded the schema
+    (saved / "manifest.json").write_text(json.dumps(manifest))
+    out = tmp_path / "policy"
+    args = ["models", "export", "--checkpoint", str(saved), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--base-model", str(checkpoint)])
+    assert result.exit_code == 0, result.output
+    assert "predates recorded tenant schemas" in _text(result.output)
+    assert _images(out) == _images(checkpoint)
+
+
+def test_an_exported_smolvla_loads_back_from_any_working_directory(
+    base: ResidentBaseModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slot = TenantSlot("t", SCHEMAS["b"], base, SmolVLAExpertConfig(), seed=3)
+    saved = save_slot(slot, tmp_path / "outputs", 1, include_optim=False)
+    out = export_lerobot_checkpoint(saved, tmp_path / "exported", base=base)
+    assert json.loads((out / "config.json").read_text())["vlm_model_name"] == "vlm"
+    # A direct export takes the tenant's schema from its checkpoint too.
+    assert _images(out) == {"observation.images.top": [3, 48, 64]}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # "vlm" does not exist here: only the export has it
+    loaded = ResidentBaseModel.from_pretrained(str(out))
+    expert = slot.action_module
+    assert isinstance(expert, SmolVLAExpert)
+    state = _smolvla(loaded).model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in expert.expert_state().items())
 
 
 def test_vision_lora_on_the_smolvla_prefix_grouped_equals_serial(base: ResidentBaseModel) -> None:

@@ -187,7 +187,8 @@ def export_lerobot_checkpoint(
 ) -> Path:
     """Export the ``smolvla_expert`` tenant checkpoint ``checkpoint`` into ``out``
     (a ``pi05_expert`` one: :func:`export_pi05_checkpoint`); ``schema``: the tenant's,
-    for the image features (else the checkpoint's).
+    for the image features (default: the one its manifest records; a checkpoint written
+    before manifests recorded it keeps the base checkpoint's image features).
 
     Raises:
         NotFoundError: no checkpoint there.
@@ -195,7 +196,9 @@ def export_lerobot_checkpoint(
             a LoRA adapter with a layer that cannot be merged.
         SpecError: ``base`` is not a SmolVLA base model.
     """
-    if read_manifest(checkpoint).head.get("type") == PI05_HEAD:  # π0.5: its own module
+    manifest = read_manifest(checkpoint)
+    schema = schema or manifest.data_schema
+    if manifest.head.get("type") == PI05_HEAD:  # π0.5: its own module
         return export_pi05_checkpoint(checkpoint, out, base=base, schema=schema)
     expert, stats = read_tenant_expert(checkpoint, "smolvla_expert", "a LeRobot SmolVLA policy")
     resident = smolvla_of(base, what="export --format lerobot")

@@ -7,11 +7,12 @@
   + :func:`install_checkpoint` restore it) to
   ``<output_dir>/<tenant>/step_<n>/`` with ``action_module.safetensors``, optionally
   ``optimizer.safetensors`` + ``optimizer.json``, and ``manifest.json`` (tenant, schema
-  signature, base model id + hash, policy version, step, creation time, sha256 of every
-  file). A tenant with a LoRA adapter also gets ``adapter_model.safetensors`` +
-  ``adapter_config.json`` (PEFT format) next to its head; its payloads carry the adapter
-  as ``lora.*`` tensors. The directory is written under a temporary name and renamed
-  into place, so a crash never leaves a half-written checkpoint that looks complete.
+  signature and the schema itself, base model id + hash, policy version, step, creation
+  time, sha256 of every file). A tenant with a LoRA adapter also gets
+  ``adapter_model.safetensors`` + ``adapter_config.json`` (PEFT format) next to its head;
+  its payloads carry the adapter as ``lora.*`` tensors. The directory is written under a
+  temporary name and renamed into place, so a crash never leaves a half-written
+  checkpoint that looks complete.
 
 A tenant trained on normalized data (SFT) computes in normalized units; its
 ``NormalizationStats`` travel with it — on the slot, in every payload and as
@@ -45,6 +46,7 @@ from joynexus.errors import (
 )
 from joynexus.models.lora import peft_config, write_peft_adapter
 from joynexus.models.normalization import NormalizationStats
+from joynexus.models.schema import DataSchema
 from joynexus.models.tenant.optim_state import optimizer_tensors, restore_optimizer
 from joynexus.models.tenant.slots import TenantSlot, validate_tenant_id
 
@@ -203,6 +205,11 @@ class CheckpointManifest(BaseModel):
     format: int = MANIFEST_FORMAT
     tenant_id: str
     schema_signature: str
+    data_schema: DataSchema | None = Field(
+        default=None,
+        description="the tenant's schema (cameras, image sizes) for exports; absent in "
+        "checkpoints written before it was recorded",
+    )
     base_model_id: str
     base_model_hash: str | None = None
     policy_version: int = Field(ge=0)
@@ -253,6 +260,7 @@ class SlotSnapshot:
     peft: tuple[dict[str, torch.Tensor], dict[str, Any]] | None
     optimizer: tuple[dict[str, torch.Tensor], dict[str, Any]] | None
     normalization: NormalizationStats | None
+    data_schema: DataSchema | None = None
 
 
 def snapshot_slot(slot: TenantSlot, *, include_optim: bool = True) -> SlotSnapshot:
@@ -279,6 +287,7 @@ def snapshot_slot(slot: TenantSlot, *, include_optim: bool = True) -> SlotSnapsh
         peft=peft,
         optimizer=optimizer,
         normalization=slot.normalization,
+        data_schema=slot.schema,
     )
 
 
@@ -324,6 +333,7 @@ def write_checkpoint(
         manifest = CheckpointManifest(
             tenant_id=snapshot.tenant_id,
             schema_signature=snapshot.schema_signature,
+            data_schema=snapshot.data_schema,
             base_model_id=base_model_id or snapshot.base_model_id,
             base_model_hash=base_model_hash,
             policy_version=snapshot.policy_version,

@@ -205,7 +205,7 @@ class SmolVLA(nn.Module):
         ckpt = read_lerobot_checkpoint(path)
         config = json.loads((Path(ckpt.path) / "config.json").read_text())
         hf: Any = importlib.import_module("transformers")
-        vlm = str(config["vlm_model_name"])
+        vlm = vlm_path(config, ckpt.path)
         vlm_config = hf.AutoConfig.from_pretrained(vlm)
         model = cls(ckpt, config, vlm_config)
         state = load_file(str(Path(ckpt.path) / "model.safetensors"))
@@ -449,7 +449,7 @@ def export_smolvla(
     src = Path(model.ckpt.path)
     config = json.loads((src / "config.json").read_text())
     vlm_name = str(config["vlm_model_name"])
-    vlm, moved = Path(vlm_name), None
+    vlm, moved = Path(vlm_path(config, src)), None
     if vlm.is_dir() and vlm.resolve().is_relative_to(src.resolve()):
         # A VLM kept inside the checkpoint (a tiny one) travels with the export, so the
         # directory stands alone once the checkpoint is gone.
@@ -474,6 +474,18 @@ def export_smolvla(
             pipeline = json.loads((dst / name).read_text())
             (dst / name).write_text(json.dumps(_renamed(pipeline, vlm_name, moved), indent=2))
     return dst
+
+
+def vlm_path(config: dict[str, Any], root: str | Path) -> str:
+    """The VLM a LeRobot SmolVLA ``config`` names: a relative ``vlm_model_name`` (an
+    export's ``"vlm"``) is the folder of that name inside the checkpoint ``root`` when
+    there is one, so loading does not depend on the working directory; otherwise (a hub
+    id, an absolute path) the name as it is."""
+    name = str(config["vlm_model_name"])
+    inside = Path(root) / name
+    if name and not Path(name).is_absolute() and inside.is_dir():
+        return str(inside.resolve())
+    return name
 
 
 def _renamed(value: Any, old: str, new: str) -> Any:
