@@ -192,8 +192,14 @@ def test_the_exported_image_features_are_the_tenants_cameras(checkpoint: Path, w
     for camera in ("top", "wrist"):
         assert features[f"observation.images.{camera}"] == {"type": "VISUAL", "shape": [3, 32, 32]}
     assert features["observation.state"]["shape"] == [6]
-    # Without the tenant's schema the checkpoint's own image features stay.
+    # Without schema= the one its checkpoint records (as the CLI exports it) ...
     plain = export_lerobot_checkpoint(saved, work / "plain", base=base)
-    assert json.loads((plain / "config.json").read_text())["input_features"][
+    assert json.loads((plain / "config.json").read_text())["input_features"] == features
+    # ... and a checkpoint written before manifests recorded it keeps the base's.
+    manifest = json.loads((saved / "manifest.json").read_text())
+    del manifest["data_schema"]
+    (saved / "manifest.json").write_text(json.dumps(manifest))
+    old = export_lerobot_checkpoint(saved, work / "old", base=base)
+    assert json.loads((old / "config.json").read_text())["input_features"][
         "observation.images.top"
     ]["shape"] == [3, 64, 64]
