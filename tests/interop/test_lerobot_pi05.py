@@ -20,15 +20,12 @@ denoising steps, a 48-token prompt, fp32.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from joynexus.errors import SpecError
-from joynexus.interop.reference import run_reference
 from joynexus.models.archs.lerobot_pi import Pi05Prefix
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
@@ -37,7 +34,7 @@ from joynexus.models.policies.pi05_expert import Pi05Expert, Pi05ExpertConfig
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from tests.interop.lerobot_helpers import TASKS
-from tests.interop.lerobot_pi_helpers import CAMERAS, tiny_pi05
+from tests.interop.lerobot_pi_helpers import CAMERAS, lerobot_pi05_answer, tiny_pi05
 
 SIDE = 32
 TOLERANCE = 1e-4
@@ -70,25 +67,8 @@ def test_lerobot_061_pi05_actions_are_joynexus_actions(checkpoint: Path, work: P
     """In: for the same observation and noise, JoyNexus's π0.5 (the shared prefix with
     the state written into each row's prompt, a tenant's copy of the expert) predicts
     lerobot 0.6.1's ``select_action`` actions, processors included."""
-    g = torch.Generator().manual_seed(11)
-    pixels = {
-        c: torch.randint(0, 256, (2, SIDE, SIDE, 3), generator=g, dtype=torch.uint8)
-        for c in CAMERAS
-    }
-    state = torch.randn(2, 6, generator=g)
-    obs = {
-        f"observation.images.{c}": (p.permute(0, 3, 1, 2) / 255).contiguous()
-        for c, p in pixels.items()
-    }
-    save_file({**obs, "observation.state": state}, str(work / "obs.safetensors"))
-    (work / "task.json").write_text(json.dumps(TASKS))
-    out = work / "actions.safetensors"
-    args = ["predict", "--policy", str(checkpoint), "--obs", str(work / "obs.safetensors")]
-    args += ["--task", str(work / "task.json"), "--out", str(out), "--seed", "21"]
-    # The checkpoint names its tokenizer relative to its folder: run from there.
-    run_reference("lerobot_pi.py", args, binds=[work], cwd=checkpoint)
-    ref = load_file(str(out))
-    theirs, noise = ref["actions"], ref["noise"]
+    answer = lerobot_pi05_answer(checkpoint, work, TASKS, side=SIDE)
+    pixels, state, theirs, noise = answer.pixels, answer.state, answer.actions, answer.noise
 
     base = ResidentBaseModel.from_pretrained(str(checkpoint))
     schema = schema_of()
@@ -104,7 +84,7 @@ def test_lerobot_061_pi05_actions_are_joynexus_actions(checkpoint: Path, work: P
     resident = base.resident
     assert isinstance(resident, Pi05Prefix)
     # The prompts carry each row's state, tokenized as lerobot's processor did.
-    assert torch.equal(feature.model_inputs["input_ids"].cpu(), ref["tokens"])
+    assert torch.equal(feature.model_inputs["input_ids"].cpu(), answer.tokens)
     features = executor.shared_forward({"t": batch})["t"]
     expert = slot.action_module
     assert isinstance(expert, Pi05Expert)

@@ -16,10 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from joynexus.errors import InvalidRequestError
-from joynexus.interop.reference import run_reference
 from joynexus.models.archs.lerobot_pi.checkpoint import Pi05Checkpoint
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
@@ -33,7 +31,7 @@ from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from joynexus.models.types import extension_of
 from tests.interop.lerobot_helpers import TASKS
-from tests.interop.lerobot_pi_helpers import CAMERAS, tiny_pi05
+from tests.interop.lerobot_pi_helpers import CAMERAS, lerobot_pi05_answer, tiny_pi05
 from tests.models.reference import save_slot
 from tests.models.test_lora_vision import randomize
 
@@ -126,25 +124,8 @@ def test_a_moved_pi05_export_runs_in_lerobot_061_with_joynexus_actions(
         for text in _strings(json.loads(file.read_text())):
             assert not text.startswith("/"), f"{file.name} holds the path {text!r}"
 
-    g = torch.Generator().manual_seed(11)
-    pixels = {
-        c: torch.randint(0, 256, (2, SIDE, SIDE, 3), generator=g, dtype=torch.uint8)
-        for c in CAMERAS
-    }
-    state = torch.randn(2, 6, generator=g)
-    obs = {
-        f"observation.images.{c}": (p.permute(0, 3, 1, 2) / 255).contiguous()
-        for c, p in pixels.items()
-    }
-    save_file({**obs, "observation.state": state}, str(work / "obs.safetensors"))
-    (work / "task.json").write_text(json.dumps(TASKS))
-    out = work / "actions.safetensors"
-    args = ["predict", "--policy", str(moved), "--obs", str(work / "obs.safetensors")]
-    args += ["--task", str(work / "task.json"), "--out", str(out), "--seed", "21"]
-    # The export names its tokenizer relative to its folder: run from the copy.
-    run_reference("lerobot_pi.py", args, binds=[work], cwd=moved)
-    ref = load_file(str(out))
-    theirs, noise = ref["actions"], ref["noise"]
+    answer = lerobot_pi05_answer(moved, work, TASKS, side=SIDE)
+    pixels, state, theirs, noise = answer.pixels, answer.state, answer.actions, answer.noise
 
     norm = slot.normalization
     assert norm is not None
@@ -155,7 +136,7 @@ def test_a_moved_pi05_export_runs_in_lerobot_061_with_joynexus_actions(
     executor = GroupedExecutor(base, [slot])
     # lerobot wrote the prompts JoyNexus writes (the tenant's statistics discretize the state).
     feature = base.canonicalize([("t", slot.schema, batch)])
-    assert torch.equal(feature.model_inputs["input_ids"].cpu(), ref["tokens"])
+    assert torch.equal(feature.model_inputs["input_ids"].cpu(), answer.tokens)
     features = executor.shared_forward({"t": batch})["t"]
     with torch.no_grad():
         chunk = expert.denoise(features, torch.from_numpy(model_state), noise)
