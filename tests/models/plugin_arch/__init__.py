@@ -19,7 +19,13 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from joynexus.models.archs.base import LoadRequest, Resident, ResidentArch, read_sidecar
+from joynexus.models.archs.base import (
+    LoadRequest,
+    Resident,
+    ResidentArch,
+    fitting_statistics,
+    read_sidecar,
+)
 from joynexus.models.archs.hf import hf
 from joynexus.models.normalization import NormalizationStats
 from joynexus.models.schema import DataSchema
@@ -40,13 +46,7 @@ class PackagedHead:
 class PackagedResident(Resident):
     def default_normalization(self, schema: DataSchema) -> NormalizationStats | None:
         assert isinstance(self.extension, PackagedHead)
-        stats = self.extension.normalization
-        if stats.state is None or (stats.state.dim, stats.action.dim) != (
-            schema.state_dim,
-            schema.action_dim,
-        ):
-            return None
-        return stats
+        return fitting_statistics(self.extension.normalization, schema)
 
 
 class PackagedPaliGemma(ResidentArch):

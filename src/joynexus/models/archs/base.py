@@ -210,6 +210,18 @@ class Resident:
         return None
 
 
+def fitting_statistics(
+    stats: NormalizationStats | None, schema: DataSchema
+) -> NormalizationStats | None:
+    """A checkpoint's processor statistics as a tenant's default, when their state and
+    action widths are the schema's (``None`` otherwise: raw units)."""
+    if stats is None or stats.state is None:
+        return None
+    if (stats.state.dim, stats.action.dim) != (schema.state_dim, schema.action_dim):
+        return None
+    return stats
+
+
 class ResidentArch:
     """A resident architecture as the registry holds it: which checkpoints it loads,
     and how.

@@ -22,7 +22,7 @@ import torch
 
 from joynexus.errors import InvalidRequestError
 from joynexus.interop.lerobot import hub_family
-from joynexus.models.archs.base import LoadRequest, Resident, ResidentArch
+from joynexus.models.archs.base import LoadRequest, Resident, ResidentArch, fitting_statistics
 from joynexus.models.archs.lerobot_pi.checkpoint import PI05_TYPE, Pi05Checkpoint, pi05_prompt
 from joynexus.models.canon.canonicalize import BatchEncoder
 from joynexus.models.canon.feature import VLAFeature
@@ -114,16 +114,7 @@ class Pi05Prefix(Resident):
         )
 
     def default_normalization(self, schema: DataSchema) -> NormalizationStats | None:
-        # The checkpoint's processor statistics, when their widths are the schema's.
-        stats = self.checkpoint.normalization()
-        if stats is None or stats.state is None:
-            return None
-        if (len(stats.state.mean), len(stats.action.mean)) != (
-            schema.state_dim,
-            schema.action_dim,
-        ):
-            return None
-        return stats
+        return fitting_statistics(self.checkpoint.normalization(), schema)
 
 
 class LeRobotPi05(ResidentArch):

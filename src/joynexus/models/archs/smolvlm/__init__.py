@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 
 from joynexus.errors import InvalidRequestError
-from joynexus.models.archs.base import LoadRequest, Resident, ResidentArch
+from joynexus.models.archs.base import LoadRequest, Resident, ResidentArch, fitting_statistics
 from joynexus.models.archs.smolvlm.resident import (
     SMOLVLA_ARCH,
     SmolVLAEncoder,
@@ -74,13 +74,7 @@ class SmolVLAPrefix(Resident):
         )
 
     def default_normalization(self, schema: DataSchema) -> NormalizationStats | None:
-        # The checkpoint's processor statistics, when their widths are the schema's.
-        stats = self.checkpoint.normalization()
-        if stats is None or stats.state is None:
-            return None
-        if (stats.state.dim, stats.action.dim) != (schema.state_dim, schema.action_dim):
-            return None
-        return stats
+        return fitting_statistics(self.checkpoint.normalization(), schema)
 
 
 class SmolVLA(ResidentArch):
