@@ -75,3 +75,19 @@ def lerobot_actions(
         cwd=policy,
     )
     return load_file(str(out))["actions"]
+
+
+def _strings(value: object) -> list[str]:
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return [value] if isinstance(value, str) else []
+
+
+def assert_no_absolute_paths(folder: Path) -> None:
+    """No string in any JSON file of an exported ``folder`` is an absolute path (one
+    that would name the machine it was exported on)."""
+    for file in folder.rglob("*.json"):
+        for text in _strings(json.loads(file.read_text())):
+            assert not text.startswith("/"), f"{file.name} holds the path {text!r}"

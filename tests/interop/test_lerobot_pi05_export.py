@@ -10,7 +10,6 @@ its ``joynexus.json``, which the side script reads to shrink the same way on loa
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from joynexus.models.policies.pi05_expert import Pi05Expert, Pi05ExpertConfig
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from joynexus.models.types import extension_of
-from tests.interop.lerobot_helpers import TASKS
+from tests.interop.lerobot_helpers import TASKS, assert_no_absolute_paths
 from tests.interop.lerobot_pi_helpers import CAMERAS, lerobot_pi05_answer, tiny_pi05
 from tests.models.reference import save_slot
 from tests.models.test_lora_vision import randomize
@@ -85,14 +84,6 @@ def _tenant(base: ResidentBaseModel) -> TenantSlot:
     return slot
 
 
-def _strings(value: object) -> list[str]:
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _strings(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _strings(v)]
-    return [value] if isinstance(value, str) else []
-
-
 def test_a_moved_pi05_export_runs_in_lerobot_061_with_joynexus_actions(
     base: ResidentBaseModel, work: Path
 ) -> None:
@@ -120,9 +111,7 @@ def test_a_moved_pi05_export_runs_in_lerobot_061_with_joynexus_actions(
     print("exported π0.5 files:", ", ".join(files))
     assert {"config.json", "model.safetensors", "joynexus.json"} <= set(files)
     assert "tokenizer/tokenizer.json" in files
-    for file in moved.rglob("*.json"):
-        for text in _strings(json.loads(file.read_text())):
-            assert not text.startswith("/"), f"{file.name} holds the path {text!r}"
+    assert_no_absolute_paths(moved)
 
     answer = lerobot_pi05_answer(moved, work, TASKS, side=SIDE)
     pixels, state, theirs, noise = answer.pixels, answer.state, answer.actions, answer.noise
