@@ -133,6 +133,11 @@ class CanonicalSpec:
     prompt: PromptStyle = "image_tokens"
     pixels: PixelLayout | None = "images"
     processor_kwargs: tuple[tuple[str, Any], ...] = ()
+    #: A model that reads its cameras otherwise than as the uint8 squares (a LeRobot
+    #: policy that resizes float frames its own way): ``(uint8 [N, H, W, C] frames,
+    #: size) → float32 [N, 3, size, size]`` in [0, 1], what the encoder gets in place of
+    #: the squares (the feature's ``images`` stay the squares). ``None``: the squares.
+    model_pixels: Callable[[np.ndarray, int], torch.Tensor] | None = None
 
 
 # Prompts by processor: the chat template is pure in (spec, instruction), and a policy's
@@ -268,11 +273,17 @@ def canonicalize(
             pixels[start : start + n, slot] = resized[offset : offset + n]
             offset += n
     mask = torch.from_numpy(camera_mask)
+    seen = images
+    if spec.model_pixels is not None:
+        seen = torch.zeros((total, slots, 3, size, size), dtype=torch.float32)
+        for parts in by_shape.values():
+            for start, n, slot, img in parts:
+                seen[start : start + n, slot] = spec.model_pixels(img, size)
 
     if encoder is None:
         model_inputs = processor_inputs(processor, spec, images, mask, instructions)
     else:
-        model_inputs = encoder.encode(images, mask, instructions, device or torch.device("cpu"))
+        model_inputs = encoder.encode(seen, mask, instructions, device or torch.device("cpu"))
     return VLAFeature(
         model_inputs=model_inputs,
         state=torch.from_numpy(state),
