@@ -45,9 +45,14 @@ def test_two_point_sweep_reports_every_field(tmp_path: Path) -> None:
     assert [(p["servers"], p["computed"]) for p in data["baseline"]] == [(1, False), (2, False)]
     s = data["summary"]
     assert s["backbone_weights_mb"] > 0
+    # Memory is read with no load between the tenants added, after a warm-up.
+    assert [p["tenants"] for p in data["memory"]] == [1, 2]
+    assert all(p["rss_idle_mb"] > 50 for p in data["memory"])
+    idle = [p["rss_idle_mb"] for p in data["memory"]]
+    assert s["mb_per_added_tenant"] == pytest.approx(idle[1] - idle[0])
     assert math.isfinite(s["mb_per_added_tenant_fit_peak"])
     assert s["per_tenant_fraction_of_backbone"] == pytest.approx(
-        s["mb_per_added_tenant_fit_peak"] / s["backbone_weights_mb"]
+        s["mb_per_added_tenant"] / s["backbone_weights_mb"]
     )
     # Two servers hold two backbones: more memory than one server for two tenants.
     assert s["memory_ratio_by_tenants"]["2"] > 1.2

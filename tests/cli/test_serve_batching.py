@@ -56,6 +56,18 @@ def test_serves_deadline_bound_is_the_runtimes() -> None:
     assert RuntimeConfig().predict_deadline_s == RUNTIME_PREDICT_DEADLINE_S
 
 
+def test_the_predict_deadline_reaches_the_runtime_and_bounds_t(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert _planned(monkeypatch, tmp_path).predict_deadline_s == RUNTIME_PREDICT_DEADLINE_S
+    # A real-size model on a CPU: one grouped forward can take minutes.
+    config = _planned(
+        monkeypatch, tmp_path, "--predict-deadline-s", "600", "--max-wait-ms", "61000"
+    )
+    assert config.predict_deadline_s == 600.0
+    assert config.max_wait_s == pytest.approx(61.0)
+
+
 @pytest.mark.parametrize(
     ("option", "value"),
     [
@@ -64,6 +76,8 @@ def test_serves_deadline_bound_is_the_runtimes() -> None:
         ("--max-wait-ms", "inf"),
         ("--max-wait-ms", "60001"),  # past the predict deadline: every lone predict 504s
         ("--max-batch-size", "0"),
+        ("--predict-deadline-s", "0"),
+        ("--predict-deadline-s", "inf"),
     ],
 )
 def test_a_bad_t_or_b_exits_2_naming_the_option(tmp_path: Path, option: str, value: str) -> None:

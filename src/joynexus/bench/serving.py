@@ -433,7 +433,9 @@ def _pair(
     """Ours (once per ``fronts`` value), then the baseline, every server with
     ``--canonicalizer canonicalizer`` (as many baseline servers as fit
     ``memory_budget_mb``, the rest computed)."""
-    args = ["--canonicalizer", canonicalizer]
+    # The servers' queue deadline is the clients' request timeout: at real size one
+    # grouped forward can outlast serve's default 60 s on a CPU.
+    args = ["--canonicalizer", canonicalizer, "--predict-deadline-s", str(load["timeout_s"])]
     tenants = len(names)
     ours_runs: dict[int, dict[str, Any]] = {}
     for n in fronts:

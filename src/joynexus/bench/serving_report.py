@@ -277,11 +277,12 @@ def print_scaling_report(result: dict[str, Any], console: Console) -> None:
     console.print(table)
     frac = summary.get("per_tenant_fraction_of_backbone")
     console.print(
-        f"memory per added tenant: {summary['mb_per_added_tenant_fit_peak']:.2f} MiB (fit of "
-        f"peak RSS; {summary['mb_per_added_tenant_endpoints']:.2f} from the endpoints) = "
+        f"memory per added tenant: {summary['mb_per_added_tenant']:.2f} MiB (fit of the idle "
+        f"server's RSS; {summary['mb_per_added_tenant_endpoints']:.2f} from the endpoints) = "
         + (f"{frac:.2%}" if frac is not None else "-")
         + f" of the {summary['backbone_weights_mb']:.0f} MiB backbone "
-        f"(target <= {summary['per_tenant_target']:.0%} at small)"
+        f"(target <= {summary['per_tenant_target']:.0%} at small); peak RSS under load "
+        f"grows {summary['mb_per_added_tenant_fit_peak']:.2f} MiB per tenant (larger batches)"
     )
     if "throughput_64_over_8" in summary:
         console.print(

@@ -1,12 +1,14 @@
 """``joynexus bench serving --tenants 1,2,4,...``: how cost grows with tenants.
 
-One shared ``joynexus serve`` deployment runs the whole sweep: tenants are added to it
-(each a ``custom`` workload with its own OFT head, as :mod:`joynexus.bench.serving`'s)
-until the next count is reached, then every tenant's closed-loop clients load it for
-``duration_s``. Per count: req/s, p50/p99, the server tree's RSS (peak under the load,
-and after the tenants were added, before any load) and PSS. The memory each added
-tenant costs is the least-squares slope of RSS over the tenant count (and the endpoint
-difference), set beside the resident backbone (the saved weights' size).
+One shared ``joynexus serve`` deployment runs the whole sweep. First memory: after a
+warm-up on one tenant, tenants (each a ``custom`` workload with its own OFT head, as
+:mod:`joynexus.bench.serving`'s) are added up to each count with no load in between and
+the server tree's RSS is read; the memory each added tenant costs is the least-squares
+slope of that RSS over the tenant count (and the endpoint difference), set beside the
+resident backbone (the saved weights' size). Then load: per count, the first n tenants'
+closed-loop clients load the server for ``duration_s``: req/s, p50/p99, the peak RSS
+(which also holds the working memory of batches that grow with the rows in flight) and
+PSS.
 
 Against it, one single-policy server per tenant, grown the same way, for as long as the
 servers fit ``memory_budget_mb`` (each estimated at the first one's measured RSS); past
@@ -93,18 +95,33 @@ def _ours(
     threads: int,
     load: dict[str, Any],
     say: Callable[[str], None],
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One shared server: (the load points, the memory points).
+
+    Memory first, with no load in between: after a warm-up on the first tenant (the
+    first forwards' allocations belong to the server, not to the second tenant),
+    tenants are added up to each count and the server's RSS is read, so its growth is
+    what the tenants hold and nothing else. The load sweep follows on the first n of
+    those tenants: a batch's working memory grows with the rows in flight, which the
+    peak RSS of each load point shows apart.
+    """
     points: list[dict[str, Any]] = []
+    memory: list[dict[str, Any]] = []
     with running_servers(root / "ours", ["server"], model, threads) as (server,):
-        targets: list[_Target] = []
+        targets = [_Target("t0", server.url, _open_tenant(server, "t0", model))]
+        say("ours: warm-up on the first tenant")
+        warm = {**load, "duration_s": min(2.0, load["duration_s"]), "requests": 3}
+        _side("warm-up", [server], _fresh(targets), **warm, alone=False)
         for n in counts:
-            say(f"ours: adding tenants up to {n}")
+            say(f"ours: adding tenants up to {n} (no load)")
             while len(targets) < n:
                 name = f"t{len(targets)}"
                 targets.append(_Target(name, server.url, _open_tenant(server, name, model)))
+            memory.append({"tenants": n, "rss_idle_mb": server.rss() / 2**20})
+        for n in counts:
             say(f"ours: {n} tenants x {load['clients']} clients for {load['duration_s']:g} s")
-            points.append(_point("ours", [server], targets, load))
-    return points
+            points.append(_point("ours", [server], targets[:n], load))
+    return points, memory
 
 
 def _baseline(
@@ -154,21 +171,26 @@ def _baseline(
 
 
 def _summary(
-    ours: Sequence[dict[str, Any]], base: Sequence[dict[str, Any]], backbone_mb: float
+    ours: Sequence[dict[str, Any]],
+    memory: Sequence[dict[str, Any]],
+    base: Sequence[dict[str, Any]],
+    backbone_mb: float,
 ) -> dict[str, Any]:
     ns = [p["tenants"] for p in ours]
     peak = [p["rss_peak_mb"] for p in ours]
-    opened = [p["rss_after_open_mb"] for p in ours]
-    slope_peak, slope_open = fit_slope(ns, peak), fit_slope(ns, opened)
+    idle = [p["rss_idle_mb"] for p in memory]
+    slope_idle = fit_slope([p["tenants"] for p in memory], idle)
     span = ns[-1] - ns[0]
     by_n = {p["tenants"]: p for p in ours}
     base_by_n = {p["tenants"]: p for p in base}
     out: dict[str, Any] = {
         "backbone_weights_mb": backbone_mb,
-        "mb_per_added_tenant_fit_peak": slope_peak,
-        "mb_per_added_tenant_fit_open": slope_open,
-        "mb_per_added_tenant_endpoints": (peak[-1] - peak[0]) / span if span else float("nan"),
-        "per_tenant_fraction_of_backbone": slope_peak / backbone_mb if backbone_mb else None,
+        # What a tenant holds: the fit of the idle server's RSS over the tenants added.
+        "mb_per_added_tenant": slope_idle,
+        "mb_per_added_tenant_endpoints": (idle[-1] - idle[0]) / span if span else float("nan"),
+        # Under load the peak also holds the larger batches' working memory.
+        "mb_per_added_tenant_fit_peak": fit_slope(ns, peak),
+        "per_tenant_fraction_of_backbone": slope_idle / backbone_mb if backbone_mb else None,
         "per_tenant_target": PER_TENANT_TARGET,
         "memory_ratio_by_tenants": {
             str(n): base_by_n[n]["rss_peak_mb"] / by_n[n]["rss_peak_mb"]
@@ -224,7 +246,7 @@ def run_tenant_scaling(
             say(f"building the {size} {arch} model")
             model_dir = build_model(arch, size, root / "model")
         backbone_mb = model_mb(model_dir)
-        ours = _ours(root, counts, str(model_dir), ours_threads, load, say)
+        ours, memory = _ours(root, counts, str(model_dir), ours_threads, load, say)
         base = (
             _baseline(root, counts, str(model_dir), threads, load, memory_budget_mb, say)
             if baseline
@@ -248,8 +270,9 @@ def run_tenant_scaling(
             "observation": f"1 x {IMAGE_SIZE}x{IMAGE_SIZE} camera + state[{STATE_DIM}]",
         },
         "ours": ours,
+        "memory": memory,
         "baseline": base,
-        "summary": _summary(ours, base, backbone_mb),
+        "summary": _summary(ours, memory, base, backbone_mb),
     }
 
 

@@ -251,6 +251,16 @@ def serve(
             "step; see docs/RESULTS.md for what T costs and gains.",
         ),
     ] = DEFAULT_SERVE_MAX_WAIT_MS,
+    predict_deadline_s: Annotated[
+        float,
+        typer.Option(
+            "--predict-deadline-s",
+            min=0.001,
+            help="The longest a predict may wait in the Inference Queue before it is "
+            "answered 504 deadline_exceeded. Raise it for models whose one grouped "
+            "forward takes long on this machine (a real-size model on a CPU).",
+        ),
+    ] = RUNTIME_PREDICT_DEADLINE_S,
     max_batch_size: Annotated[
         int,
         typer.Option(
@@ -289,7 +299,12 @@ def serve(
     """
     if runtime not in ("local", "ray"):
         raise _fail(ValueError(f"--runtime must be 'local' or 'ray', got {runtime!r}"))
-    deadline_ms = RUNTIME_PREDICT_DEADLINE_S * 1e3
+    if not math.isfinite(predict_deadline_s):
+        raise typer.BadParameter(
+            f"must be a finite number of seconds, got {predict_deadline_s}",
+            param_hint="--predict-deadline-s",
+        )
+    deadline_ms = predict_deadline_s * 1e3
     if not math.isfinite(max_wait_ms) or max_wait_ms > deadline_ms:
         # Past the predict deadline a lone request would wait out its deadline (504).
         raise typer.BadParameter(
@@ -375,6 +390,7 @@ def serve(
         max_batch_size=max_batch_size,
         tenant_batch_rows=tenant_batch_rows,
         max_wait_s=max_wait_ms / 1e3,
+        predict_deadline_s=predict_deadline_s,
         watchdog_factor=watchdog_factor,
         queue_memory_cap_bytes=server_config.queue_memory_cap_bytes,
         tenant_memory_budget_bytes=None

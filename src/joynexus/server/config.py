@@ -26,8 +26,8 @@ DEFAULT_SERVE_MAX_WAIT_MS = 2.0
 #: a flood stayed within 3x its quiet p99 on the tiny model (2.5x; 32 gave 3.1-3.6x,
 #: 8 gave 1.5-1.7x for a flooder's 25 % fewer rows/s than 16: docs/RESULTS.md §8.1.11).
 DEFAULT_SERVE_TENANT_BATCH_ROWS = 16
-#: ``RuntimeConfig.predict_deadline_s``'s default, which ``serve`` keeps: the bound of T
-#: (checked before the runtime is imported).
+#: ``RuntimeConfig.predict_deadline_s``'s default and ``serve --predict-deadline-s``'s,
+#: which also bounds T (checked before the runtime is imported).
 RUNTIME_PREDICT_DEADLINE_S = 60.0
 
 
