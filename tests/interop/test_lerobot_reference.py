@@ -11,15 +11,11 @@ layers, 64 px, a tokenizer trained offline: :mod:`joynexus.models.tiny`),
 then ``SmolVLAPolicy(config)`` and ``save_pretrained`` (with its pre/post-processors and
 made-up normalization statistics): lerobot's unmodified classes, small.
 
-One known difference is taken out of the comparison, on purpose and only here: lerobot
-0.6.1 runs SmolVLM's vision tower under transformers 5, which buckets patch positions
-one bucket away from transformers 4, the rule SmolVLA checkpoints were trained with and
-JoyNexus keeps (``joynexus.models.archs.smolvlm.smolvla``: ``SmolVLA.see``). With random
-position embeddings that alone moves the tiny model's actions by about 2e-2; the
-checkpoint here is made with every patch position's embedding equal
-(``--flat-vision-positions``), so both rules compute the same and the comparison checks
-everything else: the export, its processors, tokenizer, normalization, image resizing,
-the prefix, the expert and the denoising loop.
+The checkpoint's vision patches have random position embeddings: JoyNexus runs it with
+the patch-position rule of the transformers its lerobot wrote it under (0.6.1:
+transformers 5; ``joynexus.models.archs.smolvlm.smolvla.vision_positions``), the rule
+lerobot 0.6.1 runs it with. Cameras smaller than the checkpoint's square are read as
+lerobot reads them (float frames resized with its padding, ``camera_pixels``).
 """
 
 from __future__ import annotations
@@ -44,11 +40,10 @@ from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from tests.interop.lerobot_helpers import TASKS, assert_no_absolute_paths
 from tests.models.reference import save_slot
 
-#: The checkpoint's image size. The compared tenant's cameras have it: JoyNexus brings
-#: other sizes to it as uint8 canonical images, lerobot resizes floats, which moves the
-#: tiny model's actions by about 2e-3 (32 px cameras) — a difference of the observation
-#: path, not of the exported policy.
+#: The checkpoint's image size; the "in" check's cameras are smaller (32 px, and a
+#: 24 × 32 one), so both sides resize them.
 SIDE = 64
+SMALL = {"top": (32, 32), "wrist": (24, 32)}
 TOLERANCE = 1e-4
 
 
@@ -70,7 +65,6 @@ def checkpoint(work: Path) -> Path:
     require_reference()
     out = work / "smolvla"
     args = ["make-tiny", "--family", "smolvla", "--out", str(out), "--seed", "5"]
-    args += ["--flat-vision-positions"]
     run_reference("lerobot_run.py", [*args, "--camera", "top", "--camera", "wrist"], binds=[work])
     return out
 
@@ -193,3 +187,54 @@ def test_the_exported_image_features_are_the_tenants_cameras(checkpoint: Path, w
     assert json.loads((old / "config.json").read_text())["input_features"][
         "observation.images.top"
     ]["shape"] == [3, 64, 64]
+
+
+def test_a_tenant_on_lerobot_061s_checkpoint_predicts_lerobots_actions(
+    checkpoint: Path, work: Path
+) -> None:
+    """In: a tenant on the checkpoint lerobot 0.6.1 saved (random vision position
+    embeddings), with the checkpoint's own expert and statistics, predicts for cameras
+    smaller than the checkpoint's square (32 px, and 24 × 32) what lerobot 0.6.1's
+    ``from_pretrained`` + saved processors + ``select_action`` give for the same frames,
+    state, task and noise."""
+    base = ResidentBaseModel.from_pretrained(str(checkpoint))
+    cameras = {c: CameraSpec(height=h, width=w) for c, (h, w) in SMALL.items()}
+    schema = DataSchema(name="small", cameras=cameras, state_dim=6, action_dim=6, action_chunk=4)
+    slot = TenantSlot("t", schema, base, SmolVLAExpertConfig())
+    slot.normalization = base.default_normalization(schema)
+    expert, norm = slot.action_module, slot.normalization
+    assert isinstance(expert, SmolVLAExpert) and norm is not None
+
+    g = torch.Generator().manual_seed(21)
+    pixels = {
+        c: torch.randint(0, 256, (2, h, w, 3), generator=g, dtype=torch.uint8)
+        for c, (h, w) in SMALL.items()
+    }
+    state = torch.randn(2, 6, generator=g)
+    batch = ObservationBatch(
+        cameras={c: p.numpy() for c, p in pixels.items()}, state=state.numpy(), instructions=TASKS
+    )
+    features = GroupedExecutor(base, [slot]).shared_forward({"t": batch})["t"]
+    model_state = torch.from_numpy(norm.normalize(state.numpy(), "state"))
+    chunk = expert.predict(features, model_state, generator=torch.Generator().manual_seed(8))
+    mine = torch.from_numpy(norm.unnormalize(chunk.numpy(), "action"))
+    # The noise predict started from, for lerobot.
+    noise = torch.randn((2, 4, 8), generator=torch.Generator().manual_seed(8))
+
+    obs = {
+        f"observation.images.{c}": (p.permute(0, 3, 1, 2) / 255).contiguous()
+        for c, p in pixels.items()
+    }
+    save_file({**obs, "observation.state": state, "noise": noise}, str(work / "in.safetensors"))
+    (work / "task.json").write_text(json.dumps(TASKS))
+    out = work / "in-actions.safetensors"
+    args = ["predict", "--policy", str(checkpoint), "--obs", str(work / "in.safetensors")]
+    args += ["--task", str(work / "task.json"), "--out", str(out), "--select"]
+    run_reference("lerobot_run.py", args, binds=[work])
+    theirs = load_file(str(out))["actions"]
+
+    assert theirs.shape == mine.shape == (2, 4, 6)
+    difference = (mine - theirs).abs().max().item()
+    print(f"largest action difference, JoyNexus in vs lerobot 0.6.1: {difference:.3g}")
+    assert difference <= TOLERANCE
+    assert (theirs[0] - theirs[1]).abs().max() > 1e-3

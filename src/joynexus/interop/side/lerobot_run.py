@@ -113,27 +113,12 @@ def make_tiny(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     policy = modeling.SmolVLAPolicy(config)
     policy.eval()
-    if args.flat_vision_positions:
-        _flatten_vision_positions(policy)
     stats = _stats(args.state_dim, args.action_dim, args.seed)
     pre, post = processors.make_smolvla_pre_post_processors(config, dataset_stats=stats)
     policy.save_pretrained(out)
     pre.save_pretrained(out)
     post.save_pretrained(out)
     return {"out": str(out), "family": args.family, "files": sorted(p.name for p in out.iterdir())}
-
-
-def _flatten_vision_positions(policy: Any) -> None:
-    """Give every patch position of the VLM's vision tower the same embedding.
-
-    transformers 4 and 5 bucket SmolVLM's patch positions one bucket apart (see
-    ``joynexus.models.archs.smolvlm.smolvla``): with equal position embeddings the two
-    rules compute the same, so a comparison across them checks everything else.
-    """
-    for name, param in policy.named_parameters():
-        if name.endswith("vision_model.embeddings.position_embedding.weight"):
-            with torch.no_grad():
-                param.copy_(param[:1].expand_as(param))
 
 
 def predict(args: argparse.Namespace) -> dict[str, Any]:
@@ -192,11 +177,6 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--chunk-size", type=int, default=4)
     tiny.add_argument("--num-steps", type=int, default=3)
     tiny.add_argument("--camera", action="append")
-    tiny.add_argument(
-        "--flat-vision-positions",
-        action="store_true",
-        help="one embedding for every vision patch position (see _flatten_vision_positions)",
-    )
     pred = sub.add_parser("predict")
     pred.add_argument("--policy", required=True)
     pred.add_argument("--obs", required=True, help="safetensors: observation tensors + noise")

@@ -12,6 +12,7 @@ own takes the checkpoint's processor statistics.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,7 +26,13 @@ from joynexus.models.archs.smolvlm.resident import (
     SmolVLAResident,
     smolvla_source,
 )
-from joynexus.models.canon.canonicalize import BatchEncoder, PixelLayout, PromptStyle
+from joynexus.models.archs.smolvlm.smolvla import camera_pixels
+from joynexus.models.canon.canonicalize import (
+    BatchEncoder,
+    CanonicalSpec,
+    PixelLayout,
+    PromptStyle,
+)
 from joynexus.models.canon.feature import VLAFeature
 from joynexus.models.normalization import NormalizationStats
 from joynexus.models.schema import DataSchema
@@ -55,6 +62,12 @@ class SmolVLAPrefix(Resident):
         if not isinstance(self.extension, SmolVLAResident):
             raise TypeError("a SmolVLA prefix is built with its SmolVLAResident")
         self.checkpoint = self.extension
+
+    def spec(self) -> CanonicalSpec:
+        # Cameras are read as lerobot reads them: float frames resized to the checkpoint's
+        # square (not the uint8 squares), so a camera of another size sees what it would
+        # in lerobot.
+        return replace(super().spec(), model_pixels=camera_pixels)
 
     def encoder(self, tensor: bool) -> tuple[BatchEncoder | None, str | None]:
         # SmolVLA's inputs are its own: one path whatever was asked for.

@@ -94,8 +94,11 @@ class SmolVLAEncoder:
         device: torch.device,
     ) -> dict[str, torch.Tensor]:
         ids, lang = self.model.tokenize(list(instructions), device)
+        # Float frames are the canonicalizer's lerobot reading (camera_pixels); uint8
+        # ones the squares (a caller without it).
+        pixels = images.to(device).float()
         return {
-            "pixel_values": images.to(device).float() / 255.0,
+            "pixel_values": pixels if images.is_floating_point() else pixels / 255.0,
             "camera_mask": camera_mask.to(device),
             "input_ids": ids,
             "attention_mask": lang.long(),

@@ -35,8 +35,9 @@ import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import numpy as np
 import torch
 from safetensors.torch import load_file
 from torch import nn
@@ -55,6 +56,58 @@ from joynexus.interop.lerobot import (
 #: Per layer: the prefix's (keys, values), ``[B, P, kv_heads, head_dim]``, keys rotated.
 PrefixCache = list[tuple[torch.Tensor, torch.Tensor]]
 NORM_EPS = 1e-8
+
+
+#: The rule that gives SmolVLM's vision patches their position embeddings (the
+#: transformers release the checkpoint's lerobot ran on): :func:`patch_buckets`.
+VisionPositions = Literal["transformers4", "transformers5"]
+#: The config key lerobot 0.6 and later write (``PreTrainedConfig.pretrained_revision``)
+#: and 0.5 and earlier do not.
+LEROBOT_06_KEY = "pretrained_revision"
+
+
+def vision_positions(config: dict[str, Any], vlm_config: Any) -> VisionPositions:
+    """The patch-position rule a SmolVLA checkpoint is run with: lerobot's, as the
+    lerobot that wrote the checkpoint ran it.
+
+    A checkpoint names no lerobot or transformers release, so the rule is read from
+    what the writer left: lerobot >= 0.6 (transformers 5) writes ``pretrained_revision``
+    into ``config.json``; lerobot 0.5 (transformers 5) leaves its VLM's ``config.json``
+    stamped with a transformers 5 version when the VLM is a local folder it saved. A
+    checkpoint with neither mark — lerobot <= 0.4, transformers 4, the era of
+    ``lerobot/smolvla_base``, whose hub VLM is stamped 4.x — keeps transformers 4's rule,
+    the one it was trained with. (lerobot >= 0.5 runs such a checkpoint with
+    transformers 5's rule; docs/BACKBONES.md says what that moves.)
+    """
+    if LEROBOT_06_KEY in config:
+        return "transformers5"
+    stamp = str(getattr(vlm_config, "transformers_version", None) or "")
+    major = stamp.split(".", 1)[0]
+    if major.isdigit() and int(major) >= 5:
+        return "transformers5"
+    return "transformers4"
+
+
+def patch_buckets(
+    n: int, side: int, rule: VisionPositions, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """The position-embedding row (of ``side`` per axis) of each of ``n`` patches along
+    one axis: patch ``i`` at fraction ``i / n``, bucketed between ``side`` equal steps.
+
+    transformers 4 computes the fraction as ``i / n · (1 − 1e-6)`` in the pixels' dtype,
+    which puts every patch but the first one bucket below its own when ``n`` is the
+    tower's side; transformers 5 computes ``i · (1 / n)`` in fp32, clamped below 1, then
+    casts it to the pixels' dtype — patch ``i`` in bucket ``i``. Both are written as the
+    release computes them, so float rounding lands on the same side.
+    """
+    bounds = torch.arange(1 / side, 1.0, 1 / side, device=device)
+    if rule == "transformers4":
+        coords = torch.arange(n, device=device, dtype=dtype) / n * (1 - 1e-6)
+    else:
+        step = 1.0 / torch.tensor([n], device=device)
+        coords = torch.arange(n, device=device, dtype=torch.float32) * step
+        coords = torch.clamp(coords, max=(1.0 - 1e-6)).to(dtype)
+    return torch.bucketize(coords, bounds, right=True)
 
 
 def _ffn_width(hidden: int) -> int:
@@ -83,6 +136,33 @@ def time_embedding(t: torch.Tensor, width: int, min_period: float, max_period: f
     period = min_period * (max_period / min_period) ** fraction
     phase = (2 * math.pi / period)[None, :] * t[:, None].double()
     return torch.cat([torch.sin(phase), torch.cos(phase)], dim=1)
+
+
+def resize_with_pad(image: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """lerobot's SmolVLA image resize: float ``[B, 3, H, W]`` scaled (bilinear, no
+    antialiasing) so that it fits ``height × width`` with its aspect ratio kept (sides
+    truncated to whole pixels), zero-padded on the top and left. An image of that size
+    is returned as it is."""
+    h, w = image.shape[-2:]
+    if (h, w) == (height, width):
+        return image
+    ratio = max(w / width, h / height)
+    size = (int(h / ratio), int(w / ratio))
+    image = F.interpolate(image, size=size, mode="bilinear", align_corners=False)
+    return F.pad(image, (max(0, width - size[1]), 0, max(0, height - size[0]), 0), value=0.0)
+
+
+def camera_pixels(frames: np.ndarray, size: int) -> torch.Tensor:
+    """What lerobot's SmolVLA makes of a camera's ``uint8 [N, H, W, C]`` frames before
+    its ``[-1, 1]`` scaling: floats in [0, 1] (``/ 255``, as its datasets and robots hand
+    them over), then :func:`resize_with_pad` to the ``size`` square, in fp32. The
+    canonical input of a SmolVLA prefix (``CanonicalSpec.model_pixels``): resizing the
+    uint8 squares instead moves a tiny model's actions by 1.7e-3 at 32 px."""
+    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2)
+    channels = int(x.shape[1])
+    if channels != 3:  # grey replicated to RGB, alpha dropped (as the uint8 squares)
+        x = x[:, :1].expand(-1, 3, -1, -1) if channels < 3 else x[:, :3]
+    return resize_with_pad(x.float() / 255.0, size, size)
 
 
 class _VLMWithExpert(nn.Module):
@@ -190,6 +270,7 @@ class SmolVLA(nn.Module):
         )
         self.image_size = tuple(int(s) for s in config["resize_imgs_with_padding"])
         self.tokenizer: Any = None
+        self.vision_positions: VisionPositions = vision_positions(config, vlm_config)
 
     @property
     def core(self) -> _VLMWithExpert:
@@ -227,15 +308,10 @@ class SmolVLA(nn.Module):
         return actions * (std.to(actions) + NORM_EPS) + mean.to(actions)
 
     def prepare_image(self, image: torch.Tensor) -> torch.Tensor:
-        """``[B, 3, H, W]`` in [0, 1] → resized keeping its aspect ratio, zero-padded on
-        the top/left to the checkpoint's size, scaled to [-1, 1]."""
-        height, width = self.image_size
-        h, w = image.shape[-2:]
-        ratio = max(w / width, h / height)
-        size = (int(h / ratio), int(w / ratio))
-        image = F.interpolate(image, size=size, mode="bilinear", align_corners=False)
-        image = F.pad(image, (width - size[1], 0, height - size[0], 0), value=0.0)
-        return image * 2.0 - 1.0
+        """``[B, 3, H, W]`` in [0, 1] → the checkpoint's size (:func:`resize_with_pad`),
+        scaled to [-1, 1]."""
+        width, height = self.image_size  # lerobot keeps it as (width, height)
+        return resize_with_pad(image, height, width) * 2.0 - 1.0
 
     def tokenize(self, tasks: list[str], device: torch.device) -> tuple[torch.Tensor, ...]:
         """Task strings → ``(ids, mask)``, each task ending in a newline, right-padded."""
@@ -277,28 +353,19 @@ class SmolVLA(nn.Module):
         return torch.cat(embs, dim=1), torch.cat(pads, dim=1)
 
     def see(self, image: torch.Tensor) -> torch.Tensor:
-        """The vision tower on whole ``[B, 3, S, S]`` images, with the patch positions the
-        checkpoint was trained with.
-
-        SmolVLA checkpoints come from transformers 4.x, whose SmolVLM vision embeddings
-        bucket patch ``i`` of ``n`` at ``i / n · (1 − 1e-6)`` — one bucket below its own
-        for every ``i > 0``; transformers 5 buckets it at ``i / n``. The tower is run
-        here from its parts with the 4.x positions, so a checkpoint sees what it saw in
-        training (and what lerobot computes).
-        """
+        """The vision tower on whole ``[B, 3, S, S]`` images, with the patch positions of
+        the checkpoint's rule (:attr:`vision_positions`, see :func:`vision_positions`)."""
         tower = self.core.vlm.model.vision_model
         emb = tower.embeddings
         pixels = image.to(emb.patch_embedding.weight.dtype)
         patches = emb.patch_embedding(pixels).flatten(2).transpose(1, 2)
         rows, cols = pixels.shape[-2] // emb.patch_size, pixels.shape[-1] // emb.patch_size
         side = emb.num_patches_per_side
-        bounds = torch.arange(1 / side, 1.0, 1 / side, device=pixels.device)
-
-        def buckets(n: int) -> torch.Tensor:
-            coords = torch.arange(n, device=pixels.device, dtype=pixels.dtype) / n * (1 - 1e-6)
-            return torch.bucketize(coords, bounds, right=True)
-
-        ids = (buckets(rows)[:, None] * side + buckets(cols)[None, :]).flatten()
+        rule = self.vision_positions
+        ids = (
+            patch_buckets(rows, side, rule, pixels.dtype, pixels.device)[:, None] * side
+            + patch_buckets(cols, side, rule, pixels.dtype, pixels.device)[None, :]
+        ).flatten()
         hidden = patches + emb.position_embedding(ids)[None]
         hidden = tower.encoder(inputs_embeds=hidden, attention_mask=None).last_hidden_state
         out: torch.Tensor = tower.post_layernorm(hidden)
