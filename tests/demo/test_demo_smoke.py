@@ -63,6 +63,16 @@ def test_demo_cli_writes_report_plots_and_matches_work(tmp_path: Path) -> None:
             value = report[phase][key]
             assert isinstance(value, float) and 0.0 < value <= 1.0, (phase, key, value)
     assert report["device_time_ratio"] > 0
+    # Device time on the device's own clock: its thread's CPU seconds were recorded in
+    # every phase, the interference apart, the machine's load beside them.
+    for row in (report["multi_tenant"], *report["isolated"]["replays"]):
+        dev = row["device"]
+        assert dev["device_spans"] > 0 and dev["device_cpu_s"] > 0, row["name"]
+        assert dev["interference_s"] >= 0 and dev["device_time_s"] <= row["window_s"]
+    assert report["device_time"]["wall"]["ratio"] > 0
+    load = report["machine"]["phases"]["multi-tenant"]["load_average_1min"]
+    assert load["samples"] >= 1 and load["min"] <= load["max"]
+    assert "interference (the device's work ready" in flat and "machine load" in flat
     # The multi-tenant window taken apart on a real run: busy + idle by cause = window.
     idle = report["device_idle"]
     assert idle["device_busy_s"] > 0
@@ -105,12 +115,18 @@ def test_demo_cli_writes_report_plots_and_matches_work(tmp_path: Path) -> None:
         assert set(r["usage_service_seconds"]) >= {"training", "inference"}
     for tenant, row in report["multi_tenant"]["tenants"].items():
         assert row["updates_in_window"] == matched[tenant]
-    # The ratio is of the unrounded windows; the report's windows carry 0.0005 s of
+    # The wall ratio is of the unrounded windows; the report's windows carry 0.0005 s of
     # rounding each, and the ratio 0.0005 of its own, so that is all they may differ by.
     iso_w, mt_w = report["isolated"]["window_s"], report["multi_tenant"]["window_s"]
     ratio = iso_w / mt_w
     slack = ratio * (0.0005 / iso_w + 0.0005 / mt_w) + 0.0005
-    assert abs(report["device_time_ratio"] - ratio) <= slack * 1.01, (ratio, slack)
+    assert abs(report["device_time"]["wall"]["ratio"] - ratio) <= slack * 1.01, (ratio, slack)
+    # The headline ratio is of the device times (window less interference; 0.005 s of
+    # rounding each in the report).
+    iso_d, mt_d = report["device_time"]["isolated_s"], report["device_time"]["multi_tenant_s"]
+    slack = (iso_d / mt_d) * (0.005 / iso_d + 0.005 / mt_d) + 0.0005
+    assert abs(report["device_time_ratio"] - iso_d / mt_d) <= slack * 1.01
+    assert mt_d <= mt_w + 0.01 and iso_d <= iso_w + 0.01
 
     # The plane metered every service into usage.json (the utilization's source), and
     # the Metrics Service's events went to the run directory.

@@ -155,7 +155,7 @@ def test_report_json_leads_with_the_headline_in_reading_order(tmp_path: Path) ->
     assert keys[:4] == ["headline", "device_time_ratio", "device_time_bound", "device_time"]
     assert keys.index("success_rates") < keys.index("utilization") < keys.index("multi_tenant")
     head = report["headline"]
-    assert list(head) == ["device_time", "learning", "utilization"]
+    assert list(head) == ["device_time", "interference", "machine_load", "learning", "utilization"]
     assert "bound for these replays is" in head["device_time"]
     assert head["learning"]["sft-demos"] == (
         "20 % [6, 51] → 90 % [60, 98] (10 episodes): rose: the intervals do not overlap"

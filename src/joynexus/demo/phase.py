@@ -7,7 +7,11 @@ submitted, a callback sink on the plane's Metrics Service starts keeping every s
 busy interval — one per grouped inference batch (``inference.batch_latency_s``), per
 optimizer / actor-forward step (``training.step_latency_s``) and per simulator call
 (``env.step_latency_s``), each ending at its event's timestamp — the same measurements
-the plane's :class:`UsageMeter` accumulates into ``usage.json``. After the run the
+the plane's :class:`UsageMeter` accumulates into ``usage.json``. Beside them a
+:class:`~joynexus.utils.device_clock.SpanRecorder` keeps, for every stretch of device
+work, the device thread's own CPU seconds and its run-queue wait (ready, but its core ran
+something else: the machine's interference), and a
+:class:`~joynexus.demo.machine.LoadProbe` the machine's load. After the run the
 scheduler's job records give each update's actor phase (``leased_at`` →
 ``finished_at``), which fixes the measurement window: from the moment the first
 workload's loops start (its ``running`` lifecycle record; the Master launches the
@@ -24,11 +28,14 @@ from typing import Any
 
 from joynexus.api import UsageReport
 from joynexus.control.job import JobState, TaskType
+from joynexus.demo.machine import LoadProbe, MachineLoad
 from joynexus.errors import EnvironmentServiceError, InternalError, JoyNexusError
 from joynexus.master.run import LocalRun, record_missing_datasets, wipe_run_state
 from joynexus.metrics.events import MetricEvent
 from joynexus.runtime.hosting import RuntimeConfig
 from joynexus.spec.workload import WorkloadSpec
+from joynexus.utils.affinity import pinned_device_cores
+from joynexus.utils.device_clock import DeviceSpan, SpanRecorder
 from joynexus.workflows.compile import compile_workloads
 from joynexus.workflows.summary import RunSummary, TenantProgress
 
@@ -39,6 +46,7 @@ __all__ = [
     "PhaseTrace",
     "run_phase",
     "shortfall",
+    "span_fraction",
     "window_busy_seconds",
     "window_union_seconds",
 ]
@@ -95,6 +103,10 @@ class PhaseTrace:
         predict_stages: Seconds and events per predict stage
             (:mod:`joynexus.metrics.stages`), e.g. how long inference batches waited
             for the backbone lock while training held it.
+        device_spans: Every stretch of device work with the device thread's own CPU
+            seconds and run-queue wait (:mod:`joynexus.utils.device_clock`).
+        machine: The machine's load over the phase.
+        device_cores: The device's cores (None: not pinned).
     """
 
     name: str
@@ -109,6 +121,9 @@ class PhaseTrace:
     summary: RunSummary
     matched: dict[str, int] = field(default_factory=dict)
     predict_stages: dict[str, tuple[float, int]] = field(default_factory=dict)
+    device_spans: list[DeviceSpan] = field(default_factory=list)
+    machine: MachineLoad = field(default_factory=MachineLoad)
+    device_cores: list[int] | None = None
 
     @property
     def window_s(self) -> float:
@@ -140,6 +155,51 @@ class PhaseTrace:
         """Seconds inside the window in which the shared device (the backbone's training
         or inference) was busy, each moment counted once."""
         return window_union_seconds(self.busy, DEVICE_SERVICES, self.started_at, self.ended_at)
+
+    def device_cpu_seconds(self) -> float:
+        """The device thread's own CPU seconds inside the window (each span's share that
+        falls inside it)."""
+        return sum(
+            sp.cpu_s * span_fraction(sp, self.started_at, self.ended_at) for sp in self.device_spans
+        )
+
+    def device_own_busy_seconds(self) -> float:
+        """The device's busy seconds on its own clock: its thread's CPU seconds, or the
+        wall busy seconds where no device span was recorded (nothing to correct)."""
+        return self.device_cpu_seconds() if self.device_spans else self.device_busy_seconds()
+
+    def device_wait_seconds(self) -> float | None:
+        """The device thread's run-queue wait inside the window: ready to run, but its
+        core ran another thread or process (None where the platform does not say)."""
+        if any(sp.wait_s is None for sp in self.device_spans):
+            return None
+        return sum(
+            (sp.wait_s or 0.0) * span_fraction(sp, self.started_at, self.ended_at)
+            for sp in self.device_spans
+        )
+
+    def interference_seconds(self) -> float:
+        """Seconds of the window the device's work lost to other threads and processes
+        on its core: the run-queue wait, or where that is not measured, the wall busy
+        seconds less the device thread's CPU seconds."""
+        wait = self.device_wait_seconds()
+        if wait is not None:
+            return wait
+        return max(self.device_busy_seconds() - self.device_cpu_seconds(), 0.0)
+
+    @property
+    def own_window_s(self) -> float:
+        """The window less the interference: the device time the phase needed had its
+        work run whenever it was ready."""
+        return max(self.window_s - self.interference_seconds(), 1e-9)
+
+
+def span_fraction(span: DeviceSpan, start: float, end: float) -> float:
+    """The share of ``span`` inside ``[start, end]`` (an instant span: 1 inside, else 0)."""
+    length = span.end - span.start
+    if length <= 0:
+        return 1.0 if start <= span.end <= end else 0.0
+    return max(min(span.end, end) - max(span.start, start), 0.0) / length
 
 
 def window_busy_seconds(
@@ -288,6 +348,8 @@ async def run_phase(
 
     wipe_run_state(run_dir)  # fresh: nothing of an earlier run resumes or is counted
     run = LocalRun(run_dir, config=config)
+    recorder = SpanRecorder()
+    probe = LoadProbe()
 
     def progress(rows: list[TenantProgress]) -> None:
         lead = [r for r in rows if r.task in ("rl", "sft") and r.tenant not in fill]
@@ -302,6 +364,7 @@ async def run_phase(
             on_progress(rows)
 
     try:
+        recorder.start()
         await record_missing_datasets(
             compiled, on_status=status, on_record_episode=on_record_episode
         )
@@ -316,7 +379,9 @@ async def run_phase(
         status("starting tenants and environment sessions")
         await run.submit_all(compiled)
         status("running")
+        probe.start()
         await run.wait(progress)
+        machine = await probe.stop()
         summary = run.summary()
         jobs = [
             JobRecord(
@@ -335,7 +400,11 @@ async def run_phase(
         loops_started = _loops_started(run)
         predict_stages = run.plane.metrics.stages.snapshot()
     finally:
-        await run.close()  # delivers the buffered events to the busy sink
+        try:
+            await run.close()  # delivers the buffered events to the busy sink
+        finally:
+            await probe.stop()
+            recorder.stop()
     usage = meter.snapshot()  # after close: the services are stopped, nothing more lands
     if matched is None:
         matched = {
@@ -376,4 +445,7 @@ async def run_phase(
         summary=summary,
         matched=dict(matched),
         predict_stages=predict_stages,
+        device_spans=sorted(recorder.spans, key=lambda sp: sp.start),
+        machine=machine,
+        device_cores=None if (cores := pinned_device_cores()) is None else sorted(cores),
     )

@@ -2,9 +2,12 @@
 
 :func:`print_report` prints what ``joynexus demo`` shows, leading with what it shows:
 
-1. **Device time** — isolated / multi-tenant device time for the same matched work,
-   this machine's bound for it and the efficiency (the share of the possible gain
-   reached), then the table and where the multi-tenant window went;
+1. **Device time** — isolated / multi-tenant device time for the same matched work
+   (each phase's window less its interference: the device's work ready but its core
+   running something else), this machine's bound for it and the efficiency (the share
+   of the possible gain reached); then the interference apart with the wall-clock
+   ratio, the machine's load during the phases, the table and where the multi-tenant
+   window went;
 2. **What each tenant learned** — success rate before → after training with Wilson
    95 % intervals, then each tenant's loss and return;
 3. **Utilization** — the two utilizations side by side. No "improvement" ratio is
@@ -29,6 +32,8 @@ __all__ = [
     "episodes_label",
     "format_success",
     "idle_line",
+    "interference_line",
+    "load_line",
     "print_report",
     "report_tables",
     "success_reading",
@@ -147,6 +152,61 @@ def verdict(report: Mapping[str, Any]) -> str:
     return f"device time: {outcome}"
 
 
+def interference_line(report: Mapping[str, Any]) -> str:
+    """The interference taken out of the device times, and the wall-clock ratio that
+    keeps it in."""
+    d = report.get("device_time") or {}
+    inter, wall = d.get("interference") or {}, d.get("wall") or {}
+    if not isinstance(wall.get("ratio"), int | float):
+        return "interference: not measured"
+    return (
+        f"interference (the device's work ready, its core running something else): "
+        f"multi-tenant {_num(inter.get('multi_tenant_s'), 1)} s, isolated replays "
+        f"{_num(inter.get('isolated_s'), 1)} s, left out of the device times above; "
+        f"with it, on the wall clock, the ratio is {wall['ratio']:.2f}x "
+        f"({_num(wall.get('isolated_s'), 1)} s / {_num(wall.get('multi_tenant_s'), 1)} s)"
+    )
+
+
+def _load_range(phase: Mapping[str, Any]) -> str:
+    la = phase.get("load_average_1min") or {}
+    if la.get("min") is None:
+        return "–"
+    return f"{la['min']:.1f}–{la['max']:.1f} (mean {la['mean']:.1f})"
+
+
+def load_line(report: Mapping[str, Any]) -> str:
+    """How loaded the machine was: the 1-minute load average over the multi-tenant
+    phase and over the replays, and what else ran on the device's cores."""
+    phases = ((report.get("machine") or {}).get("phases")) or {}
+    if not phases:
+        return "machine load: not measured"
+    multi = phases.get("multi-tenant", {})
+    replays = [v for k, v in phases.items() if k != "multi-tenant"]
+    lows = [
+        v["load_average_1min"]["min"]
+        for v in replays
+        if (v.get("load_average_1min") or {}).get("min") is not None
+    ]
+    highs = [
+        v["load_average_1min"]["max"]
+        for v in replays
+        if (v.get("load_average_1min") or {}).get("max") is not None
+    ]
+    iso = f"{min(lows):.1f}–{max(highs):.1f}" if lows and highs else "–"
+    text = (
+        f"machine load (1-minute load average, {report.get('machine', {}).get('cpu_cores')} "
+        f"cores): multi-tenant {_load_range(multi)}, isolated replays {iso}"
+    )
+    if isinstance(multi.get("device_cores_other_s"), int | float):
+        text += (
+            f"; the device's core(s) {multi.get('device_cores')} ran "
+            f"{multi['device_cores_other_s']:.0f} s of other work during the multi-tenant "
+            f"phase ({multi.get('period_s', 0):.0f} s)"
+        )
+    return text
+
+
 def idle_line(report: Mapping[str, Any]) -> str | None:
     """Where the multi-tenant window went: the replays' device work, stretch and idle by
     cause (None when not measured)."""
@@ -177,11 +237,19 @@ def _device_table(report: Mapping[str, Any]) -> Table:
         dev.add_column(col, justify="left" if col == "accounting" else "right")
     d = report["device_time"]
     dev.add_row(
-        "measured: window x 1 machine",
+        "measured: (window - interference) x 1 machine",
         _num(d["multi_tenant_s"], 1),
         _num(d["isolated_s"], 1),
         f"{_num(report['device_time_ratio'], 2)}x",
     )
+    wall = d.get("wall") or {}
+    if wall:
+        dev.add_row(
+            "wall clock: window x 1 machine",
+            _num(wall.get("multi_tenant_s"), 1),
+            _num(wall.get("isolated_s"), 1),
+            f"{_num(wall.get('ratio'), 2)}x",
+        )
     lw = d["layout_weighted"]
     dev.add_row(
         "layout-weighted: 2-2-4 (8) vs 1-1-2 (4)",
@@ -338,6 +406,8 @@ def print_report(report: Mapping[str, Any], console: Console) -> None:
     dev, *learning, util = report_tables(report)
     console.rule("1. Device time", style="dim")
     say(verdict(report))
+    say(interference_line(report))
+    say(load_line(report))
     console.print(dev)
     idle = idle_line(report)
     if idle is not None:

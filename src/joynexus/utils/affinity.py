@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from joynexus.errors import InvalidRequestError
+from joynexus.utils.device_clock import device_span
 
 __all__ = [
     "CorePlan",
@@ -48,6 +49,7 @@ __all__ = [
     "parse_core_list",
     "pin_device",
     "pin_this_process",
+    "pinned_device_cores",
     "plan_cores",
 ]
 
@@ -252,14 +254,27 @@ def _pin_python_threads(cores: Iterable[int]) -> None:
     _pin_threads((t.native_id for t in threading.enumerate() if t.native_id is not None), cores)
 
 
+def pinned_device_cores() -> frozenset[int] | None:
+    """The device's cores of the pinning in force (:func:`pin_device`); None: none."""
+    return _device_cores
+
+
 @contextlib.contextmanager
 def on_device() -> Iterator[None]:
     """Run the enclosed device work on the device's cores (see the module docstring).
 
     The calling thread moves onto the device cores of the pinning in force and back to
     the cores it had on exit; threads torch starts meanwhile inherit the device cores.
-    Without a pinning (or where the platform cannot pin) it changes nothing.
+    Without a pinning (or where the platform cannot pin) it changes nothing. Either way
+    the work's own CPU time and run-queue wait go to any open
+    :class:`~joynexus.utils.device_clock.SpanRecorder` (the demo's device accounting).
     """
+    with device_span(), _on_device_cores():
+        yield
+
+
+@contextlib.contextmanager
+def _on_device_cores() -> Iterator[None]:
     device = _device_cores
     if device is None or not can_pin():
         yield

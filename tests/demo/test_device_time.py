@@ -1,0 +1,206 @@
+"""The demo's device time on the device's own clock: CPU seconds and interference apart,
+and the machine's load beside them (constructed phase records, no timing)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from joynexus.api import UsageReport
+from joynexus.demo.machine import MachineLoad, core_busy_seconds
+from joynexus.demo.phase import Interval, PhaseTrace
+from joynexus.demo.readout import interference_line, load_line, print_report
+from joynexus.demo.report import build_report, write_report
+from joynexus.utils.device_clock import DeviceSpan
+from joynexus.workflows.summary import RunSummary, TenantSummary
+
+RL = ("rl-a", "rl-b")
+
+
+def _steps(
+    start: float, n: int, cpu: float, wait: float, gap: float
+) -> tuple[list[Interval], list[DeviceSpan], float]:
+    """``n`` device steps of ``cpu`` seconds each, each delayed ``wait`` seconds on the
+    run queue, ``gap`` seconds apart; returns the busy intervals, spans and end time."""
+    busy, spans, t = [], [], start
+    for _ in range(n):
+        end = t + cpu + wait
+        busy.append(Interval("training", t, end))
+        spans.append(DeviceSpan(t, end, cpu, wait))
+        t = end + gap
+    return busy, spans, t - gap
+
+
+def _trace(
+    name: str,
+    tenants: list[str],
+    *,
+    n: int,
+    cpu: float,
+    wait: float,
+    gap: float,
+    tmp: Path,
+    load: list[float] | None = None,
+) -> PhaseTrace:
+    busy, spans, end = _steps(0.0, n, cpu, wait, gap)
+    return PhaseTrace(
+        name=name,
+        run_dir=tmp,
+        started_at=0.0,
+        ended_at=end,
+        wall_s=end + 5,
+        busy=busy,
+        jobs=[],
+        usage=UsageReport(started_at=0, generated_at=0, tenants={}, service_seconds={}),
+        records={t: [] for t in tenants},
+        summary=RunSummary(
+            run_dir=str(tmp),
+            wall_s=end,
+            tenants={t: TenantSummary(task="sft" if t == "sft" else "rl") for t in tenants},
+        ),
+        matched=dict.fromkeys(tenants, n),
+        device_spans=spans,
+        machine=MachineLoad(
+            start=0.0, end=end, period_s=end, load1=load or [], core_busy_s={0: end, 1: end / 2}
+        ),
+        device_cores=[0],
+    )
+
+
+def _phases(tmp: Path, wait: float) -> tuple[PhaseTrace, list[PhaseTrace]]:
+    """Two RL replays whose device idles 3 s between 1 s steps (simulators), and a
+    shared run that fills those gaps; ``wait`` is every step's run-queue delay (a busy
+    machine), which lengthens the device-bound shared run far more than the replays."""
+    load = [0.5] if wait == 0 else [2.5, 3.0]
+    iso = [
+        _trace(f"isolated:{t}", [t], n=10, cpu=1.0, wait=wait, gap=3.0, tmp=tmp, load=load)
+        for t in RL
+    ]
+    multi = _trace("multi-tenant", list(RL), n=20, cpu=1.0, wait=wait, gap=0.5, tmp=tmp, load=load)
+    return multi, iso
+
+
+def _report(tmp: Path, wait: float) -> dict[str, Any]:
+    multi, iso = _phases(tmp, wait)
+    return build_report(
+        multi,
+        iso,
+        profile="fast",
+        reason="test",
+        knobs={},
+        rl_tenants=list(RL),
+        sft_tenant="sft",
+        eval_tenant="eval",
+    )
+
+
+def test_the_ratio_is_the_same_on_a_quiet_and_a_busy_machine(tmp_path: Path) -> None:
+    quiet, busy = _report(tmp_path, 0.0), _report(tmp_path, 2.0)
+    # Quiet: replays 2 x (10 s + 9 x 3 s) = 74 s, shared 20 s + 19 x 0.5 s = 29.5 s.
+    assert quiet["device_time_ratio"] == pytest.approx(74 / 29.5, abs=1e-3)
+    assert busy["device_time_ratio"] == quiet["device_time_ratio"]
+    # On the wall clock the busy machine depresses it: (74 + 40) / (29.5 + 40).
+    assert busy["device_time"]["wall"]["ratio"] == pytest.approx(114 / 69.5, abs=1e-3)
+    assert quiet["device_time"]["wall"]["ratio"] == quiet["device_time_ratio"]
+    assert busy["device_time"]["interference"] == {"multi_tenant_s": 40.0, "isolated_s": 40.0}
+    # The bound and efficiency are on the same basis, so they do not move either.
+    assert busy["device_time_bound"] == quiet["device_time_bound"]
+    assert busy["device_time_bound"]["isolated_device_busy_s"] == 20.0  # CPU, not wall
+
+
+def test_each_phase_splits_wall_busy_into_cpu_wait_and_blocked(tmp_path: Path) -> None:
+    report = _report(tmp_path, 2.0)
+    dev = report["multi_tenant"]["device"]
+    assert dev["device_wall_busy_s"] == 60.0
+    assert dev["device_cpu_s"] == 20.0
+    assert dev["run_queue_wait_s"] == 40.0
+    assert dev["blocked_s"] == 0.0
+    assert dev["interference_s"] == 40.0
+    assert dev["device_time_s"] == pytest.approx(69.5 - 40.0)
+
+
+def test_spans_are_clipped_to_the_window(tmp_path: Path) -> None:
+    multi, _ = _phases(tmp_path, 1.0)
+    # A span half before the window: half of its CPU and wait count.
+    multi.device_spans.append(DeviceSpan(-1.0, 1.0, 0.4, 1.0))
+    assert multi.device_cpu_seconds() == pytest.approx(20.0 + 0.2)
+    assert multi.device_wait_seconds() == pytest.approx(20.0 + 0.5)
+
+
+def test_without_run_queue_wait_interference_is_wall_busy_less_cpu(tmp_path: Path) -> None:
+    multi, _ = _phases(tmp_path, 1.0)
+    multi.device_spans = [DeviceSpan(s.start, s.end, s.cpu_s, None) for s in multi.device_spans]
+    assert multi.device_wait_seconds() is None
+    assert multi.interference_seconds() == pytest.approx(40.0 - 20.0)
+
+
+def test_no_spans_falls_back_to_the_wall_clock(tmp_path: Path) -> None:
+    multi, iso = _phases(tmp_path, 1.0)
+    for tr in (multi, *iso):
+        tr.device_spans = []
+    report = build_report(
+        multi,
+        iso,
+        profile="fast",
+        reason="test",
+        knobs={},
+        rl_tenants=list(RL),
+        sft_tenant="sft",
+        eval_tenant="eval",
+    )
+    assert report["device_time"]["basis"] == "wall clock (no device span recorded)"
+    assert report["device_time_ratio"] == report["device_time"]["wall"]["ratio"]
+    assert report["multi_tenant"]["device"]["device_cpu_s"] is None
+
+
+def test_the_report_records_the_load_of_every_phase(tmp_path: Path) -> None:
+    report = _report(tmp_path, 2.0)
+    phases = report["machine"]["phases"]
+    assert list(phases) == ["multi-tenant", "isolated:rl-a", "isolated:rl-b"]
+    multi = phases["multi-tenant"]
+    assert multi["load_average_1min"] == {"min": 2.5, "mean": 2.75, "max": 3.0, "samples": 2}
+    # Core 0 (the device's) was busy the whole 69.5 s; the device's own CPU was 20 s.
+    assert multi["device_cores"] == [0]
+    assert multi["device_cores_other_s"] == pytest.approx(49.5)
+    line = load_line(report)
+    assert "multi-tenant 2.5–3.0 (mean 2.8)" in line and "isolated replays 2.5–3.0" in line
+    assert "ran 50 s of other work during the multi-tenant phase" in line
+
+
+def test_the_readout_leads_with_the_ratio_then_the_interference_and_load(tmp_path: Path) -> None:
+    report = _report(tmp_path, 2.0)
+    path = write_report(report, tmp_path / "out")
+    head = json.loads(path.read_text())["headline"]
+    assert head["interference"] == interference_line(report)
+    assert "multi-tenant 40.0 s, isolated replays 40.0 s" in head["interference"]
+    assert "on the wall clock, the ratio is 1.64x" in head["interference"]
+    console = Console(width=220, record=True)
+    print_report(report, console)
+    text = " ".join(console.export_text().split())
+    order = [
+        "device time: the isolated replays needed 2.51x",
+        "interference (the device's work ready, its core running something else)",
+        "machine load (1-minute load average",
+        "(window - interference) x 1 machine",
+        "wall clock: window x 1 machine",
+    ]
+    at = [text.find(s) for s in order]
+    assert -1 not in at, [s for s, i in zip(order, at, strict=True) if i < 0]
+    assert at == sorted(at)
+
+
+def test_core_busy_seconds_reads_each_core_of_proc_stat() -> None:
+    import os
+
+    tick = os.sysconf("SC_CLK_TCK")
+    text = (
+        "cpu  9 9 9 9 9 9 9 9 0 0\n"
+        f"cpu0 {tick} 0 {tick} 500 7 0 0 0 0 0\n"
+        f"cpu1 0 {2 * tick} 0 100 0 0 0 {tick} 0 0\n"
+        "intr 1 2 3\n"
+    )
+    assert core_busy_seconds(text) == {0: 2.0, 1: 3.0}

@@ -1,0 +1,76 @@
+"""The device clock measures the device thread's own CPU time, not its wall time."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from joynexus.utils.affinity import on_device
+from joynexus.utils.device_clock import SpanRecorder, device_span, thread_clock
+
+
+def _spin(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i * i
+    return total
+
+
+def test_a_thread_blocked_inside_its_span_accrues_no_cpu() -> None:
+    inside, release = threading.Event(), threading.Event()
+
+    def device_work() -> None:
+        with device_span():
+            inside.set()
+            release.wait()
+
+    with SpanRecorder() as rec:
+        worker = threading.Thread(target=device_work)
+        worker.start()
+        assert inside.wait(30)
+        _spin(300_000)  # this thread's work, while the device thread is blocked
+        release.set()
+        worker.join(30)
+    (span,) = rec.spans
+    wall = span.end - span.start
+    # Blocked on an event: a few microseconds of CPU at most against a wall interval
+    # that holds the other thread's whole loop.
+    assert span.cpu_s < 0.5 * wall
+    assert span.cpu_s < 0.01
+
+
+def test_a_busy_span_is_its_thread_cpu_and_never_more_than_its_wall() -> None:
+    cpu0, _ = thread_clock()
+    with SpanRecorder() as rec, device_span():
+        _spin(300_000)
+    (span,) = rec.spans
+    cpu1, _ = thread_clock()
+    assert 0 < span.cpu_s <= cpu1 - cpu0
+    # The thread cannot run longer than the span lasted (schedstat and the wall clock
+    # tick apart: a millisecond of slack).
+    assert span.cpu_s <= span.end - span.start + 1e-3
+
+
+def test_nested_spans_count_once_and_nothing_is_kept_without_a_recorder() -> None:
+    with device_span():
+        pass  # no recorder open: nothing to keep
+    with SpanRecorder() as rec, on_device(), device_span():
+        _spin(1000)
+    assert len(rec.spans) == 1
+    after = len(rec.spans)
+    with device_span():
+        pass
+    assert len(rec.spans) == after  # closed: records no more
+
+
+def test_the_run_queue_wait_is_measured_where_linux_keeps_it() -> None:
+    try:
+        with open("/proc/thread-self/schedstat"):
+            pass
+    except OSError:
+        pytest.skip("no per-thread schedstat here")
+    with SpanRecorder() as rec, device_span():
+        _spin(1000)
+    (span,) = rec.spans
+    assert span.wait_s is not None and span.wait_s >= 0.0
