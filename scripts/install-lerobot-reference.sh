@@ -22,10 +22,13 @@ LEROBOT_VERSION=0.6.1
 SUITE=trixie
 PYTHON=python3.13
 VENV=/opt/lerobot
-# What lerobot's SmolVLA / pi0 / pi05 need (transformers 5.x, scipy, accelerate...).
-REQUIREMENT="lerobot[smolvla,pi]==${LEROBOT_VERSION}"
-# Bump when the recipe changes: a root built by another recipe is rebuilt.
-RECIPE="1 ${SUITE} ${PYTHON} ${REQUIREMENT}"
+# What lerobot's SmolVLA / pi0 / pi05 need (transformers 5.x, scipy, accelerate...), and
+# its datasets (LeRobotDataset: datasets, pandas, pyarrow, PyAV).
+REQUIREMENT="lerobot[smolvla,pi,dataset]==${LEROBOT_VERSION}"
+# Bump when the recipe changes: a root built by another recipe is rebuilt (one of the
+# same base whose requirement alone changed is updated in place, below).
+BASE="1 ${SUITE} ${PYTHON}"
+RECIPE="${BASE} ${REQUIREMENT}"
 
 ROOT="${JOYNEXUS_LEROBOT_REFERENCE:-${HOME:-/root}/.cache/joynexus/lerobot-reference}"
 STAMP="$ROOT/.joynexus-reference"
@@ -89,6 +92,20 @@ in_root() {
   ' in_root "$root" "$@"
 }
 
+# A root of the same Debian and Python whose lerobot requirement changed (an extra
+# added) is updated in place by pip, not rebuilt; its stamp changes last, so an
+# interrupted update is retried.
+if [ -f "$STAMP" ] && [ "$(cut -d' ' -f1-3 "$STAMP")" = "$BASE" ]; then
+  start=$(date +%s)
+  echo "updating the LeRobot reference environment ${ROOT} to ${REQUIREMENT}"
+  in_root "$ROOT" "$VENV/bin/python" -m pip install --quiet "$REQUIREMENT"
+  rm -rf "$ROOT/root/.cache/pip"
+  in_root "$ROOT" "$VENV/bin/python" -c 'import lerobot.datasets.lerobot_dataset'
+  echo "$RECIPE" >"$STAMP"
+  echo "LeRobot reference environment updated in $(($(date +%s) - start)) s: ${ROOT}"
+  exit 0
+fi
+
 start=$(date +%s)
 echo "building the LeRobot reference environment ${ROOT} (${REQUIREMENT}, Debian ${SUITE})"
 if ! command -v debootstrap >/dev/null 2>&1; then
@@ -126,7 +143,8 @@ in_root "$partial" "$VENV/bin/python" -m pip install --quiet "$REQUIREMENT"
 # Nothing is fetched at run time: apt's and pip's downloads are not kept.
 rm -rf "$partial/var/cache/apt/archives/"*.deb "$partial/root/.cache/pip"
 in_root "$partial" "$VENV/bin/python" -c \
-  'import lerobot.policies.smolvla.modeling_smolvla, lerobot.policies.pi05.modeling_pi05'
+  'import lerobot.policies.smolvla.modeling_smolvla, lerobot.policies.pi05.modeling_pi05
+import lerobot.datasets.lerobot_dataset'
 echo "$RECIPE" >"$partial/.joynexus-reference"
 safe_remove "$ROOT"
 mv "$partial" "$ROOT"
