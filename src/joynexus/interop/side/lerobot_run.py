@@ -13,7 +13,10 @@ this script is what JoyNexus runs with those environments' python (see
   normalization statistics — the layout of a hub checkpoint such as ``lerobot/smolvla_base``;
 * ``probe``: import the policy modules, print the versions;
 * ``predict``: ``from_pretrained`` on a policy directory, its saved processors on an
-  observation, ``predict_action_chunk`` with a given noise, actions written back.
+  observation, ``predict_action_chunk`` with a given noise, actions written back;
+* ``dataset-read`` / ``dataset-write`` (lerobot 0.6.1 with its ``dataset`` extra):
+  lerobot's ``LeRobotDataset`` on a local dataset, or a small one it creates, every
+  frame dumped as lerobot hands it over.
 
 It prints one JSON line on success. Only the standard library, torch, safetensors,
 transformers and lerobot are imported here (the project's packages are not installed in
@@ -151,6 +154,92 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     return {"shape": list(actions.shape), "type": config.type}
 
 
+def _dataset_class() -> Any:
+    return importlib.import_module("lerobot.datasets.lerobot_dataset").LeRobotDataset
+
+
+def _dump_dataset(ds: Any, out: str) -> dict[str, Any]:
+    """Every frame of ``ds`` as lerobot hands it over (``<index>/<key>`` tensors in
+    ``out``) and what its metadata says."""
+    safetensors = importlib.import_module("safetensors.torch")
+    tensors: dict[str, torch.Tensor] = {}
+    tasks = []
+    for index in range(len(ds)):
+        item = ds[index]
+        tasks.append(item["task"])
+        for key, value in item.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"{index}/{key}"] = value.contiguous()
+    safetensors.save_file(tensors, out)
+    meta = ds.meta
+    return {
+        "frames": len(ds),
+        "episodes": int(meta.total_episodes),
+        "fps": meta.fps,
+        "codebase_version": meta.info["codebase_version"],
+        "features": {
+            k: {"dtype": v["dtype"], "shape": list(v["shape"])} for k, v in meta.features.items()
+        },
+        "tasks": tasks,
+    }
+
+
+def dataset_read(args: argparse.Namespace) -> dict[str, Any]:
+    """lerobot's ``LeRobotDataset`` on a local dataset (PyAV decoding), dumped."""
+    ds = _dataset_class()("local/dataset", root=args.root, video_backend="pyav")
+    return _dump_dataset(ds, args.out)
+
+
+def dataset_write(args: argparse.Namespace) -> dict[str, Any]:
+    """lerobot's ``LeRobotDataset.create`` + ``add_frame`` + ``save_episode`` +
+    ``finalize``: a small dataset of a video camera, an image camera, state and
+    action (seeded), then read back by lerobot and dumped (what it wrote)."""
+    features = {
+        "observation.images.top": {
+            "dtype": "video",
+            "shape": (32, 48, 3),
+            "names": ["height", "width", "channels"],
+        },
+        "observation.images.wrist": {
+            "dtype": "image",
+            "shape": (24, 24, 3),
+            "names": ["height", "width", "channels"],
+        },
+        "observation.state": {"dtype": "float32", "shape": (4,), "names": None},
+        "action": {"dtype": "float32", "shape": (3,), "names": None},
+    }
+    ds = _dataset_class().create(
+        "local/dataset",
+        fps=10,
+        features=features,
+        root=args.root,
+        robot_type="tiny",
+        use_videos=True,
+    )
+    g = torch.Generator().manual_seed(args.seed)
+    tasks = ["stack the cups", "wipe the table"]
+    for episode, length in enumerate((5, 7)):
+        for i in range(length):
+            # Smooth images (a gradient and a moving bright square): what a video codec keeps.
+            top = torch.zeros(32, 48, 3, dtype=torch.uint8)
+            top[..., 0] = (torch.arange(48) * 5).to(torch.uint8)[None, :]
+            top[..., 1] = (torch.arange(32) * 7).to(torch.uint8)[:, None]
+            top[8:16, 4 * i : 4 * i + 8, 2] = 200 + 20 * episode
+            wrist = torch.randint(0, 256, (24, 24, 3), generator=g, dtype=torch.uint8)
+            ds.add_frame(
+                {
+                    "observation.images.top": top.numpy(),
+                    "observation.images.wrist": wrist.numpy(),
+                    "observation.state": torch.randn(4, generator=g).numpy(),
+                    "action": torch.randn(3, generator=g).numpy(),
+                    "task": tasks[episode],
+                }
+            )
+        ds.save_episode()
+    ds.finalize()
+    return dataset_read(args)
+
+
 def probe(args: argparse.Namespace) -> dict[str, Any]:
     """Import the policy and processor modules JoyNexus uses; report the versions."""
     for family in ("smolvla", "pi0", "pi05"):
@@ -183,8 +272,19 @@ def main(argv: list[str] | None = None) -> int:
     pred.add_argument("--task", required=True, help="JSON file: the list of task strings")
     pred.add_argument("--out", required=True)
     pred.add_argument("--select", action="store_true", help="select_action, step by step")
+    for name in ("dataset-read", "dataset-write"):
+        data = sub.add_parser(name)
+        data.add_argument("--root", required=True)
+        data.add_argument("--out", required=True, help="safetensors: <index>/<key> tensors")
+        data.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    commands = {"probe": probe, "make-tiny": make_tiny, "predict": predict}
+    commands = {
+        "probe": probe,
+        "make-tiny": make_tiny,
+        "predict": predict,
+        "dataset-read": dataset_read,
+        "dataset-write": dataset_write,
+    }
     result = commands[args.command](args)
     print(json.dumps(result))
     return 0
