@@ -26,15 +26,18 @@ import pytest
 import torch
 
 from joynexus.errors import SpecError
-from joynexus.models.archs.lerobot_pi import Pi05Prefix
+from joynexus.models.archs.lerobot_pi import PI05_ARCH, LeRobotPiPrefix
 from joynexus.models.backbone import ResidentBaseModel
-from joynexus.models.batch import ObservationBatch
-from joynexus.models.execution.grouped import GroupedExecutor
 from joynexus.models.policies.pi05_expert import Pi05Expert, Pi05ExpertConfig
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from tests.interop.lerobot_helpers import TASKS
-from tests.interop.lerobot_pi_helpers import CAMERAS, lerobot_pi05_answer, tiny_pi05
+from tests.interop.lerobot_pi_helpers import (
+    CAMERAS,
+    joynexus_pi_answer,
+    lerobot_pi_answer,
+    tiny_pi05,
+)
 
 SIDE = 32
 TOLERANCE = 1e-4
@@ -67,32 +70,20 @@ def test_lerobot_061_pi05_actions_are_joynexus_actions(checkpoint: Path, work: P
     """In: for the same observation and noise, JoyNexus's π0.5 (the shared prefix with
     the state written into each row's prompt, a tenant's copy of the expert) predicts
     lerobot 0.6.1's ``select_action`` actions, processors included."""
-    answer = lerobot_pi05_answer(checkpoint, work, TASKS, side=SIDE)
-    pixels, state, theirs, noise = answer.pixels, answer.state, answer.actions, answer.noise
-
+    answer = lerobot_pi_answer(checkpoint, work, TASKS, side=SIDE)
     base = ResidentBaseModel.from_pretrained(str(checkpoint))
+    assert isinstance(base.resident, LeRobotPiPrefix) and base.arch == PI05_ARCH
     schema = schema_of()
     slot = TenantSlot("t", schema, base, Pi05ExpertConfig(), optimizer=OptimizerConfig(lr=1e-3))
-    norm = base.default_normalization(schema)
-    assert norm is not None and norm.mode == "quantile"
-    model_state = norm.normalize(state.numpy(), "state")
-    batch = ObservationBatch(
-        cameras={c: p.numpy() for c, p in pixels.items()}, state=model_state, instructions=TASKS
-    )
-    executor = GroupedExecutor(base, [slot])
-    feature = base.canonicalize([("t", schema, batch)])
-    resident = base.resident
-    assert isinstance(resident, Pi05Prefix)
+    slot.normalization = base.default_normalization(schema)
+    assert slot.normalization is not None and slot.normalization.mode == "quantile"
+    assert isinstance(slot.action_module, Pi05Expert)
+    mine = joynexus_pi_answer(base, slot, answer, TASKS)
     # The prompts carry each row's state, tokenized as lerobot's processor did.
-    assert torch.equal(feature.model_inputs["input_ids"].cpu(), answer.tokens)
-    features = executor.shared_forward({"t": batch})["t"]
-    expert = slot.action_module
-    assert isinstance(expert, Pi05Expert)
-    with torch.no_grad():
-        chunk = expert.denoise(features, torch.from_numpy(model_state), noise)
-    mine = torch.from_numpy(norm.unnormalize(chunk[:, :4, :6].numpy(), "action"))
-    assert theirs.shape == mine.shape == (2, 4, 6)
-    difference = (mine - theirs).abs().max().item()
+    assert torch.equal(mine.input_ids, answer.tokens)
+    theirs = answer.actions
+    assert theirs.shape == mine.actions.shape == (2, 4, 6)
+    difference = (mine.actions - theirs).abs().max().item()
     print(f"largest action difference, JoyNexus vs lerobot 0.6.1 pi05: {difference:.3g}")
     assert difference <= TOLERANCE
     # Not vacuous: the rows (different observations) act differently.

@@ -37,8 +37,8 @@ FAMILIES = ("smolvla", "pi0", "pi05")
 #: The families ``make-tiny`` builds through the real classes (see side.lerobot_run).
 TINY_FAMILIES = ("smolvla",)
 #: The families hosted as the resident prefix (models.policies.smolvla_expert,
-#: models.policies.pi05_expert).
-HOSTED_FAMILIES = ("smolvla", "pi05")
+#: models.policies.pi0_expert, models.policies.pi05_expert).
+HOSTED_FAMILIES = ("smolvla", "pi0", "pi05")
 #: ``base_model: {id: tiny:smolvla}``: the tiny SmolVLA make-tiny writes by default.
 TINY_LEROBOT = "smolvla"
 TINY_ID = "tiny:" + TINY_LEROBOT

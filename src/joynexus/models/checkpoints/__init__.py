@@ -7,6 +7,7 @@ another project's format.
   checkpoint;
 * :mod:`~joynexus.models.checkpoints.pi0_export`: a ``pi0_expert`` tenant as a complete
   π0 checkpoint; :mod:`~joynexus.models.checkpoints.lerobot_export`: a
-  ``smolvla_expert`` tenant as a LeRobot policy directory (a ``pi05_expert`` one:
-  :mod:`~joynexus.models.checkpoints.lerobot_pi05_export`).
+  ``smolvla_expert`` tenant as a LeRobot policy directory (a ``pi0_expert`` or
+  ``pi05_expert`` one on a LeRobot π checkpoint:
+  :mod:`~joynexus.models.checkpoints.lerobot_pi_export`).
 """

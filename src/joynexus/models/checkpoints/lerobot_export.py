@@ -34,7 +34,10 @@ from joynexus.errors import InvalidRequestError
 from joynexus.interop.lerobot import ACTION_KEY, IMAGE_PREFIX, STATE_KEY
 from joynexus.models.archs.smolvlm.resident import SmolVLAResident
 from joynexus.models.archs.smolvlm.smolvla import export_smolvla
-from joynexus.models.checkpoints.lerobot_pi05_export import PI05_HEAD, export_pi05_checkpoint
+from joynexus.models.checkpoints.lerobot_pi_export import (
+    LEROBOT_PI_HEADS,
+    export_lerobot_pi_checkpoint,
+)
 from joynexus.models.checkpoints.payload import read_manifest
 from joynexus.models.checkpoints.tenant_export import read_tenant_expert
 from joynexus.models.lora import peft_deltas
@@ -186,7 +189,8 @@ def export_lerobot_checkpoint(
     checkpoint: str | Path, out: str | Path, *, base: Any, schema: DataSchema | None = None
 ) -> Path:
     """Export the ``smolvla_expert`` tenant checkpoint ``checkpoint`` into ``out``
-    (a ``pi05_expert`` one: :func:`export_pi05_checkpoint`); ``schema``: the tenant's,
+    (a ``pi0_expert`` / ``pi05_expert`` one: :func:`export_lerobot_pi_checkpoint`);
+    ``schema``: the tenant's,
     for the image features (default: the one its manifest records; a checkpoint written
     before manifests recorded it keeps the base checkpoint's image features).
 
@@ -198,8 +202,8 @@ def export_lerobot_checkpoint(
     """
     manifest = read_manifest(checkpoint)
     schema = schema or manifest.data_schema
-    if manifest.head.get("type") == PI05_HEAD:  # π0.5: its own module
-        return export_pi05_checkpoint(checkpoint, out, base=base, schema=schema)
+    if manifest.head.get("type") in LEROBOT_PI_HEADS:  # π0 / π0.5: their own module
+        return export_lerobot_pi_checkpoint(checkpoint, out, base=base, schema=schema)
     expert, stats = read_tenant_expert(checkpoint, "smolvla_expert", "a LeRobot SmolVLA policy")
     resident = smolvla_of(base, what="export --format lerobot")
     try:

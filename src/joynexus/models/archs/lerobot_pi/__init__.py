@@ -1,15 +1,17 @@
-"""LeRobot π0.5 checkpoints as a resident architecture (``base_model.id``: a LeRobot
-``pi05`` policy directory).
+"""LeRobot π0 and π0.5 checkpoints as resident architectures (``base_model.id``: a
+LeRobot ``pi0`` or ``pi05`` policy directory; architectures ``lerobot_pi0``,
+``lerobot_pi05``).
 
 The resident part is the checkpoint's PaliGemma prefix, loaded once per server and
-frozen (:class:`~joynexus.models.archs.lerobot_pi.checkpoint.Pi05Checkpoint`); its
-extension is the checkpoint itself, which ``pi05_expert`` tenants ask for to copy the
-expert from. The canonical inputs are the cameras in [-1, 1] with their mask and the
-instruction's bytes; the forward writes each row's π0.5 prompt from its instruction and
-its *normalized* state (the tenant's units: the Inference Model Service and the
-training batches hand the backbone normalized state), tokenizes it, and runs the
-prefix over every tenant's rows at once. A tenant without statistics of its own takes
-the checkpoint's (quantiles, as lerobot's π0.5 processor normalizes).
+frozen (:class:`~joynexus.models.archs.lerobot_pi.checkpoint.LeRobotPiCheckpoint`); its
+extension is the checkpoint itself, which ``pi0_expert`` / ``pi05_expert`` tenants ask
+for to copy the expert from. The canonical inputs are the cameras in [-1, 1] with their
+mask and the instruction's bytes; the forward writes each row's prompt (π0.5: from its
+instruction and its *normalized* state — the tenant's units: the Inference Model
+Service and the training batches hand the backbone normalized state; π0: the
+instruction alone), tokenizes it, and runs the prefix over every tenant's rows at once.
+A tenant without statistics of its own takes the checkpoint's (π0.5: quantiles, π0:
+mean/std, as lerobot's processors normalize).
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ import torch
 from joynexus.errors import InvalidRequestError
 from joynexus.interop.lerobot import hub_family
 from joynexus.models.archs.base import LoadRequest, Resident, ResidentArch, fitting_statistics
-from joynexus.models.archs.lerobot_pi.checkpoint import PI05_TYPE, Pi05Checkpoint, pi05_prompt
+from joynexus.models.archs.lerobot_pi.checkpoint import (
+    PI0_TYPE,
+    PI05_TYPE,
+    LeRobotPiCheckpoint,
+    Pi0LeRobotCheckpoint,
+    Pi05Checkpoint,
+)
 from joynexus.models.canon.canonicalize import BatchEncoder
 from joynexus.models.canon.feature import VLAFeature
 from joynexus.models.normalization import NormalizationStats
@@ -31,12 +39,13 @@ from joynexus.models.schema import DataSchema
 from joynexus.models.types import BackboneOutput
 
 PI05_ARCH = "lerobot_pi05"
+PI0_ARCH = "lerobot_pi0"
 
 
-class Pi05Encoder:
-    """Canonical π0.5 inputs: cameras scaled to [-1, 1] (SigLIP's range, as lerobot's
-    ``_preprocess_images``), their mask, and each instruction's UTF-8 bytes (the prompt
-    needs the state too, so it is written at the forward)."""
+class LeRobotPiEncoder:
+    """Canonical π inputs: cameras scaled to [-1, 1] (SigLIP's range, as lerobot's
+    ``_preprocess_images``), their mask, and each instruction's UTF-8 bytes (π0.5's
+    prompt needs the state too, so prompts are written at the forward)."""
 
     def encode(
         self,
@@ -65,31 +74,31 @@ def _instructions(inputs: dict[str, torch.Tensor]) -> list[str]:
     ]
 
 
-class Pi05Prefix(Resident):
-    """A π0.5 checkpoint's prefix: its own inputs, the prompts written with each row's
-    state at the forward, the prefix KV cache handed to the tenants' experts."""
+class LeRobotPiPrefix(Resident):
+    """A π0 / π0.5 checkpoint's prefix: its own inputs, the prompts written (π0.5: with
+    each row's state) at the forward, the prefix KV cache handed to the tenants' experts."""
 
     takes_output_layers: ClassVar[bool] = False
 
     def __init__(self, arch: str, model: torch.nn.Module, processor: Any, **kwargs: Any):
         super().__init__(arch, model, processor, **kwargs)
-        if not isinstance(self.extension, Pi05Checkpoint):
-            raise TypeError("a π0.5 prefix is built with its Pi05Checkpoint")
+        if not isinstance(self.extension, LeRobotPiCheckpoint):
+            raise TypeError("a LeRobot π prefix is built with its LeRobotPiCheckpoint")
         self.checkpoint = self.extension
 
     def encoder(self, tensor: bool) -> tuple[BatchEncoder | None, str | None]:
-        # π0.5's inputs are its own: one path whatever was asked for.
-        return Pi05Encoder(), None
+        # π's inputs are its own: one path whatever was asked for.
+        return LeRobotPiEncoder(), None
 
     def images_per_row(self, feature: VLAFeature) -> int:
         return self.num_camera_slots
 
     def prompts(self, feature: VLAFeature) -> list[str]:
-        """Each row's π0.5 prompt: its instruction and its own state dims."""
+        """Each row's prompt: its instruction and (π0.5) its own state dims."""
         state = feature.state.detach().cpu().double().numpy()
         own = feature.state_mask.detach().cpu().numpy()
         return [
-            pi05_prompt(text, state[i][own[i]])
+            self.checkpoint.prompt(text, state[i][own[i]])
             for i, text in enumerate(_instructions(feature.model_inputs))
         ]
 
@@ -117,17 +126,17 @@ class Pi05Prefix(Resident):
         return fitting_statistics(self.checkpoint.normalization(), schema)
 
 
-class LeRobotPi05(ResidentArch):
-    """A LeRobot ``pi05`` policy directory."""
+class LeRobotPi(ResidentArch):
+    """A LeRobot π policy directory of one family (``checkpoint``'s ``TYPE``)."""
 
-    name = PI05_ARCH
-    resident = Pi05Prefix
+    resident = LeRobotPiPrefix
+    checkpoint: ClassVar[type[LeRobotPiCheckpoint]] = Pi05Checkpoint
 
     def claims(self, model_id: str, *, local_only: bool) -> str | None:
         path = Path(model_id).expanduser()
         if path.is_dir():
-            return str(path) if Pi05Checkpoint.claims(path) else None
-        if hub_family(model_id) != PI05_TYPE:
+            return str(path) if self.checkpoint.claims(path) else None
+        if hub_family(model_id) != self.checkpoint.TYPE:
             return None
         # ``lerobot/pi05_*``: fetched once into the hub cache (its tokenizer, PaliGemma's,
         # comes from the hub cache too).
@@ -136,14 +145,15 @@ class LeRobotPi05(ResidentArch):
         return str(snapshot_download(model_id, local_files_only=local_only))
 
     def load(self, request: LoadRequest) -> Resident:
-        checkpoint = Pi05Checkpoint(Path(request.path), device=request.device, dtype=request.dtype)
+        checkpoint = self.checkpoint(Path(request.path), device=request.device, dtype=request.dtype)
         if request.canonical_image_size not in (None, checkpoint.image_size):
             raise InvalidRequestError(
-                f"canonical_image_size {request.canonical_image_size}: this π0.5 checkpoint "
-                f"sees {checkpoint.image_size}-pixel cameras; leave it unset",
+                f"canonical_image_size {request.canonical_image_size}: this "
+                f"{checkpoint.LABEL} checkpoint sees {checkpoint.image_size}-pixel cameras; "
+                "leave it unset",
                 field="canonical_image_size",
             )
-        return Pi05Prefix(
+        return LeRobotPiPrefix(
             self.name,
             checkpoint.vlm,
             checkpoint.tokenizer,
@@ -153,6 +163,31 @@ class LeRobotPi05(ResidentArch):
         )
 
 
-ARCHES: tuple[ResidentArch, ...] = (LeRobotPi05(),)
+class LeRobotPi05(LeRobotPi):
+    """A LeRobot ``pi05`` policy directory."""
 
-__all__ = ["ARCHES", "PI05_ARCH", "PI05_TYPE", "LeRobotPi05", "Pi05Encoder", "Pi05Prefix"]
+    name = PI05_ARCH
+    checkpoint = Pi05Checkpoint
+
+
+class LeRobotPi0(LeRobotPi):
+    """A LeRobot ``pi0`` policy directory (transformers' π0 is ``paligemma``'s ``pi0``)."""
+
+    name = PI0_ARCH
+    checkpoint = Pi0LeRobotCheckpoint
+
+
+ARCHES: tuple[ResidentArch, ...] = (LeRobotPi0(), LeRobotPi05())
+
+__all__ = [
+    "ARCHES",
+    "PI0_ARCH",
+    "PI0_TYPE",
+    "PI05_ARCH",
+    "PI05_TYPE",
+    "LeRobotPi",
+    "LeRobotPi0",
+    "LeRobotPi05",
+    "LeRobotPiEncoder",
+    "LeRobotPiPrefix",
+]

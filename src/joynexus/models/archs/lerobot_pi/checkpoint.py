@@ -1,5 +1,7 @@
-"""A LeRobot π0.5 checkpoint read in the project venv: the shared PaliGemma prefix, the
-prompt its processor writes, and the expert every ``pi05_expert`` tenant starts from.
+"""A LeRobot π0 / π0.5 checkpoint read in the project venv: the shared PaliGemma prefix,
+the prompt its processor writes, and the expert every ``pi0_expert`` / ``pi05_expert``
+tenant starts from (:class:`LeRobotPiCheckpoint`; :class:`Pi0LeRobotCheckpoint`,
+:class:`Pi05Checkpoint` say what differs).
 
 LeRobot (0.5 and later) saves π0.5 as ``config.json`` (``type: pi05``, the Gemma
 variants of the prefix and the expert, chunk and dims), ``model.safetensors``
@@ -18,6 +20,12 @@ instruction and the *state*, normalized to [-1, 1] and discretized into 256 bins
 as text (``Task: …, State: 12 200 …;\\nAction: ``) and tokenized right-padded to the
 processor's length. So the prefix's *weights* are shared by every tenant while its
 *tokens* differ per row (docs/BACKBONES.md).
+
+π0 (``type: pi0``) has the same prefix and files; its prompt is the instruction alone
+(lerobot's π0 processor appends a newline), its expert's norms are plain Gemma RMS
+norms, and its projections are ``state_proj`` (the state: one token of the expert's
+suffix) and ``action_time_mlp_in`` / ``action_time_mlp_out`` (the time mixed into each
+action token). Its processor normalizes by mean and standard deviation.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -51,6 +59,7 @@ from joynexus.models.tiny import SIDECAR
 from joynexus.models.types import BackboneOutput
 
 PI05_TYPE = "pi05"
+PI0_TYPE = "pi0"
 #: lerobot's Gemma variants (openpi's): the only sizes its π configs name.
 GEMMA_VARIANTS: dict[str, dict[str, int]] = {
     "gemma_300m": {
@@ -80,8 +89,21 @@ VISION_INTERMEDIATE = 4304
 MASKED = -2.3819763e38
 PREFIX_KEYS = "paligemma_with_expert.paligemma.model."
 EXPERT_KEYS = "paligemma_with_expert.gemma_expert.model."
-#: The expert's projections, by their lerobot names.
+#: The expert's projections, by their lerobot names (π0.5's; π0's below).
 PROJECTIONS = ("action_in_proj.", "action_out_proj.", "time_mlp_in.", "time_mlp_out.")
+PI0_PROJECTIONS = (
+    "action_in_proj.",
+    "action_out_proj.",
+    "state_proj.",
+    "action_time_mlp_in.",
+    "action_time_mlp_out.",
+)
+#: openpi's names of the time MLP → lerobot's, per family (lerobot's
+#: ``_fix_pytorch_state_dict_keys`` renames them so on load).
+_TIME_MLP_NAMES = {
+    PI05_TYPE: (("action_time_mlp_in.", "time_mlp_in."), ("action_time_mlp_out.", "time_mlp_out.")),
+    PI0_TYPE: (("time_mlp_in.", "action_time_mlp_in."), ("time_mlp_out.", "action_time_mlp_out.")),
+}
 STATE_BINS = 256
 
 
@@ -123,8 +145,10 @@ class TokenizerStep:
     truncation: bool
 
 
-def _fail(path: Path, message: str, field: str = "base_model.id") -> SpecError:
-    return SpecError(f"LeRobot π0.5 checkpoint {str(path)!r}: {message}", field=field)
+def _fail(
+    path: Path, message: str, field: str = "base_model.id", label: str = "π0/π0.5"
+) -> SpecError:
+    return SpecError(f"LeRobot {label} checkpoint {str(path)!r}: {message}", field=field)
 
 
 def _sizes(root: Path, config: dict[str, Any]) -> tuple[GemmaSizes, GemmaSizes, dict[str, int]]:
@@ -147,7 +171,7 @@ def _sizes(root: Path, config: dict[str, Any]) -> tuple[GemmaSizes, GemmaSizes, 
     return out[0], out[1], {}
 
 
-def _tokenizer_step(root: Path) -> TokenizerStep:
+def _tokenizer_step(root: Path, label: str) -> TokenizerStep:
     steps = json.loads((root / PREPROCESSOR).read_text()).get("steps", [])
     for step in steps:
         if isinstance(step, dict) and step.get("registry_name") == "tokenizer_processor":
@@ -162,7 +186,7 @@ def _tokenizer_step(root: Path) -> TokenizerStep:
                 padding_side=str(cfg.get("padding_side", "right")),
                 truncation=bool(cfg.get("truncation", True)),
             )
-    raise _fail(root, f"{PREPROCESSOR} has no tokenizer step naming its tokenizer")
+    raise _fail(root, f"{PREPROCESSOR} has no tokenizer step naming its tokenizer", label=label)
 
 
 def _stats(ckpt: LeRobotCheckpoint, key: str, mode: str) -> FeatureNormStats | None:
@@ -194,21 +218,21 @@ def _as_named_by(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict
     return out
 
 
-def lerobot_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A π0.5 ``model.safetensors`` under the names lerobot 0.6.1's ``PI05Policy``
-    loads it by (what its ``from_pretrained`` fixes, so hub checkpoints saved by
-    openpi's converter load too): no ``model.`` prefix; openpi's ``action_time_mlp_*``
-    are ``time_mlp_*``; a tied PaliGemma saved as its ``lm_head`` alone gives the
-    embedding; ``state_proj`` (π0's) is dropped."""
+def lerobot_names(
+    state: dict[str, torch.Tensor], family: str = PI05_TYPE
+) -> dict[str, torch.Tensor]:
+    """A π0.5 (π0: ``family`` ``pi0``) ``model.safetensors`` under the names lerobot
+    0.6.1's ``PI05Policy`` (``PI0Policy``) loads it by (what its ``from_pretrained``
+    fixes, so hub checkpoints saved by openpi's converter load too): no ``model.``
+    prefix; π0.5's time MLP is ``time_mlp_*`` (openpi's ``action_time_mlp_*``), π0's
+    ``action_time_mlp_*``; a tied PaliGemma saved as its ``lm_head`` alone gives the
+    embedding; π0.5 drops ``state_proj`` (π0's)."""
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         name = key.removeprefix("model.")
-        if name.startswith("state_proj."):
+        if family == PI05_TYPE and name.startswith("state_proj."):
             continue
-        for old, new in (
-            ("action_time_mlp_in.", "time_mlp_in."),
-            ("action_time_mlp_out.", "time_mlp_out."),
-        ):
+        for old, new in _TIME_MLP_NAMES[family]:
             if name.startswith(old):
                 name = new + name[len(old) :]
         out[name] = value
@@ -234,26 +258,34 @@ def pi05_prompt(task: str, state: np.ndarray) -> str:
     return f"Task: {cleaned}, State: {numbers};\nAction: "
 
 
-class Pi05Checkpoint:
-    """A loaded LeRobot π0.5 checkpoint: the frozen prefix (:attr:`vlm`), its tokenizer,
+class LeRobotPiCheckpoint:
+    """A loaded LeRobot π checkpoint: the frozen prefix (:attr:`vlm`), its tokenizer,
     the config, and the expert's tensors (:attr:`expert_state`, by the tenant module's
-    names) that every ``pi05_expert`` starts from.
+    names) that every tenant's expert starts from. A family (:class:`Pi05Checkpoint`,
+    :class:`Pi0LeRobotCheckpoint`) says its ``type``, its projections and its prompt.
 
     Raises:
-        SpecError: (from :meth:`read`) a checkpoint that is no π0.5 or lacks its parts.
+        SpecError: (from :meth:`read`) a checkpoint of another type or lacking its parts.
     """
+
+    #: The LeRobot ``type`` it reads, its name in messages, its tenants' head type.
+    TYPE: ClassVar[str] = PI05_TYPE
+    LABEL: ClassVar[str] = "π0.5"
+    HEAD: ClassVar[str] = "pi05_expert"
+    #: The expert's projections, by their lerobot names.
+    PROJECTIONS: ClassVar[tuple[str, ...]] = PROJECTIONS
 
     def __init__(self, root: Path, *, device: torch.device, dtype: torch.dtype):
         self.root = root
         self.ckpt = read_lerobot_checkpoint(root)
-        if self.ckpt.type != PI05_TYPE:
-            raise _fail(root, f"type is {self.ckpt.type!r}, not {PI05_TYPE!r}")
+        if self.ckpt.type != self.TYPE:
+            raise _fail(root, f"type is {self.ckpt.type!r}, not {self.TYPE!r}", label=self.LABEL)
         self.config: dict[str, Any] = json.loads((root / "config.json").read_text())
         self.prefix_sizes, self.expert_sizes, vision = _sizes(root, self.config)
-        self.tokenizer_step = _tokenizer_step(root)
+        self.tokenizer_step = _tokenizer_step(root, self.LABEL)
         resolution = self.config.get("image_resolution") or [224, 224]
         self.image_size = int(resolution[0])
-        state = lerobot_names(load_file(str(root / WEIGHTS)))
+        state = self.lerobot_names(load_file(str(root / WEIGHTS)))
         self.vlm = self._build_vlm(vision)
         prefix = {k[len(PREFIX_KEYS) :]: v for k, v in state.items() if k.startswith(PREFIX_KEYS)}
         self.vlm.load_state_dict(_as_named_by(self.vlm, prefix), strict=True)
@@ -264,12 +296,22 @@ class Pi05Checkpoint:
             for k, v in state.items()
             if k.startswith(EXPERT_KEYS)
         }
-        self.expert_state.update({k: v for k, v in state.items() if k.startswith(PROJECTIONS)})
+        self.expert_state.update({k: v for k, v in state.items() if k.startswith(self.PROJECTIONS)})
         self.tokenizer = self._load_tokenizer()
 
-    @staticmethod
-    def claims(path: Path) -> bool:
-        """Whether ``path`` is a LeRobot directory of type ``pi05`` (checked no further)."""
+    @classmethod
+    def lerobot_names(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``state`` under the names lerobot 0.6.1 loads this family by."""
+        return lerobot_names(state, cls.TYPE)
+
+    def prompt(self, task: str, state: np.ndarray) -> str:
+        """The text this family's processor makes of an instruction and a normalized
+        state (π0.5: :func:`pi05_prompt`)."""
+        return pi05_prompt(task, state)
+
+    @classmethod
+    def claims(cls, path: Path) -> bool:
+        """Whether ``path`` is a LeRobot directory of this ``type`` (checked no further)."""
         config = path / "config.json"
         if not config.is_file():
             return False
@@ -277,7 +319,7 @@ class Pi05Checkpoint:
             data = json.loads(config.read_text())
         except (OSError, ValueError):
             return False
-        return isinstance(data, dict) and data.get("type") == PI05_TYPE and "model_type" not in data
+        return isinstance(data, dict) and data.get("type") == cls.TYPE and "model_type" not in data
 
     # --- sizes ---------------------------------------------------------------------
 
@@ -399,7 +441,8 @@ class Pi05Checkpoint:
 
     def normalization(self) -> NormalizationStats | None:
         """The checkpoint's processor statistics as a tenant's normalization, in its
-        own mode (π0.5: quantiles); ``None`` when the mode or statistics are missing."""
+        own mode (π0.5: quantiles, π0: mean/std); ``None`` when the mode or statistics
+        are missing."""
         mapping = self.config.get("normalization_mapping") or {}
         mode = str(mapping.get("STATE", "QUANTILES"))
         if mode not in ("QUANTILES", "MEAN_STD") or mapping.get("ACTION", mode) != mode:
@@ -422,8 +465,8 @@ class Pi05Checkpoint:
         problems = schema_problems(self.ckpt, dims)
         if problems:
             raise SpecError(
-                f"a 'pi05_expert' for schema {name!r} does not fit this π0.5 checkpoint:\n"
-                + "\n".join(f"  {f}: {m}" for f, m in problems),
+                f"a {self.HEAD!r} for schema {name!r} does not fit this {self.LABEL} "
+                "checkpoint:\n" + "\n".join(f"  {f}: {m}" for f, m in problems),
                 fields=[f for f, _ in problems],
                 problems=dict(problems),
             )
@@ -436,3 +479,26 @@ class Pi05Checkpoint:
             action_dim=schema.action_dim,
             action_chunk=schema.action_chunk,
         )
+
+
+class Pi05Checkpoint(LeRobotPiCheckpoint):
+    """A LeRobot π0.5 checkpoint (``pi05_expert`` tenants): the state is written into
+    the prompt, discretized (:func:`pi05_prompt`)."""
+
+
+def pi0_prompt(task: str) -> str:
+    """The text lerobot's π0 processor tokenizes: the instruction, ending in a newline."""
+    return task if task.endswith("\n") else task + "\n"
+
+
+class Pi0LeRobotCheckpoint(LeRobotPiCheckpoint):
+    """A LeRobot π0 checkpoint (``pi0_expert`` tenants): the prompt is the instruction
+    alone; the state enters the expert as a token of its own (``state_proj``)."""
+
+    TYPE = PI0_TYPE
+    LABEL = "π0"
+    HEAD = "pi0_expert"
+    PROJECTIONS = PI0_PROJECTIONS
+
+    def prompt(self, task: str, state: np.ndarray) -> str:
+        return pi0_prompt(task)

@@ -23,14 +23,14 @@ padding of a narrower schema, loss, sampler and Flow-SDE are
 from __future__ import annotations
 
 import importlib
-import math
 from typing import Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from joynexus.models.archs.lerobot_pi.checkpoint import MASKED, Pi05Checkpoint
+from joynexus.models.archs.lerobot_pi.checkpoint import Pi05Checkpoint
+from joynexus.models.archs.lerobot_pi.expert import suffix_attention, time_embedding
 from joynexus.models.policies.base import PolicyHead
 from joynexus.models.policies.pi05_expert.config import (
     PI05_EXPERT_NEEDS,
@@ -44,17 +44,6 @@ from joynexus.models.types import BackboneOutput
 
 def _hf_pi05() -> Any:
     return importlib.import_module("transformers.models.pi05.modeling_pi05")
-
-
-def time_embedding(
-    t: torch.Tensor, width: int, min_period: float, max_period: float
-) -> torch.Tensor:
-    """Sine-cosine embedding ``[B, width]`` of times ``t`` ``[B]``, computed in float64
-    (periods from ``min_period`` to ``max_period``) and returned in ``t``'s dtype."""
-    fraction = torch.linspace(0.0, 1.0, width // 2, dtype=torch.float64, device=t.device)
-    period = min_period * (max_period / min_period) ** fraction
-    angle = (1.0 / period * 2 * math.pi)[None, :] * t[:, None].double()
-    return torch.cat([torch.sin(angle), torch.cos(angle)], dim=1).to(t.dtype)
 
 
 class Pi05Expert(PrefixFlowExpert):
@@ -148,13 +137,10 @@ class Pi05Expert(PrefixFlowExpert):
         ref = self.action_in_proj.weight
         actions = self.action_in_proj(x.to(ref.dtype))
         condition = self.time_condition(t.float())
-        prefix = features.attention_mask.bool()
-        rows, chunk = int(actions.shape[0]), int(actions.shape[1])
-        seen = torch.cat([prefix, prefix.new_ones((rows, chunk))], dim=1)
-        mask = torch.zeros((rows, 1, chunk, seen.shape[1]), dtype=ref.dtype, device=ref.device)
-        mask = mask.masked_fill(~seen[:, None, None, :], MASKED)
-        offsets = prefix.long().sum(dim=1, keepdim=True)
-        positions = offsets + torch.arange(chunk, device=ref.device)[None, :]
+        chunk = int(actions.shape[1])
+        # One bidirectional block of action tokens over the valid prefix.
+        block = torch.ones((chunk, chunk), dtype=torch.bool, device=ref.device)
+        mask, positions = suffix_attention(features.attention_mask.bool(), block, ref.dtype)
         out = self.gemma_expert(
             inputs_embeds=actions,
             timestep_embeds=condition,

@@ -26,8 +26,9 @@ from joynexus.models.policies.base import PolicyHead
 from joynexus.models.policies.pi0_expert.config import (
     PI0_EXPERT_NEEDS,
     Pi0ExpertConfig,
-    pi0_checkpoint_of,
+    pi0_resident_of,
 )
+from joynexus.models.policies.pi0_expert.lerobot import LeRobotPi0Expert
 from joynexus.models.policies.prefix_expert import PrefixFlowExpert
 from joynexus.models.schema import DataSchema
 from joynexus.models.types import BackboneOutput
@@ -149,14 +150,26 @@ class Pi0Expert(PrefixFlowExpert):
 def build_pi0_expert(
     config: Pi0ExpertConfig, hidden_size: int, schema: DataSchema, base: object
 ) -> PolicyHead:
-    """A tenant's expert from the resident π0 checkpoint (its expert for ``init: pretrained``).
+    """A tenant's expert from the resident π0 checkpoint (its expert for ``init:
+    pretrained``): transformers' π0 expert, or a LeRobot π0 one on a LeRobot ``pi0``
+    base model.
 
     Raises:
         SpecError: no π0 base model, or a schema that does not fit its checkpoint.
     """
+    pi0 = pi0_resident_of(base, what=PI0_EXPERT_NEEDS)
+    if not isinstance(pi0, Pi0Checkpoint):
+        return LeRobotPi0Expert(
+            config,
+            pi0=pi0,
+            hidden_size=hidden_size,
+            state_dim=schema.state_dim,
+            action_dim=schema.action_dim,
+            action_chunk=schema.action_chunk,
+        )
     return Pi0Expert(
         config,
-        pi0=pi0_checkpoint_of(base, what=PI0_EXPERT_NEEDS),
+        pi0=pi0,
         hidden_size=hidden_size,
         state_dim=schema.state_dim,
         action_dim=schema.action_dim,

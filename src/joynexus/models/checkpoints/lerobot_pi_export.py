@@ -1,12 +1,14 @@
-"""A ``pi05_expert`` tenant → a LeRobot 0.6.1 π0.5 policy directory.
+"""A ``pi05_expert`` (``pi0_expert``) tenant on a LeRobot π0.5 (π0) checkpoint → a
+LeRobot 0.6.1 ``pi05`` (``pi0``) policy directory.
 
-``joynexus models export --format lerobot`` of a π0.5 tenant writes what lerobot's
-``save_pretrained`` writes for a ``pi05`` policy, so that lerobot's ``from_pretrained``
+``joynexus models export --format lerobot`` of such a tenant writes what lerobot's
+``save_pretrained`` writes for its policy, so that lerobot's ``from_pretrained``
 + ``make_pre_post_processors`` + ``select_action`` compute the tenant's actions:
 
 * ``model.safetensors``: every tensor of the resident checkpoint under the names
-  lerobot 0.6.1's ``PI05Policy`` saves (``model.paligemma_with_expert.…``,
-  ``model.action_in_proj.…``, ``model.time_mlp_in.…``), the expert and its projections
+  lerobot 0.6.1's ``PI05Policy`` / ``PI0Policy`` saves (``model.paligemma_with_expert.…``,
+  ``model.action_in_proj.…``; π0.5's ``model.time_mlp_in.…``, π0's
+  ``model.state_proj.…`` and ``model.action_time_mlp_in.…``), the expert and its projections
   replaced by the tenant's, and the shared prefix's weights with the tenant's LoRA (if
   any) merged into copies of them, ``W + scale · B @ A``; each tensor keeps the
   checkpoint's dtype.
@@ -23,9 +25,9 @@ Normalization: the tenant normalizes by ``(x − center) / scale``
 (:meth:`NormalizationStats.center_scale`, floors applied). The exported statistics
 express that one affine map in every form lerobot's modes read (``mean``/``std``;
 ``q01``/``q99`` and ``min``/``max`` as ``center ∓ scale``), so the processors' modes
-(π0.5: quantiles) stay as they are and still normalize the state, before it is
-discretized into the prompt, exactly as the tenant did. A tenant without statistics of
-its own exports the checkpoint's unchanged.
+(π0.5: quantiles, π0: mean/std) stay as they are and still normalize the state
+(π0.5: before it is discretized into the prompt) exactly as the tenant did. A tenant
+without statistics of its own exports the checkpoint's unchanged.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from joynexus.errors import InvalidRequestError
+from joynexus.errors import InvalidRequestError, SpecError
 from joynexus.interop.lerobot import (
     ACTION_KEY,
     IMAGE_PREFIX,
@@ -51,18 +53,23 @@ from joynexus.interop.lerobot import (
 from joynexus.models.archs.lerobot_pi.checkpoint import (
     EXPERT_KEYS,
     PREFIX_KEYS,
-    PROJECTIONS,
+    LeRobotPiCheckpoint,
+    Pi0LeRobotCheckpoint,
     Pi05Checkpoint,
-    lerobot_names,
 )
+from joynexus.models.checkpoints.payload import read_manifest
 from joynexus.models.checkpoints.tenant_export import read_tenant_expert
 from joynexus.models.lora import peft_deltas
 from joynexus.models.normalization import NormalizationStats
-from joynexus.models.policies.pi05_expert.config import pi05_checkpoint_of
 from joynexus.models.schema import DataSchema
 from joynexus.models.tiny import SIDECAR
+from joynexus.models.types import describe_base, extension_of
 
-PI05_HEAD = "pi05_expert"
+#: The LeRobot π families by their tenants' head type.
+LEROBOT_PI_HEADS: dict[str, type[LeRobotPiCheckpoint]] = {
+    Pi0LeRobotCheckpoint.HEAD: Pi0LeRobotCheckpoint,
+    Pi05Checkpoint.HEAD: Pi05Checkpoint,
+}
 #: Where a tokenizer from an absolute folder travels inside an export.
 LOCAL_TOKENIZER = "tokenizer"
 #: lerobot's ``PI05Policy`` keeps its model under this attribute (its saved names).
@@ -70,12 +77,12 @@ POLICY_MODEL = "model."
 _NORMALIZERS = ("normalizer_processor", "unnormalizer_processor")
 
 
-def _fail(message: str, field: str = "checkpoint") -> InvalidRequestError:
-    return InvalidRequestError(f"export (LeRobot π0.5): {message}", field=field)
+def _fail(message: str, field: str = "checkpoint", label: str = "π0.5") -> InvalidRequestError:
+    return InvalidRequestError(f"export (LeRobot {label}): {message}", field=field)
 
 
 def policy_tensors(
-    pi05: Pi05Checkpoint,
+    pi: LeRobotPiCheckpoint,
     expert: dict[str, torch.Tensor],
     lora: dict[str, torch.Tensor],
 ) -> dict[str, torch.Tensor]:
@@ -87,19 +94,24 @@ def policy_tensors(
         InvalidRequestError: a tenant tensor or LoRA delta has no tensor of its shape
             in the checkpoint.
     """
-    state = lerobot_names(load_file(str(pi05.root / WEIGHTS)))
+    label = pi.LABEL
+    state = pi.lerobot_names(load_file(str(pi.root / WEIGHTS)))
     for name, value in expert.items():
         if name.startswith("gemma_expert."):
             key = EXPERT_KEYS + name.removeprefix("gemma_expert.")
-        elif name.startswith(PROJECTIONS):
+        elif name.startswith(pi.PROJECTIONS):
             key = name
         else:
-            raise _fail(f"the tenant's expert holds {name!r}, which π0.5 has no place for")
+            raise _fail(
+                f"the tenant's expert holds {name!r}, which {label} has no place for",
+                label=label,
+            )
         old = state.get(key)
         if old is None or old.shape != value.shape:
             raise _fail(
                 f"the tenant's {name!r} {list(value.shape)} has no tensor {key!r} of its "
-                "shape in the π0.5 checkpoint"
+                f"shape in the {label} checkpoint",
+                label=label,
             )
         state[key] = value.detach().to("cpu", old.dtype).contiguous()
     for name, delta in lora.items():
@@ -110,9 +122,10 @@ def policy_tensors(
         if found is None:
             raise _fail(
                 f"the tenant's LoRA adapts {name!r}, which has no weight of shape "
-                f"{list(delta.shape)} in this π0.5 checkpoint to merge into; refusing to "
+                f"{list(delta.shape)} in this {label} checkpoint to merge into; refusing to "
                 "export a policy that would act otherwise",
                 field="lora",
+                label=label,
             )
         weight = state[found]
         state[found] = (weight.to(torch.float32) + delta.to(torch.float32)).to(weight.dtype)
@@ -211,8 +224,8 @@ def _processor(
     (out / file_name).write_text(json.dumps(pipeline, indent=2))
 
 
-def export_pi05_expert(
-    pi05: Pi05Checkpoint,
+def export_pi_expert(
+    pi: LeRobotPiCheckpoint,
     expert: dict[str, torch.Tensor],
     normalization: NormalizationStats | None,
     out: str | Path,
@@ -220,18 +233,18 @@ def export_pi05_expert(
     lora: dict[str, torch.Tensor] | None = None,
     schema: DataSchema | None = None,
 ) -> Path:
-    """Write the resident π0.5 checkpoint with one tenant's ``expert`` (tensors by the
-    tenant module's names), ``normalization`` and merged ``lora`` as a LeRobot π0.5
-    directory that stands alone (no path of this machine inside); ``schema`` (the
-    tenant's) gives the cameras.
+    """Write the resident π0 / π0.5 checkpoint with one tenant's ``expert`` (tensors by
+    the tenant module's names), ``normalization`` and merged ``lora`` as a LeRobot
+    policy directory of its family that stands alone (no path of this machine inside);
+    ``schema`` (the tenant's) gives the cameras.
 
     Raises:
         InvalidRequestError: ``expert`` or ``lora`` names a tensor the checkpoint has
             not (or of another shape), or the processor's tokenizer folder is gone.
     """
-    root, path = pi05.root, Path(out)
+    root, path = pi.root, Path(out)
     path.mkdir(parents=True, exist_ok=True)
-    save_file(policy_tensors(pi05, expert, lora or {}), str(path / WEIGHTS))
+    save_file(policy_tensors(pi, expert, lora or {}), str(path / WEIGHTS))
     stats = None if normalization is None else _affine_stats(normalization)
     widths = {k: len(v["mean"]) for k, v in (stats or {}).items()}
     for file_name in (PREPROCESSOR, POSTPROCESSOR):
@@ -246,22 +259,31 @@ def export_pi05_expert(
     return path
 
 
-def export_pi05_checkpoint(
+def export_lerobot_pi_checkpoint(
     checkpoint: str | Path, out: str | Path, *, base: Any, schema: DataSchema | None = None
 ) -> Path:
-    """Export the ``pi05_expert`` tenant checkpoint ``checkpoint`` into ``out``;
-    ``schema``: the tenant's, for the cameras (else the checkpoint's).
+    """Export the ``pi0_expert`` / ``pi05_expert`` tenant checkpoint ``checkpoint``
+    into ``out``; ``schema``: the tenant's, for the cameras (else the checkpoint's).
 
     Raises:
         NotFoundError: no checkpoint there.
-        InvalidRequestError: the checkpoint is not of a ``pi05_expert``, or holds a LoRA
-            adapter with a layer that cannot be merged.
-        SpecError: ``base`` is not a LeRobot π0.5 base model.
+        InvalidRequestError: the checkpoint is of neither, or holds a LoRA adapter with a
+            layer that cannot be merged.
+        SpecError: ``base`` is not a LeRobot checkpoint of the tenant's family.
     """
-    expert, stats = read_tenant_expert(checkpoint, PI05_HEAD, "a LeRobot π0.5 policy")
-    pi05 = pi05_checkpoint_of(base, what="export --format lerobot")
+    head = str(read_manifest(checkpoint).head.get("type"))
+    family = LEROBOT_PI_HEADS.get(head, Pi05Checkpoint)
+    expert, stats = read_tenant_expert(checkpoint, family.HEAD, f"a LeRobot {family.LABEL} policy")
+    pi = extension_of(base, family)
+    if pi is None:
+        raise SpecError(
+            f"export --format lerobot of a {family.HEAD!r} tenant needs a LeRobot "
+            f"{family.LABEL} base model (a {family.TYPE} policy directory); the resident "
+            f"base model {describe_base(base)}",
+            field="base_model.id",
+        )
     try:
         lora = peft_deltas(checkpoint)
     except ValueError as error:
-        raise _fail(str(error), "lora") from error
-    return export_pi05_expert(pi05, expert, stats, out, lora=lora, schema=schema)
+        raise _fail(str(error), "lora", label=family.LABEL) from error
+    return export_pi_expert(pi, expert, stats, out, lora=lora, schema=schema)

@@ -1,0 +1,144 @@
+"""A tenant's private π0 action expert from a LeRobot π0 checkpoint (``type: pi0``),
+attending to the shared PaliGemma prefix's KV cache.
+
+What LeRobot's π0 computes, and this module computes as lerobot 0.6.1 does (against
+π0.5's expert, :mod:`~joynexus.models.policies.pi05_expert.module`):
+
+* **The state is a token.** ``state_proj`` maps the padded, normalized state to one
+  token in front of the action tokens (the prompt carries no state).
+* **Time is mixed into each action token.** The flow time's sine-cosine embedding
+  (float64, then float32) is concatenated to each ``action_in_proj`` token and goes
+  through ``action_time_mlp_in`` → SiLU → ``action_time_mlp_out``; the expert's norms
+  are plain Gemma RMS norms (no adaptive conditioning, no gated residuals). The layers
+  are ``transformers``' own Gemma layers under lerobot's names.
+* **Blocks.** The state token sees the valid prefix and itself; the action tokens see
+  the valid prefix, the state and each other; positions continue after the prefix's
+  valid tokens.
+
+``action_out_proj`` reads the velocity off the action tokens. The time convention,
+padding of a narrower schema, loss, sampler and Flow-SDE are
+:class:`~joynexus.models.policies.prefix_expert.PrefixFlowExpert`'s.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from joynexus.models.archs.hf import hf
+from joynexus.models.archs.lerobot_pi.checkpoint import Pi0LeRobotCheckpoint
+from joynexus.models.archs.lerobot_pi.expert import suffix_attention, time_embedding
+from joynexus.models.policies.pi0_expert.config import Pi0ExpertConfig
+from joynexus.models.policies.prefix_expert import PrefixFlowExpert
+from joynexus.models.types import BackboneOutput
+
+
+class LeRobotPi0Expert(PrefixFlowExpert):
+    """The action expert of a LeRobot π0 checkpoint as one tenant's action module.
+
+    Args:
+        config: The tenant's expert settings.
+        pi0: The resident LeRobot π0 checkpoint (sizes, settings, pretrained weights).
+        hidden_size, state_dim, action_dim, action_chunk: The backbone width and the
+            tenant schema's dims.
+
+    Raises:
+        SpecError: the schema is wider or longer than the checkpoint allows.
+    """
+
+    def __init__(
+        self,
+        config: Pi0ExpertConfig,
+        *,
+        pi0: Pi0LeRobotCheckpoint,
+        hidden_size: int,
+        state_dim: int,
+        action_dim: int,
+        action_chunk: int,
+    ):
+        super().__init__(
+            hidden_size=hidden_size,
+            state_dim=state_dim,
+            action_dim=action_dim,
+            action_chunk=action_chunk,
+        )
+        pi0.check_dims(
+            "tenant", state_dim=state_dim, action_dim=action_dim, action_chunk=action_chunk
+        )
+        self.expert_config = config
+        self.chunk_size = pi0.chunk_size
+        self.max_action_dim = pi0.max_action_dim
+        self.max_state_dim = pi0.max_state_dim
+        self.num_inference_steps = config.num_inference_steps or pi0.num_inference_steps
+        self._beta_alpha = pi0.setting("time_sampling_beta_alpha", 1.5)
+        self._time_scale = pi0.setting("time_sampling_scale", 0.999)
+        self._time_offset = pi0.setting("time_sampling_offset", 0.001)
+        self._min_period = pi0.setting("min_period", 4e-3)
+        self._max_period = pi0.setting("max_period", 4.0)
+        width = pi0.expert_sizes.width
+        gemma_expert: Any = hf().GemmaModel(pi0.expert_sizes.hf_config())
+        # The expert is fed embeddings, never token ids: no vocabulary table.
+        gemma_expert.embed_tokens = None
+        # lerobot's denoising step runs eager attention with an explicit additive mask.
+        gemma_expert.config._attn_implementation = "eager"
+        self.gemma_expert = gemma_expert
+        self.state_proj = nn.Linear(self.max_state_dim, width)
+        self.action_in_proj = nn.Linear(self.max_action_dim, width)
+        self.action_out_proj = nn.Linear(width, self.max_action_dim)
+        self.action_time_mlp_in = nn.Linear(2 * width, width)
+        self.action_time_mlp_out = nn.Linear(width, width)
+        if config.init == "pretrained":
+            missing = set(self.state_dict()) - set(pi0.expert_state)
+            if missing:
+                raise ValueError(f"π0 checkpoint lacks expert tensors {sorted(missing)[:4]}")
+            self.load_state_dict(pi0.expert_state, strict=False)
+
+    def expert_state(self) -> dict[str, torch.Tensor]:
+        """The expert's tensors under the names :class:`Pi0LeRobotCheckpoint` gives them."""
+        return dict(self.state_dict())
+
+    def suffix(self, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The suffix tokens ``[B, 1 + chunk_size, width]``: the state's, then each
+        noisy action's mixed with the time's embedding."""
+        ref = self.action_in_proj.weight
+        actions = self.action_in_proj(x.to(ref.dtype))
+        emb = time_embedding(t.float(), int(actions.shape[-1]), self._min_period, self._max_period)
+        emb = emb.to(ref.dtype)[:, None, :].expand_as(actions)
+        mixed = self.action_time_mlp_out(
+            F.silu(self.action_time_mlp_in(torch.cat([actions, emb], 2)))
+        )
+        return torch.cat([self.state_proj(state.to(ref.dtype))[:, None, :], mixed], dim=1)
+
+    def velocity(
+        self,
+        features: BackboneOutput,
+        padded_state: torch.Tensor,
+        x: torch.Tensor,
+        t: torch.Tensor,
+    ) -> torch.Tensor:
+        """The expert's velocity ``[B, chunk_size, max_action_dim]`` at ``x`` and ``t``."""
+        if features.prefix_kv is None:
+            raise ValueError(
+                "pi0_expert needs the π0 prefix KV cache (BackboneOutput.prefix_kv); "
+                "the base model did not produce one"
+            )
+        cache_utils = importlib.import_module("transformers.cache_utils")
+        # A fresh cache per call: the expert's layers append their keys and values.
+        cache = cache_utils.DynamicCache(ddp_cache_data=list(features.prefix_kv))
+        tokens = self.suffix(padded_state, x, t)
+        ref = self.action_in_proj.weight
+        length = int(tokens.shape[1])
+        # The state token sees itself only; the action tokens see the state and each other.
+        sees = torch.ones((length, length), dtype=torch.bool, device=ref.device)
+        sees[0, 1:] = False
+        mask, positions = suffix_attention(features.attention_mask.bool(), sees, ref.dtype)
+        out = self.gemma_expert(
+            inputs_embeds=tokens, attention_mask=mask, position_ids=positions, cache=cache
+        )
+        hidden = out.last_hidden_state[:, -self.chunk_size :]
+        velocity: torch.Tensor = self.action_out_proj(hidden.to(ref.dtype))
+        return velocity
