@@ -29,7 +29,8 @@ def make_tiny_command(
         typer.Option(
             "--family",
             help="A LeRobot policy instead of a VLM: smolvla (built by the real lerobot "
-            "classes in the LeRobot venv, saved in LeRobot's layout)",
+            "classes in the LeRobot venv), pi0 | pi05 (by lerobot 0.6.1's classes in the "
+            "reference environment), saved in LeRobot's layout",
         ),
     ] = None,
     size: Annotated[
@@ -69,18 +70,23 @@ def make_tiny_command(
 
 def _make_tiny_lerobot(family: str, out: Path, *, seed: int) -> None:
     from joynexus.errors import JoyNexusError
-    from joynexus.interop.lerobot import TINY_FAMILIES, make_tiny_lerobot
+    from joynexus.interop.lerobot import TINY_FAMILIES, make_tiny_lerobot, read_lerobot_checkpoint
+    from joynexus.interop.tiny_pi import TINY_PI_FAMILIES, make_tiny_pi
 
-    if family not in TINY_FAMILIES:
+    if family not in (*TINY_FAMILIES, *TINY_PI_FAMILIES):
         raise typer.BadParameter(
-            f"must be one of {', '.join(TINY_FAMILIES)} (lerobot 0.4.4's pi0/pi05 need "
-            "openpi's patched transformers and Gemma 300M/2B)",
+            f"must be one of {', '.join((*TINY_FAMILIES, *TINY_PI_FAMILIES))}",
             param_hint="--family",
         )
     try:
-        ckpt = make_tiny_lerobot(family, out, seed=seed)
+        if family in TINY_PI_FAMILIES:
+            # lerobot 0.6.1 (Python 3.13) runs in the reference environment only.
+            ckpt = read_lerobot_checkpoint(make_tiny_pi(family, out, seed=seed))
+        else:
+            ckpt = make_tiny_lerobot(family, out, seed=seed)
     except JoyNexusError as error:
-        Console(stderr=True).print(f"[red]error:[/red] {error}", highlight=False, markup=False)
+        # One line, whatever the terminal's width: what failed and how to fix it.
+        typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
     console.print(
         f"wrote a LeRobot {ckpt.type} policy (chunk {ckpt.chunk_size}, state "
@@ -118,7 +124,12 @@ def export_pi0_command(
 def export_command(
     out: Annotated[Path, typer.Option("--out", help="Directory to write the policy into.")],
     export_format: Annotated[
-        str, typer.Option("--format", help="lerobot (a smolvla_expert or pi05_expert tenant) | pi0")
+        str,
+        typer.Option(
+            "--format",
+            help="lerobot (a smolvla_expert, or a pi0_expert / pi05_expert tenant on a "
+            "LeRobot π checkpoint) | pi0",
+        ),
     ] = "lerobot",
     checkpoint: Annotated[
         Path | None,
@@ -142,8 +153,8 @@ def export_command(
     ] = None,
 ) -> None:
     """Export a tenant's trained policy with the resident prefix as a standalone policy:
-    ``--format lerobot`` writes a LeRobot SmolVLA or π0.5 directory (lerobot's from_pretrained
-    loads it), ``--format pi0`` a PI0ForConditionalGeneration directory."""
+    ``--format lerobot`` writes a LeRobot SmolVLA, π0 or π0.5 directory (lerobot's
+    from_pretrained loads it), ``--format pi0`` a PI0ForConditionalGeneration directory."""
     from joynexus.models.checkpoints.payload import checkpoint_dir, find_latest_checkpoint
 
     if export_format not in EXPORT_FORMATS:

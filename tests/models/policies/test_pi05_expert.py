@@ -271,7 +271,7 @@ def test_lora_on_the_pi05_prefix_grouped_equals_serial(base: ResidentBaseModel) 
         assert (changed > 1e-4) == (t == "a"), f"{t}: adapter effect {changed}"
 
 
-def _spec(model: Path, action_dim: int) -> WorkloadSpec:
+def _spec(model: Path, action_dim: int, head: str = "pi05_expert") -> WorkloadSpec:
     return parse_spec(
         {
             "tenant": "alice",
@@ -283,7 +283,7 @@ def _spec(model: Path, action_dim: int) -> WorkloadSpec:
                 "action_dim": action_dim,
                 "action_chunk": 4,
             },
-            "action_module": {"type": "pi05_expert"},
+            "action_module": {"type": head},
         }
     )
 
