@@ -106,10 +106,12 @@ HOW_TO_READ = {
         "plain wall-clock ratio is device_time.wall"
     ),
     "interference": (
-        "per phase: device_wall_busy_s (the steps' and batches' wall seconds) = "
-        "device_cpu_s (the device thread's own CPU) + run_queue_wait_s (ready, but its "
-        "core ran something else: the machine) + blocked_s (the GIL, I/O; the system's "
-        "own waits, kept in the device time)"
+        "per phase: device_spans_wall_s (the wall seconds of the device work, lock "
+        "waits included) = device_cpu_s (the device thread's own CPU) + "
+        "run_queue_wait_s (ready, but its core ran something else: the machine) + "
+        "blocked_s (the backbone lock, the GIL, I/O: the system's own waits, kept in "
+        "the device time); device_wall_busy_s is the steps' and batches' measured wall "
+        "seconds (the busy intervals, lock waits excluded)"
     ),
     "device_time_ratio_layout_weighted": (
         "the same ratio with the paper's device counts (1-1-2 isolated, 2-2-4 "
@@ -229,15 +231,18 @@ def _success_row(trace: PhaseTrace, tenant: str) -> dict[str, Any]:
 
 def _device(trace: PhaseTrace) -> dict[str, Any]:
     """Where the phase's device busy time went: own CPU, run-queue wait, the rest."""
-    wall, cpu = trace.device_busy_seconds(), trace.device_cpu_seconds()
-    wait = trace.device_wait_seconds()
+    cpu, wait = trace.device_cpu_seconds(), trace.device_wait_seconds()
+    lo, hi = trace.started_at, trace.ended_at
+    spans_wall = sum(max(min(sp.end, hi) - max(sp.start, lo), 0.0) for sp in trace.device_spans)
+    measured = bool(trace.device_spans)
     return {
         "device_time_s": _r(trace.own_window_s, 3),
         "interference_s": _r(trace.interference_seconds(), 3),
-        "device_wall_busy_s": _r(wall, 3),
-        "device_cpu_s": _r(cpu, 3) if trace.device_spans else None,
-        "run_queue_wait_s": _r(wait, 3) if trace.device_spans else None,
-        "blocked_s": _r(wall - cpu - (wait or 0.0), 3) if trace.device_spans else None,
+        "device_wall_busy_s": _r(trace.device_busy_seconds(), 3),
+        "device_spans_wall_s": _r(spans_wall, 3) if measured else None,
+        "device_cpu_s": _r(cpu, 3) if measured else None,
+        "run_queue_wait_s": _r(wait, 3) if measured else None,
+        "blocked_s": _r(spans_wall - cpu - (wait or 0.0), 3) if measured else None,
         "device_spans": len(trace.device_spans),
     }
 
