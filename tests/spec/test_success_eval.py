@@ -42,6 +42,14 @@ def test_evaluation_seeds_that_meet_the_demonstration_seeds_are_refused() -> Non
     parse_spec(_sft(success_eval={"episodes": 50, "seed": 30}))  # adjacent is fine
 
 
+def test_more_episodes_before_training_than_after_are_checked_against_the_demos() -> None:
+    # The before-measurement's seeds count too: 70 of them from 0 reach the demos' 0..29
+    # no matter how few the after-measurement plays.
+    with pytest.raises(SpecError, match=r"success_eval seeds 1\.\.70 meet"):
+        parse_spec(_sft(success_eval={"episodes": 5, "initial_episodes": 70, "seed": 1}))
+    parse_spec(_sft(success_eval={"episodes": 50, "initial_episodes": 10}))
+
+
 def test_success_eval_needs_a_trainable_task_and_an_env() -> None:
     no_env = _sft(dataset={"path": "demos"})
     no_env.pop("env")

@@ -62,6 +62,19 @@ def test_initial_measurement_can_be_skipped(server: FakeServer) -> None:
     assert recorded_measure(records, "final") is not None
 
 
+def test_the_measurement_before_training_can_play_fewer_episodes(server: FakeServer) -> None:
+    # An untrained policy runs every episode to its step budget: on a slow simulator
+    # the before-measurement is the costly one, so it may play a prefix of the seeds.
+    st = server.run(server.master.submit(_with_success_eval(episodes=6, initial_episodes=2), A))
+    done = server.run(server.master.wait(st.workload_id, timeout_s=10))
+    assert done.state is WorkloadState.COMPLETED, done
+    records = server.master.metrics(A, st.workload_id).records
+    initial, final = recorded_measure(records, "initial"), recorded_measure(records, "final")
+    assert initial is not None and final is not None
+    assert (initial.episodes, initial.first_seed) == (2, 500)
+    assert (final.episodes, final.first_seed) == (6, 500)
+
+
 def test_an_sft_workload_that_measures_success_gets_a_session(tmp_path: Path) -> None:
     data = {
         "tenant": A,

@@ -8,8 +8,10 @@ What a tenant sees (the :data:`~joynexus.models.schema.LIBERO` schema): cameras 
 datasets (MuJoCo renders them upside down); state 8 = end-effector position (3), its
 orientation as an axis-angle vector (3) and the two gripper finger positions; actions 7 =
 OSC_POSE deltas (6) and gripper (-1 open, +1 close), clipped to [-1, 1]. Reward is LIBERO's
-sparse 1.0 on success; success terminates the episode. Episodes are truncated after
-``max_episode_steps`` (default: the step budgets commonly used to evaluate each suite).
+sparse 1.0 on success; success terminates the episode. The state is the robot's own
+(no object pose), so ``observation.state`` ``proprio`` is the same as ``default``.
+Episodes are truncated after ``max_episode_steps`` (default: the step budgets commonly
+used to evaluate each suite).
 
 Options:
     init_state_index (int | None): use the benchmark's fixed initial states (evaluation).
@@ -342,6 +344,9 @@ register_env(
     schema="joynexus.envs.libero:libero_schema",
     description="LIBERO tasks ('libero_spatial/0'): 2 cameras, state 8, action 7 (hf-libero)",
     requires=["libero", "robosuite", "mujoco"],
+    # LIBERO's state is the robot's own (end effector and gripper), never an object's
+    # pose, so ``proprio`` names the same 8 values as ``default``.
+    states=("default", "proprio"),
     # Scene assets come from no package registry: an asset pack or hf-libero's download.
     ready="joynexus.envs.libero_setup:assets_unavailable_reason",
 )

@@ -274,6 +274,14 @@ class SuccessEvalSpec(BaseModel):
     seed: int = Field(default=EVAL_SEED_BASE, ge=0, le=2**31 - 1)
     deterministic: bool = Field(default=True, description="Policy mean (else sampled actions).")
     initial: bool = Field(default=True, description="Also measure before training starts.")
+    initial_episodes: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000,
+        description="Episodes of the measurement before training (default: episodes), on "
+        "seeds seed, seed + 1, ...: an untrained policy runs every episode to its step "
+        "budget, so on a slow simulator fewer before-episodes can say enough.",
+    )
 
 
 class WorkloadSpec(BaseModel):
@@ -442,12 +450,13 @@ class WorkloadSpec(BaseModel):
             raise ValueError("'success_eval' needs an 'env' (the simulator to measure success in)")
         if self.dataset is None:
             return
+        episodes = max(ev.episodes, ev.initial_episodes or 0)
         shared = shared_seeds(
-            demo_seeds(self.seed, self.dataset.record_episodes), eval_seeds(ev.seed, ev.episodes)
+            demo_seeds(self.seed, self.dataset.record_episodes), eval_seeds(ev.seed, episodes)
         )
         if len(shared):
             raise ValueError(
-                f"success_eval seeds {ev.seed}..{ev.seed + ev.episodes - 1} meet the seeds the "
+                f"success_eval seeds {ev.seed}..{ev.seed + episodes - 1} meet the seeds the "
                 f"demonstrations are recorded with ({self.seed}..."
                 f"{self.seed + self.dataset.record_episodes - 1}); move success_eval.seed "
                 "(evaluation on training initial states would overstate success)"

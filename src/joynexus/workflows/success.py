@@ -3,10 +3,10 @@
 A workload with ``success_eval`` is measured twice in its own environment session:
 once before its first update (``initial``, at the version it starts from) and once
 after its last (``final``). Each measurement is one pinned evaluation of
-``success_eval.episodes`` episodes on the fixed seeds ``success_eval.seed + j``
-(disjoint from the demonstration seeds, which the spec checks), reported with its
-Wilson 95 % interval; the record (kind ``success_eval``) goes to the tenant's metrics
-log and the run summary reads it.
+``success_eval.episodes`` episodes (before training: ``initial_episodes`` where set) on
+the fixed seeds ``success_eval.seed + j`` (disjoint from the demonstration seeds, which
+the spec checks), reported with its Wilson 95 % interval; the record (kind
+``success_eval``) goes to the tenant's metrics log and the run summary reads it.
 """
 
 from __future__ import annotations
@@ -95,10 +95,13 @@ async def measure_success(
     ev = tenant.spec.success_eval
     if ev is None or tenant.session_id is None:
         raise ValueError(f"tenant {tenant.tenant_id!r} has no success_eval or no env session")
+    episodes = ev.episodes
+    if phase == "initial" and ev.initial_episodes is not None:
+        episodes = ev.initial_episodes
     result = await inference.evaluate(
         tenant.tenant_id,
         tenant.session_id,
-        episodes=ev.episodes,
+        episodes=episodes,
         deterministic=ev.deterministic,
         seed=ev.seed,
     )
