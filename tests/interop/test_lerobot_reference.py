@@ -40,9 +40,10 @@ from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from tests.interop.lerobot_helpers import TASKS, assert_no_absolute_paths
 from tests.models.reference import save_slot
 
-#: The checkpoint's image size; the "in" check's cameras are smaller (32 px, and a
-#: 24 × 32 one), so both sides resize them.
+#: The checkpoint's image size; the compared tenants' cameras are smaller (out: 32 px;
+#: in: 32 px and a 24 × 32 one), so both sides resize them.
 SIDE = 64
+OUT_SIDE = 32
 SMALL = {"top": (32, 32), "wrist": (24, 32)}
 TOLERANCE = 1e-4
 
@@ -109,9 +110,10 @@ def test_an_export_moved_elsewhere_loads_in_lerobot_061_with_the_same_actions(
     """Out: JoyNexus reads lerobot 0.6.1's checkpoint, trains a tenant, exports it; the
     folder is copied elsewhere and the original deleted; lerobot 0.6.1's
     ``from_pretrained`` + ``make_pre_post_processors`` + ``select_action`` on the copy
-    give JoyNexus's actions for the same observation and noise."""
+    give JoyNexus's actions for the same observation and noise (32 px cameras on the
+    64 px checkpoint: both resize them)."""
     base = ResidentBaseModel.from_pretrained(str(checkpoint))
-    slot = _tenant(base)
+    slot = _tenant(base, side=OUT_SIDE)
     saved = save_slot(slot, work / "outputs", 2, include_optim=False)
     exported = export_lerobot_checkpoint(saved, work / "exported", base=base, schema=slot.schema)
     moved = work / "elsewhere" / "my-smolvla"
@@ -123,7 +125,7 @@ def test_an_export_moved_elsewhere_loads_in_lerobot_061_with_the_same_actions(
 
     g = torch.Generator().manual_seed(11)
     pixels = {
-        c: torch.randint(0, 256, (2, SIDE, SIDE, 3), generator=g, dtype=torch.uint8)
+        c: torch.randint(0, 256, (2, OUT_SIDE, OUT_SIDE, 3), generator=g, dtype=torch.uint8)
         for c in ("top", "wrist")
     }
     state = torch.randn(2, 6, generator=g)
