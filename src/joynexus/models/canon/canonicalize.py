@@ -273,17 +273,17 @@ def canonicalize(
             pixels[start : start + n, slot] = resized[offset : offset + n]
             offset += n
     mask = torch.from_numpy(camera_mask)
-    seen = images
+    shown = images
     if spec.model_pixels is not None:
-        seen = torch.zeros((total, slots, 3, size, size), dtype=torch.float32)
+        shown = torch.zeros((total, slots, 3, size, size), dtype=torch.float32)
         for parts in by_shape.values():
             for start, n, slot, img in parts:
-                seen[start : start + n, slot] = spec.model_pixels(img, size)
+                shown[start : start + n, slot] = spec.model_pixels(img, size)
 
     if encoder is None:
         model_inputs = processor_inputs(processor, spec, images, mask, instructions)
     else:
-        model_inputs = encoder.encode(seen, mask, instructions, device or torch.device("cpu"))
+        model_inputs = encoder.encode(shown, mask, instructions, device or torch.device("cpu"))
     return VLAFeature(
         model_inputs=model_inputs,
         state=torch.from_numpy(state),
