@@ -21,10 +21,26 @@ from joynexus.interop.tiny_pi import TINY_PI_CAMERAS, make_tiny_pi
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.execution.grouped import GroupedExecutor
+from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tenant.slots import TenantSlot
 from joynexus.models.types import BackboneOutput
 
 CAMERAS = TINY_PI_CAMERAS
+#: The tiny checkpoints' camera side (pixels).
+SIDE = 32
+
+
+def pi_schema(action_dim: int = 6) -> DataSchema:
+    """A tenant schema the tiny π checkpoints fit (``action_dim`` above 8 does not)."""
+    return DataSchema(
+        name="own",
+        cameras={c: CameraSpec(height=SIDE, width=SIDE) for c in CAMERAS},
+        state_dim=6,
+        action_dim=action_dim,
+        action_chunk=4,
+        fps=10.0,
+        instruction="pick up the red block",
+    )
 
 
 def require_reference() -> None:

@@ -23,17 +23,16 @@ from joynexus.errors import SpecError
 from joynexus.models.archs.lerobot_pi import PI0_ARCH, LeRobotPiPrefix
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.policies.pi0_expert import LeRobotPi0Expert, Pi0ExpertConfig
-from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from tests.interop.lerobot_helpers import TASKS
 from tests.interop.lerobot_pi_helpers import (
-    CAMERAS,
+    SIDE,
     joynexus_pi_answer,
     lerobot_pi_answer,
+    pi_schema,
     tiny_pi0,
 )
 
-SIDE = 32
 TOLERANCE = 1e-4
 
 
@@ -48,18 +47,6 @@ def checkpoint(work: Path) -> Path:
     return tiny_pi0(work / "pi0")
 
 
-def schema_of(action_dim: int = 6) -> DataSchema:
-    return DataSchema(
-        name="own",
-        cameras={c: CameraSpec(height=SIDE, width=SIDE) for c in CAMERAS},
-        state_dim=6,
-        action_dim=action_dim,
-        action_chunk=4,
-        fps=10.0,
-        instruction=TASKS[0],
-    )
-
-
 def test_lerobot_061_pi0_actions_are_joynexus_actions(checkpoint: Path, work: Path) -> None:
     """In: for the same observation and noise, JoyNexus's π0 (the shared prefix over
     the instruction's prompt, a tenant's copy of the expert with the state as its own
@@ -67,7 +54,7 @@ def test_lerobot_061_pi0_actions_are_joynexus_actions(checkpoint: Path, work: Pa
     answer = lerobot_pi_answer(checkpoint, work, TASKS, side=SIDE)
     base = ResidentBaseModel.from_pretrained(str(checkpoint))
     assert isinstance(base.resident, LeRobotPiPrefix) and base.arch == PI0_ARCH
-    schema = schema_of()
+    schema = pi_schema()
     slot = TenantSlot("t", schema, base, Pi0ExpertConfig(), optimizer=OptimizerConfig(lr=1e-3))
     # lerobot's π0 processor normalizes by mean and standard deviation.
     slot.normalization = base.default_normalization(schema)
@@ -93,5 +80,5 @@ def test_lerobot_061_pi0_actions_are_joynexus_actions(checkpoint: Path, work: Pa
 def test_a_schema_wider_than_the_pi0_checkpoint_is_a_spec_error(checkpoint: Path) -> None:
     base = ResidentBaseModel.from_pretrained(str(checkpoint))
     with pytest.raises(SpecError, match="max_action_dim of 8") as info:
-        Pi0ExpertConfig().check_base(base, schema_of(action_dim=9))
+        Pi0ExpertConfig().check_base(base, pi_schema(action_dim=9))
     assert "π0 checkpoint" in str(info.value)

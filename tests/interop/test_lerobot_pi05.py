@@ -29,17 +29,16 @@ from joynexus.errors import SpecError
 from joynexus.models.archs.lerobot_pi import PI05_ARCH, LeRobotPiPrefix
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.policies.pi05_expert import Pi05Expert, Pi05ExpertConfig
-from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from tests.interop.lerobot_helpers import TASKS
 from tests.interop.lerobot_pi_helpers import (
-    CAMERAS,
+    SIDE,
     joynexus_pi_answer,
     lerobot_pi_answer,
+    pi_schema,
     tiny_pi05,
 )
 
-SIDE = 32
 TOLERANCE = 1e-4
 
 
@@ -54,18 +53,6 @@ def checkpoint(work: Path) -> Path:
     return tiny_pi05(work / "pi05")
 
 
-def schema_of(action_dim: int = 6) -> DataSchema:
-    return DataSchema(
-        name="own",
-        cameras={c: CameraSpec(height=SIDE, width=SIDE) for c in CAMERAS},
-        state_dim=6,
-        action_dim=action_dim,
-        action_chunk=4,
-        fps=10.0,
-        instruction=TASKS[0],
-    )
-
-
 def test_lerobot_061_pi05_actions_are_joynexus_actions(checkpoint: Path, work: Path) -> None:
     """In: for the same observation and noise, JoyNexus's π0.5 (the shared prefix with
     the state written into each row's prompt, a tenant's copy of the expert) predicts
@@ -73,7 +60,7 @@ def test_lerobot_061_pi05_actions_are_joynexus_actions(checkpoint: Path, work: P
     answer = lerobot_pi_answer(checkpoint, work, TASKS, side=SIDE)
     base = ResidentBaseModel.from_pretrained(str(checkpoint))
     assert isinstance(base.resident, LeRobotPiPrefix) and base.arch == PI05_ARCH
-    schema = schema_of()
+    schema = pi_schema()
     slot = TenantSlot("t", schema, base, Pi05ExpertConfig(), optimizer=OptimizerConfig(lr=1e-3))
     slot.normalization = base.default_normalization(schema)
     assert slot.normalization is not None and slot.normalization.mode == "quantile"
@@ -94,4 +81,4 @@ def test_a_schema_wider_than_the_pi05_checkpoint_is_a_spec_error(checkpoint: Pat
     base = ResidentBaseModel.from_pretrained(str(checkpoint))
     config = Pi05ExpertConfig()
     with pytest.raises(SpecError, match="max_action_dim of 8"):
-        config.check_base(base, schema_of(action_dim=9))
+        config.check_base(base, pi_schema(action_dim=9))

@@ -31,14 +31,14 @@ from joynexus.models.normalization import FeatureNormStats, NormalizationStats
 from joynexus.models.policies.base import PolicyConfig
 from joynexus.models.policies.pi0_expert import LeRobotPi0Expert, Pi0ExpertConfig
 from joynexus.models.policies.pi05_expert import Pi05Expert, Pi05ExpertConfig
-from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
 from joynexus.models.types import extension_of
 from tests.interop.lerobot_helpers import TASKS, assert_no_absolute_paths
 from tests.interop.lerobot_pi_helpers import (
-    CAMERAS,
+    SIDE,
     joynexus_pi_answer,
     lerobot_pi_answer,
+    pi_schema,
     tiny_pi0,
     tiny_pi05,
 )
@@ -66,7 +66,6 @@ FAMILIES = {
         "pi05", tiny_pi05, Pi05ExpertConfig, Pi05Expert, "quantile", "state_proj.weight"
     ),
 }
-SIDE = 32
 TOLERANCE = 1e-4
 
 
@@ -101,15 +100,7 @@ def _stats(dim: int, center: float, half: float) -> FeatureNormStats:
 def _tenant(base: ResidentBaseModel, family: Family) -> TenantSlot:
     """A tenant with statistics of its own (not the checkpoint's), a LoRA on the shared
     prefix's language model, and an expert trained two steps away from the checkpoint's."""
-    schema = DataSchema(
-        name="own",
-        cameras={c: CameraSpec(height=SIDE, width=SIDE) for c in CAMERAS},
-        state_dim=6,
-        action_dim=6,
-        action_chunk=4,
-        fps=10.0,
-        instruction=TASKS[0],
-    )
+    schema = pi_schema()
     lora = LoRAConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj"))
     config = family.head(lora=lora)
     slot = TenantSlot("t", schema, base, config, optimizer=OptimizerConfig(lr=1e-3))

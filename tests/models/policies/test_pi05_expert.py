@@ -29,6 +29,7 @@ from joynexus.models.archs.lerobot_pi.checkpoint import (
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
 from joynexus.models.execution.grouped import GroupedExecutor
+from joynexus.models.policies.base import PolicyConfig
 from joynexus.models.policies.pi05_expert import Pi05Expert, Pi05ExpertConfig
 from joynexus.models.schema import CameraSpec, DataSchema
 from joynexus.models.tenant.slots import OptimizerConfig, TenantSlot
@@ -186,10 +187,10 @@ def test_a_train_step_moves_only_the_tenants_expert(base: ResidentBaseModel) -> 
     assert {"action_out_proj.weight", "time_mlp_in.weight"} <= moved
 
 
-def test_an_rl_step_moves_the_flow_sde_log_probability(base: ResidentBaseModel) -> None:
-    slot = TenantSlot(
-        "b", SCHEMAS["b"], base, Pi05ExpertConfig(), optimizer=OptimizerConfig(lr=1e-3)
-    )
+def check_an_rl_step(base: ResidentBaseModel, head: PolicyConfig) -> None:
+    """A PPO step on Flow-SDE chains sampled by a ``head`` tenant raises the
+    log-probability of the positively rewarded chains against the negative ones."""
+    slot = TenantSlot("b", SCHEMAS["b"], base, head, optimizer=OptimizerConfig(lr=1e-3))
     expert = slot.action_module
     batch = ObservationBatch.synthetic(SCHEMAS["b"], 4, seed=1)
     features = GroupedExecutor(base, [slot]).shared_forward({"b": batch})["b"]
@@ -205,6 +206,10 @@ def test_an_rl_step_moves_the_flow_sde_log_probability(base: ResidentBaseModel) 
     apply_loss(slot, loss)
     moved = expert.log_prob(features, state, sample.chain).detach() - old
     assert float(moved[advantages > 0].mean()) > float(moved[advantages < 0].mean())
+
+
+def test_an_rl_step_moves_the_flow_sde_log_probability(base: ResidentBaseModel) -> None:
+    check_an_rl_step(base, Pi05ExpertConfig())
 
 
 def _copy(checkpoint: Path, to: Path) -> Path:

@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from joynexus.algorithms.losses import ppo_loss
 from joynexus.errors import SpecError
 from joynexus.interop.lerobot import POSTPROCESSOR, SchemaDims, check_lerobot_base
 from joynexus.models.archs.lerobot_pi import PI0_ARCH
@@ -42,9 +41,10 @@ from tests.models.policies.test_pi05_expert import (
     _copy,
     _rel,
     _spec,
+    check_an_rl_step,
     schema,
 )
-from tests.models.reference import apply_loss, grouped_predict, load_slot, save_slot, serial_predict
+from tests.models.reference import grouped_predict, load_slot, save_slot, serial_predict
 from tests.models.test_lora_vision import randomize
 
 
@@ -145,24 +145,7 @@ def test_a_train_step_moves_only_the_tenants_expert(base: ResidentBaseModel) -> 
 
 
 def test_an_rl_step_moves_the_flow_sde_log_probability(base: ResidentBaseModel) -> None:
-    slot = TenantSlot(
-        "b", SCHEMAS["b"], base, Pi0ExpertConfig(), optimizer=OptimizerConfig(lr=1e-3)
-    )
-    expert = slot.action_module
-    batch = ObservationBatch.synthetic(SCHEMAS["b"], 4, seed=1)
-    features = GroupedExecutor(base, [slot]).shared_forward({"b": batch})["b"]
-    state = torch.from_numpy(batch.state)
-    sample = expert.sample(features, state, generator=torch.Generator().manual_seed(0))
-    assert sample.actions.shape == (4, 3, 2)
-    assert sample.chain is not None and sample.log_probs is not None
-    old = sample.log_probs
-    new = expert.log_prob(features, state, sample.chain)
-    assert torch.allclose(new, old, atol=1e-4)
-    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    loss, _ = ppo_loss(new, old, advantages)
-    apply_loss(slot, loss)
-    moved = expert.log_prob(features, state, sample.chain).detach() - old
-    assert float(moved[advantages > 0].mean()) > float(moved[advantages < 0].mean())
+    check_an_rl_step(base, Pi0ExpertConfig())
 
 
 def test_bad_pi0_checkpoints_are_spec_errors_at_spec_check_and_submission(

@@ -30,14 +30,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from joynexus.models.archs.lerobot_pi.checkpoint import Pi05Checkpoint
-from joynexus.models.archs.lerobot_pi.expert import suffix_attention, time_embedding
+from joynexus.models.archs.lerobot_pi.expert import suffix_attention
 from joynexus.models.policies.base import PolicyHead
+from joynexus.models.policies.lerobot_pi_expert import LeRobotPiExpert
 from joynexus.models.policies.pi05_expert.config import (
     PI05_EXPERT_NEEDS,
     Pi05ExpertConfig,
     pi05_checkpoint_of,
 )
-from joynexus.models.policies.prefix_expert import PrefixFlowExpert
 from joynexus.models.schema import DataSchema
 from joynexus.models.types import BackboneOutput
 
@@ -46,7 +46,7 @@ def _hf_pi05() -> Any:
     return importlib.import_module("transformers.models.pi05.modeling_pi05")
 
 
-class Pi05Expert(PrefixFlowExpert):
+class Pi05Expert(LeRobotPiExpert):
     """The action expert of a π0.5 checkpoint as one tenant's action module.
 
     Args:
@@ -70,24 +70,13 @@ class Pi05Expert(PrefixFlowExpert):
         action_chunk: int,
     ):
         super().__init__(
+            config,
+            pi=pi05,
             hidden_size=hidden_size,
             state_dim=state_dim,
             action_dim=action_dim,
             action_chunk=action_chunk,
         )
-        pi05.check_dims(
-            "tenant", state_dim=state_dim, action_dim=action_dim, action_chunk=action_chunk
-        )
-        self.expert_config = config
-        self.chunk_size = pi05.chunk_size
-        self.max_action_dim = pi05.max_action_dim
-        self.max_state_dim = pi05.max_state_dim
-        self.num_inference_steps = config.num_inference_steps or pi05.num_inference_steps
-        self._beta_alpha = pi05.setting("time_sampling_beta_alpha", 1.5)
-        self._time_scale = pi05.setting("time_sampling_scale", 0.999)
-        self._time_offset = pi05.setting("time_sampling_offset", 0.001)
-        self._min_period = pi05.setting("min_period", 4e-3)
-        self._max_period = pi05.setting("max_period", 4.0)
         sizes = pi05.expert_sizes
         width = sizes.width
         expert_config = sizes.hf_config()
@@ -99,22 +88,11 @@ class Pi05Expert(PrefixFlowExpert):
         self.action_out_proj = nn.Linear(width, self.max_action_dim)
         self.time_mlp_in = nn.Linear(width, width)
         self.time_mlp_out = nn.Linear(width, width)
-        if config.init == "pretrained":
-            self.load_state_dict(pi05.expert_state, strict=False)
-            missing = set(self.state_dict()) - set(pi05.expert_state)
-            if missing:
-                raise ValueError(f"π0.5 checkpoint lacks expert tensors {sorted(missing)[:4]}")
-
-    def expert_state(self) -> dict[str, torch.Tensor]:
-        """The expert's tensors under the names :class:`Pi05Checkpoint` gives them."""
-        return dict(self.state_dict())
+        self.load_pretrained(pi05)
 
     def time_condition(self, t: torch.Tensor) -> torch.Tensor:
         """What modulates every norm: ``silu(time_mlp_out(silu(time_mlp_in(emb(t)))))``."""
-        emb = time_embedding(
-            t, self.action_in_proj.out_features, self._min_period, self._max_period
-        )
-        emb = emb.to(self.time_mlp_in.weight.dtype)
+        emb = self.time_embedding(t, self.action_in_proj.out_features)
         return F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(emb))))
 
     def velocity(

@@ -55,8 +55,11 @@ def pi0_resident_of(base: object, *, what: str) -> Pi0Checkpoint | Pi0LeRobotChe
 
 
 class Pi0ExpertConfig(PrefixExpertConfig):
-    """A π0 action expert on a π0 base model (``action_module.type: pi0_expert``):
-    transformers' π0 or a LeRobot ``pi0`` directory (the resident decides which expert)."""
+    """A π0 action expert on a π0 base model (``action_module.type: pi0_expert``)."""
+
+    # The base model is transformers' π0 or a LeRobot ``pi0`` directory: the resident
+    # decides which expert a tenant gets (build_pi0_expert). The docstring above is the
+    # API schema's description (docs/openapi.json), kept as it is.
 
     type: Literal["pi0_expert"] = "pi0_expert"
     lora: LoRAConfig | None = Field(

@@ -31,13 +31,13 @@ from torch.nn import functional as F
 
 from joynexus.models.archs.hf import hf
 from joynexus.models.archs.lerobot_pi.checkpoint import Pi0LeRobotCheckpoint
-from joynexus.models.archs.lerobot_pi.expert import suffix_attention, time_embedding
+from joynexus.models.archs.lerobot_pi.expert import suffix_attention
+from joynexus.models.policies.lerobot_pi_expert import LeRobotPiExpert
 from joynexus.models.policies.pi0_expert.config import Pi0ExpertConfig
-from joynexus.models.policies.prefix_expert import PrefixFlowExpert
 from joynexus.models.types import BackboneOutput
 
 
-class LeRobotPi0Expert(PrefixFlowExpert):
+class LeRobotPi0Expert(LeRobotPiExpert):
     """The action expert of a LeRobot π0 checkpoint as one tenant's action module.
 
     Args:
@@ -61,24 +61,13 @@ class LeRobotPi0Expert(PrefixFlowExpert):
         action_chunk: int,
     ):
         super().__init__(
+            config,
+            pi=pi0,
             hidden_size=hidden_size,
             state_dim=state_dim,
             action_dim=action_dim,
             action_chunk=action_chunk,
         )
-        pi0.check_dims(
-            "tenant", state_dim=state_dim, action_dim=action_dim, action_chunk=action_chunk
-        )
-        self.expert_config = config
-        self.chunk_size = pi0.chunk_size
-        self.max_action_dim = pi0.max_action_dim
-        self.max_state_dim = pi0.max_state_dim
-        self.num_inference_steps = config.num_inference_steps or pi0.num_inference_steps
-        self._beta_alpha = pi0.setting("time_sampling_beta_alpha", 1.5)
-        self._time_scale = pi0.setting("time_sampling_scale", 0.999)
-        self._time_offset = pi0.setting("time_sampling_offset", 0.001)
-        self._min_period = pi0.setting("min_period", 4e-3)
-        self._max_period = pi0.setting("max_period", 4.0)
         width = pi0.expert_sizes.width
         gemma_expert: Any = hf().GemmaModel(pi0.expert_sizes.hf_config())
         # The expert is fed embeddings, never token ids: no vocabulary table.
@@ -91,23 +80,14 @@ class LeRobotPi0Expert(PrefixFlowExpert):
         self.action_out_proj = nn.Linear(width, self.max_action_dim)
         self.action_time_mlp_in = nn.Linear(2 * width, width)
         self.action_time_mlp_out = nn.Linear(width, width)
-        if config.init == "pretrained":
-            missing = set(self.state_dict()) - set(pi0.expert_state)
-            if missing:
-                raise ValueError(f"π0 checkpoint lacks expert tensors {sorted(missing)[:4]}")
-            self.load_state_dict(pi0.expert_state, strict=False)
-
-    def expert_state(self) -> dict[str, torch.Tensor]:
-        """The expert's tensors under the names :class:`Pi0LeRobotCheckpoint` gives them."""
-        return dict(self.state_dict())
+        self.load_pretrained(pi0)
 
     def suffix(self, state: torch.Tensor, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """The suffix tokens ``[B, 1 + chunk_size, width]``: the state's, then each
         noisy action's mixed with the time's embedding."""
         ref = self.action_in_proj.weight
         actions = self.action_in_proj(x.to(ref.dtype))
-        emb = time_embedding(t.float(), int(actions.shape[-1]), self._min_period, self._max_period)
-        emb = emb.to(ref.dtype)[:, None, :].expand_as(actions)
+        emb = self.time_embedding(t, int(actions.shape[-1]))[:, None, :].expand_as(actions)
         mixed = self.action_time_mlp_out(
             F.silu(self.action_time_mlp_in(torch.cat([actions, emb], 2)))
         )

@@ -158,20 +158,12 @@ def build_pi0_expert(
         SpecError: no π0 base model, or a schema that does not fit its checkpoint.
     """
     pi0 = pi0_resident_of(base, what=PI0_EXPERT_NEEDS)
-    if not isinstance(pi0, Pi0Checkpoint):
-        return LeRobotPi0Expert(
-            config,
-            pi0=pi0,
-            hidden_size=hidden_size,
-            state_dim=schema.state_dim,
-            action_dim=schema.action_dim,
-            action_chunk=schema.action_chunk,
-        )
-    return Pi0Expert(
-        config,
-        pi0=pi0,
-        hidden_size=hidden_size,
-        state_dim=schema.state_dim,
-        action_dim=schema.action_dim,
-        action_chunk=schema.action_chunk,
-    )
+    dims = {
+        "hidden_size": hidden_size,
+        "state_dim": schema.state_dim,
+        "action_dim": schema.action_dim,
+        "action_chunk": schema.action_chunk,
+    }
+    if isinstance(pi0, Pi0Checkpoint):
+        return Pi0Expert(config, pi0=pi0, **dims)
+    return LeRobotPi0Expert(config, pi0=pi0, **dims)
