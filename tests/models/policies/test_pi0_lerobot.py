@@ -27,6 +27,7 @@ from joynexus.models.archs.lerobot_pi.checkpoint import (
 )
 from joynexus.models.backbone import ResidentBaseModel
 from joynexus.models.batch import ObservationBatch
+from joynexus.models.checkpoints.pi0_export import export_pi0_checkpoint
 from joynexus.models.execution.grouped import GroupedExecutor
 from joynexus.models.lora import LoRAConfig
 from joynexus.models.policies.pi0_expert import LeRobotPi0Expert, Pi0ExpertConfig
@@ -191,3 +192,6 @@ def test_a_trained_tenant_checkpoint_restores_its_expert(
     trained, restored = slot.action_module.state_dict(), fresh.action_module.state_dict()
     assert all(torch.equal(v, restored[k]) for k, v in trained.items())
     assert any(not torch.equal(v, _pi0(base).expert_state[k]) for k, v in trained.items())
+    # transformers' π0 format is not this tenant's: the error names the one that is.
+    with pytest.raises(SpecError, match="--format lerobot"):
+        export_pi0_checkpoint(saved, tmp_path / "pi0", base=base)

@@ -19,11 +19,13 @@ from typing import Any
 
 import torch
 
-from joynexus.errors import InvalidRequestError
+from joynexus.errors import InvalidRequestError, SpecError
 from joynexus.models.archs.hf import quiet_transformers
+from joynexus.models.archs.lerobot_pi.checkpoint import Pi0LeRobotCheckpoint
 from joynexus.models.archs.paligemma.pi0 import EXPERT_EMBED_KEY, VLM_PREFIX, Pi0Checkpoint
 from joynexus.models.checkpoints.tenant_export import read_tenant_expert
 from joynexus.models.policies.pi0_expert.config import pi0_checkpoint_of
+from joynexus.models.types import extension_of
 
 
 def export_pi0_checkpoint(checkpoint: str | Path, out: str | Path, *, base: Any) -> Path:
@@ -40,6 +42,12 @@ def export_pi0_checkpoint(checkpoint: str | Path, out: str | Path, *, base: Any)
         SpecError: ``base`` is not a π0 base model.
     """
     expert, stats = read_tenant_expert(checkpoint, "pi0_expert", "a π0 policy")
+    if extension_of(base, Pi0LeRobotCheckpoint) is not None:
+        raise SpecError(
+            "export --format pi0 writes transformers' PI0ForConditionalGeneration; this "
+            "tenant's base model is a LeRobot π0 policy: export it with --format lerobot",
+            field="format",
+        )
     pi0 = pi0_checkpoint_of(base, what="export-pi0")
     processor = copy.deepcopy(base.processor)
     if stats is not None and stats.mode == "mean_std":
