@@ -8,6 +8,7 @@ Without that venv these tests FAIL and say how to build it: they never skip.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -19,6 +20,8 @@ from safetensors.torch import load_file
 
 from joynexus.errors import InvalidRequestError, ServiceUnavailableError, SpecError
 from joynexus.interop.lerobot import (
+    FAMILIES,
+    HOSTED_FAMILIES,
     LEROBOT_VENV_ENV,
     POSTPROCESSOR,
     PREPROCESSOR,
@@ -124,13 +127,17 @@ def test_a_fitting_smolvla_checkpoint_is_accepted_and_other_families_are_refused
 ) -> None:
     ckpt = check_lerobot_base(str(smolvla), FITS)
     assert ckpt is not None and ckpt.type == "smolvla" and ckpt.max_action_dim == 8
-    # A π0 checkpoint is read and checked, but not hosted (lerobot's pi0 cannot be built
-    # tiny here): a SpecError naming the family, at spec time.
-    pi0 = _copy(smolvla, tmp_path)
-    config = json.loads((pi0 / "config.json").read_text())
-    (pi0 / "config.json").write_text(json.dumps({**config, "type": "pi0"}))
-    with pytest.raises(SpecError, match="LeRobot 'pi0' policy: JoyNexus reads its checkpoint"):
-        check_lerobot_base(str(pi0), FITS)
+    # A LeRobot policy of a family JoyNexus does not read: a SpecError naming it, at
+    # spec time (and so for a family it reads but does not host, if there is one).
+    other = _copy(smolvla, tmp_path)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "type": "act"}))
+    with pytest.raises(SpecError, match="type 'act' is a LeRobot policy type JoyNexus cannot"):
+        check_lerobot_base(str(other), FITS)
+    for family in sorted(set(FAMILIES) - set(HOSTED_FAMILIES)):
+        (other / "config.json").write_text(json.dumps({**config, "type": family}))
+        with pytest.raises(SpecError, match=f"LeRobot '{family}' policy: JoyNexus reads"):
+            check_lerobot_base(str(other), FITS)
 
 
 def _custom_spec(model: str, action_dim: int) -> Any:
@@ -167,10 +174,14 @@ def test_hub_ids_are_checked_by_the_family_they_name() -> None:
     assert hub_family("HuggingFaceTB/SmolVLM2-500M-Video-Instruct") is None
     with pytest.raises(SpecError, match="LeRobot 'diffusion' policy; JoyNexus hosts"):
         check_lerobot_base("lerobot/diffusion_pusht", FITS)
-    with pytest.raises(SpecError, match="hosts only \\['smolvla', 'pi05'\\]"):
-        check_lerobot_base("lerobot/pi0_base", FITS)
-    # A hosted family by hub id passes the offline check (its dims are checked on load).
-    assert check_lerobot_base("lerobot/smolvla_base", FITS) is None
+    # A family read but not hosted (if there is one) is refused by hub id too ...
+    for family in sorted(set(FAMILIES) - set(HOSTED_FAMILIES)):
+        with pytest.raises(SpecError, match=f"hosts only {re.escape(str(list(HOSTED_FAMILIES)))}"):
+            check_lerobot_base(f"lerobot/{family}_base", FITS)
+    # ... and a hosted family by hub id passes the offline check (its dims are checked on
+    # load).
+    for family in HOSTED_FAMILIES:
+        assert check_lerobot_base(f"lerobot/{family}_base", FITS) is None
     # Not a LeRobot policy: nothing to check here.
     assert check_lerobot_base("HuggingFaceTB/SmolVLM2-500M-Video-Instruct", FITS) is None
 
@@ -196,10 +207,6 @@ def test_the_backbones_page_offers_no_lerobot_id_the_code_refuses() -> None:
     """Regression: docs/BACKBONES.md offered ``lerobot/pi0_base`` as a hostable base
     model while ``spec check`` refused it. Every ``lerobot/...`` id its "Which models"
     section offers (outside the sentence saying what is refused) passes the check."""
-    import re
-
-    from joynexus.interop.lerobot import check_lerobot_base
-
     page = (Path(__file__).resolve().parents[2] / "docs" / "BACKBONES.md").read_text()
     section = page.split("## Which models", 1)[1].split("\n## ", 1)[0]
     sentences = re.split(r"(?<=\.)\s", " ".join(section.split()))
@@ -209,6 +216,8 @@ def test_the_backbones_page_offers_no_lerobot_id_the_code_refuses() -> None:
     assert offered, "the section names no LeRobot id"
     for model_id in sorted(offered):
         check_lerobot_base(model_id, None)  # raises SpecError for one the code refuses
-    with pytest.raises(SpecError, match="hosts only \\['smolvla', 'pi05'\\]"):
-        check_lerobot_base("lerobot/pi0_base", None)
-    assert "`lerobot/pi0_base`" in section and "refused today" in section
+    # A family the code reads but does not host (if any) is named as refused there.
+    for family in sorted(set(FAMILIES) - set(HOSTED_FAMILIES)):
+        with pytest.raises(SpecError):
+            check_lerobot_base(f"lerobot/{family}_base", None)
+        assert f"`lerobot/{family}_base`" in section and "refused" in section
