@@ -107,3 +107,42 @@ def test_the_suite_evaluation_reports_each_task_and_the_whole_suite(server: Fake
     info = json.loads(path.read_text())
     assert [t["task"] for t in info["per_task"]] == [f"libero_spatial/{i}" for i in range(10)]
     assert info["overall"]["n_episodes"] == 20 and info["overall"]["pc_success"] == 50.0
+
+
+def test_two_tasks_two_seeded_episodes_write_lerobots_eval_info(server: FakeServer) -> None:
+    """The CI-sized suite evaluation: every field a lerobot-eval reader takes, per task."""
+    trained = server.run(server.master.submit(_rl(), A))
+    server.run(server.master.wait(trained.workload_id, timeout_s=10))
+    spec = _suite_eval(["libero_goal/0", "libero_goal/1"]).model_dump(by_alias=True, mode="json")
+    spec["evaluation"].pop("episodes")
+    spec["evaluation"]["seeds"] = {"start": 1_000_000, "count": 2}
+    st = server.run(server.master.submit(parse_spec(spec), E))
+    assert server.run(server.master.wait(st.workload_id, timeout_s=20)).state is (
+        WorkloadState.COMPLETED
+    )
+    (path,) = list(server.run_dir.rglob("eval_info.json"))
+    assert path.parts[-3:] == ("run_0", A, "eval_info.json")
+    info = json.loads(path.read_text())
+    assert set(info) == {"per_episode", "per_task", "per_group", "overall", "joynexus"}
+    # Episodes in task order, each task on the same seeds.
+    assert [e["seed"] for e in info["per_episode"]] == [1_000_000, 1_000_001] * 2
+    assert [e["episode_ix"] for e in info["per_episode"]] == [0, 1, 2, 3]
+    tasks = info["per_task"]
+    assert [(t["task_group"], t["task_id"], t["task"]) for t in tasks] == [
+        ("libero", 0, "libero_goal/0"),
+        ("libero", 1, "libero_goal/1"),
+    ]
+    for task, first in zip(tasks, (0, 2), strict=True):
+        metrics = task["metrics"]
+        assert set(metrics) == {"sum_rewards", "max_rewards", "successes", "video_paths"}
+        episodes = info["per_episode"][first : first + 2]
+        assert metrics["successes"] == [e["success"] for e in episodes]
+        assert metrics["sum_rewards"] == [e["sum_reward"] for e in episodes]
+    successes = [e["success"] for e in info["per_episode"]]
+    overall = info["overall"]
+    assert overall["n_episodes"] == 4
+    assert overall["pc_success"] == pytest.approx(100 * sum(successes) / 4)
+    assert overall["eval_ep_s"] == pytest.approx(overall["eval_s"] / 4)
+    assert info["per_group"]["libero"]["pc_success"] == overall["pc_success"]
+    assert info["joynexus"]["seeds"] == [1_000_000, 1_000_001]
+    assert info["joynexus"]["target"] == A
