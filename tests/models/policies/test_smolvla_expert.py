@@ -218,12 +218,13 @@ def test_refusals_are_spec_errors(
     assert info.value.details["fields"] == ["schema.action_dim", "schema.action_chunk"]
     # A fresh head on the same prefix has no such limit.
     TenantSlot("w", too_wide, base, OFTHeadConfig(hidden_dim=16, num_blocks=1))
-    pi0 = tmp_path / "pi0"
-    shutil.copytree(checkpoint, pi0, ignore=shutil.ignore_patterns("vlm"))
-    config = json.loads((pi0 / "config.json").read_text())
-    (pi0 / "config.json").write_text(json.dumps({**config, "type": "pi0"}))
-    with pytest.raises(SpecError, match="LeRobot 'pi0' policy"):
-        ResidentBaseModel.from_pretrained(str(pi0))
+    # A LeRobot policy of a family JoyNexus does not host is refused by name.
+    act = tmp_path / "act"
+    shutil.copytree(checkpoint, act, ignore=shutil.ignore_patterns("vlm"))
+    config = json.loads((act / "config.json").read_text())
+    (act / "config.json").write_text(json.dumps({**config, "type": "act"}))
+    with pytest.raises(SpecError, match="type 'act' is a LeRobot policy type"):
+        ResidentBaseModel.from_pretrained(str(act))
 
 
 def _stats(dim: int, center: float, scale: float) -> FeatureNormStats:
