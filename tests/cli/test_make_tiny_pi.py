@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from joynexus.cli.app import app
+from joynexus.cli.main import app
 from joynexus.interop.lerobot import read_lerobot_checkpoint
 from joynexus.interop.reference import INSTALL, REFERENCE_ENV
 from tests.interop.lerobot_pi_helpers import require_reference
