@@ -201,7 +201,11 @@ def hub_family(model_id: str) -> str | None:
     org, _, name = model_id.partition("/")
     if org != "lerobot" or not name or "/" in name:
         return None
-    head = name.split("_")[0].split("-")[0].lower()
+    name = name.lower().replace("-", "_")
+    # π0-FAST is its own family (lerobot's pi0fast), not π0 with a suffix.
+    if name.startswith("pi0_fast"):
+        return "pi0fast"
+    head = name.split("_")[0]
     return head if head in (*FAMILIES, *OTHER_LEROBOT_TYPES, "pi0fast") else None
 
 
