@@ -65,6 +65,8 @@ def test_schema_is_the_libero_preset_at_the_requested_size() -> None:
     assert schema.cameras["wrist_image"].shape == (64, 64, 3)
     assert (schema.state_dim, schema.action_dim) == (8, 7)
     assert schema.instruction == "open the top drawer and put the bowl inside"
+    one = env_schema(EnvSpec(kind="libero", task=task, options={"cameras": ["wrist_image"]}))
+    assert one.camera_names == ["wrist_image"]
 
 
 @pytest.mark.parametrize(
@@ -75,6 +77,9 @@ def test_schema_is_the_libero_preset_at_the_requested_size() -> None:
         ("libero_spatial/0", {"init_state_index": -1}, "init_state_index"),
         ("libero_spatial/0", {"settle_steps": 1.5}, "settle_steps"),
         ("libero_spatial/0", {"camera": "agentview"}, "unknown libero option"),
+        ("libero_spatial/0", {"cameras": ["agentview"]}, "libero cameras must be"),
+        ("libero_spatial/0", {"cameras": []}, "libero cameras must be"),
+        ("libero_spatial/0", {"cameras": ["image", "image"]}, "libero cameras must be"),
     ],
 )
 def test_bad_specs_are_rejected(task: str, options: dict[str, object], needle: str) -> None:
@@ -179,17 +184,21 @@ def test_a_pack_without_the_suite_gives_way_to_the_registry_assets(
 # its BDDL file, reset to a fixed init state, stepped. 32 px keeps software rendering cheap.
 @needs_libero
 @pytest.mark.parametrize(
-    ("task", "words"),
+    ("task", "words", "cameras"),
     [
-        ("libero_object/3", "bbq sauce"),
-        ("libero_goal/5", "push the plate"),
-        ("libero_10/7", "put both"),
-        ("libero_90/42", "frying pan"),
+        ("libero_object/3", "bbq sauce", None),
+        # A tenant that reads one camera: only that one is rendered.
+        ("libero_goal/5", "push the plate", ["image"]),
+        ("libero_10/7", "put both", None),
+        ("libero_90/42", "frying pan", None),
     ],
 )
 def test_each_suite_resets_to_its_init_state_and_steps(
-    no_pack: Path, task: str, words: str
+    no_pack: Path, task: str, words: str, cameras: list[str] | None
 ) -> None:
+    options: dict[str, object] = {"init_state_index": 1}
+    if cameras is not None:
+        options["cameras"] = cameras
     adapter = make_env(
         EnvSpec(
             kind="libero",
@@ -197,11 +206,16 @@ def test_each_suite_resets_to_its_init_state_and_steps(
             image_size=SIZE,
             fast_render=True,
             max_episode_steps=3,
-            options={"init_state_index": 1},
+            options=options,
         )
     )
     try:
         obs = adapter.reset(seed=0)
+        rendered = adapter.envs[0].env.env.camera_names  # type: ignore[attr-defined]
+        if cameras is None:
+            assert sorted(obs.cameras) == ["image", "wrist_image"]
+        else:
+            assert sorted(obs.cameras) == cameras and rendered == ["agentview"]
         np.testing.assert_allclose(_sim_state(adapter), _init_states(adapter)[1])
         assert words in adapter.schema.instruction
         assert obs.cameras["image"].shape == (1, SIZE, SIZE, 3)

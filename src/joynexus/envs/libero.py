@@ -26,6 +26,10 @@ Options:
         does by default. Off is ~8× faster and safe here: every reset restores the full
         simulator state (sampled placements or a fixed init state).
     flip_images (bool, default True): rotate camera images by 180° (see above).
+    cameras (list, default ``["image", "wrist_image"]``): the cameras the tenant reads;
+        only these are rendered. Rendering is nine tenths of a step on a software
+        renderer and costs per camera, not per pixel (docs/RESULTS.md §14.1), so a
+        tenant that reads the agent view alone steps about twice as fast.
 
 ``fast_render`` turns off shadows, reflections and multisampling in robosuite's offscreen
 renderer (software rendering spends most of a step there).
@@ -75,7 +79,7 @@ SUITE_TASKS = {
     "libero_90": 90,
 }
 _CAMERAS = {"image": "agentview", "wrist_image": "robot0_eye_in_hand"}
-_OPTIONS = {"init_state_index", "settle_steps", "hard_reset", "flip_images"}
+_OPTIONS = {"init_state_index", "settle_steps", "hard_reset", "flip_images", "cameras"}
 # Gripper open, arm still: what evaluation scripts send while objects settle.
 _NOOP_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float64)
 
@@ -86,6 +90,7 @@ class _Options:
     settle_steps: int
     hard_reset: bool
     flip_images: bool
+    cameras: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -109,11 +114,23 @@ def _options(spec: EnvSpec) -> _Options:
     settle = spec.options.get("settle_steps", 0)
     if not isinstance(settle, int) or settle < 0:
         raise SpecError(f"libero settle_steps must be a non-negative int, got {settle!r}")
+    cameras = spec.options.get("cameras", list(_CAMERAS))
+    if (
+        not isinstance(cameras, list)
+        or not cameras
+        or any(c not in _CAMERAS for c in cameras)
+        or len(set(cameras)) != len(cameras)
+    ):
+        raise SpecError(
+            f"libero cameras must be a non-empty list of distinct names from {list(_CAMERAS)}, "
+            f"got {cameras!r}"
+        )
     return _Options(
         init_state_index=raw_index,
         settle_steps=settle,
         hard_reset=bool(spec.options.get("hard_reset", False)),
         flip_images=bool(spec.options.get("flip_images", True)),
+        cameras=tuple(cameras),
     )
 
 
@@ -164,13 +181,13 @@ def libero_schema(spec: EnvSpec) -> DataSchema:
     The instruction is the task name with spaces; :func:`make_libero` serves the BDDL
     file's own instruction, which reads the same for the packaged suites.
     """
-    _options(spec)
+    opts = _options(spec)
     _, task = _split_task(spec)
     size = spec.image_size or DEFAULT_IMAGE_SIZE
     instruction = "" if task.isdigit() else task.replace("_", " ")
     return LIBERO.model_copy(
         update={
-            "cameras": {name: CameraSpec(height=size, width=size) for name in _CAMERAS},
+            "cameras": {name: CameraSpec(height=size, width=size) for name in opts.cameras},
             "instruction": instruction,
         }
     )
@@ -233,6 +250,7 @@ class _LiberoSingle:
             self.init_states = np.asarray(tasks.get_task_init_states(self.task.index))
         self.env: Any = OffScreenRenderEnv(
             bddl_file_name=self.task.bddl_file,
+            camera_names=[_CAMERAS[name] for name in opts.cameras],
             camera_heights=self.size,
             camera_widths=self.size,
             hard_reset=opts.hard_reset,
@@ -260,7 +278,8 @@ class _LiberoSingle:
 
     def _obs(self, raw: dict[str, Any]) -> SingleObservation:
         cameras = {}
-        for name, robosuite_camera in _CAMERAS.items():
+        for name in self.opts.cameras:
+            robosuite_camera = _CAMERAS[name]
             frame = np.asarray(raw[f"{robosuite_camera}_image"], dtype=np.uint8)
             if self.opts.flip_images:
                 frame = frame[::-1, ::-1]
