@@ -10,7 +10,7 @@ optimizer / actor-forward step (``training.step_latency_s``) and per simulator c
 the plane's :class:`UsageMeter` accumulates into ``usage.json``. Beside them a
 :class:`~joynexus.utils.device_clock.SpanRecorder` keeps, for every stretch of device
 work, the device thread's own CPU seconds and its run-queue wait (ready, but its core ran
-something else: the machine's interference), and a
+something else: another process, or this one's host threads), and a
 :class:`~joynexus.demo.machine.LoadProbe` the machine's load. After the run the
 scheduler's job records give each update's actor phase (``leased_at`` →
 ``finished_at``), which fixes the measurement window: from the moment the first

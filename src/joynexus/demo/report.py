@@ -108,7 +108,8 @@ HOW_TO_READ = {
     "interference": (
         "per phase: device_spans_wall_s (the wall seconds of the device work, lock "
         "waits included) = device_cpu_s (the device thread's own CPU) + "
-        "run_queue_wait_s (ready, but its core ran something else: the machine) + "
+        "run_queue_wait_s (ready, but its core ran something else: other processes, "
+        "or this process's host threads) + "
         "blocked_s (the backbone lock, the GIL, I/O: the system's own waits, kept in "
         "the device time); device_wall_busy_s is the steps' and batches' measured wall "
         "seconds (the busy intervals, lock waits excluded)"

@@ -11,6 +11,9 @@ the thread itself got:
   intra-op thread, as the pinned demo runs, the calling thread does every kernel);
 * ``wait_s`` — the thread's run-queue wait: runnable, but the core ran something else
   (Linux ``/proc/thread-self/schedstat``; None where the kernel does not keep it).
+  Other processes' load shows here, and so does the service's own host work (event
+  loop, worker threads) when the kernel runs it on the device's core while a step is
+  ready: on a GPU that host work would run beside the device.
 
 Time blocked on a lock, the GIL or I/O is in neither: it is the system's own wait, not
 the machine's. Recording costs two small file reads per stretch and happens only while
