@@ -37,7 +37,9 @@ def make_tiny_command(
         str,
         typer.Option(
             "--size",
-            help="tiny (~1M params, tests) | small (~20M, benchmarks) | 3b (~3.4B, GPU benchmarks)",
+            help="tiny (~1M params, tests) | small (~20M, benchmarks) | 3b (~3.4B, GPU "
+            "benchmarks); with --family pi0|pi05: tiny | real (lerobot's unmodified "
+            "gemma_300m policy, ~1.9B params, 7.8 GB)",
         ),
     ] = "tiny",
     seed: Annotated[int, typer.Option("--seed", help="Weight-initialisation seed.")] = 0,
@@ -52,7 +54,7 @@ def make_tiny_command(
     if (arch is None) == (family is None):
         raise typer.BadParameter("give exactly one of --arch and --family", param_hint="--arch")
     if family is not None:
-        _make_tiny_lerobot(family, out, seed=seed)
+        _make_tiny_lerobot(family, out, seed=seed, size=size)
         return
     if arch not in ARCHES:
         raise typer.BadParameter(f"must be one of {', '.join(ARCHES)}", param_hint="--arch")
@@ -68,7 +70,7 @@ def make_tiny_command(
     )
 
 
-def _make_tiny_lerobot(family: str, out: Path, *, seed: int) -> None:
+def _make_tiny_lerobot(family: str, out: Path, *, seed: int, size: str = "tiny") -> None:
     from joynexus.errors import JoyNexusError
     from joynexus.interop.lerobot import TINY_FAMILIES, make_tiny_lerobot, read_lerobot_checkpoint
     from joynexus.interop.tiny_pi import TINY_PI_FAMILIES, make_tiny_pi
@@ -78,10 +80,19 @@ def _make_tiny_lerobot(family: str, out: Path, *, seed: int) -> None:
             f"must be one of {', '.join((*TINY_FAMILIES, *TINY_PI_FAMILIES))}",
             param_hint="--family",
         )
+    if size != "tiny" and not (size == "real" and family in TINY_PI_FAMILIES):
+        raise typer.BadParameter(
+            f"--family {family} is built at --size tiny"
+            + (" or real" if family in TINY_PI_FAMILIES else ""),
+            param_hint="--size",
+        )
     try:
         if family in TINY_PI_FAMILIES:
-            # lerobot 0.6.1 (Python 3.13) runs in the reference environment only.
-            ckpt = read_lerobot_checkpoint(make_tiny_pi(family, out, seed=seed))
+            # lerobot 0.6.1 (Python 3.13) runs in the reference environment only; a
+            # real-size build takes minutes (one model in memory, 7.8 GB in fp32).
+            timeout = 3000.0 if size == "real" else 900.0
+            built = make_tiny_pi(family, out, seed=seed, size=size, timeout=timeout)
+            ckpt = read_lerobot_checkpoint(built)
         else:
             ckpt = make_tiny_lerobot(family, out, seed=seed)
     except JoyNexusError as error:

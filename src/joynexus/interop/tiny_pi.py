@@ -18,28 +18,43 @@ from joynexus.interop.reference import run_reference
 TINY_PI_CAMERAS = ("top", "wrist")
 #: The LeRobot families built here (lerobot's ``type``).
 TINY_PI_FAMILIES = ("pi0", "pi05")
+#: ``tiny``: shrunk inside the reference process; ``real``: lerobot's unmodified
+#: ``gemma_300m`` variants (about 1.9 B parameters, 7.8 GB in fp32), 224 px cameras.
+PI_SIZES = ("tiny", "real")
 
 
 def make_tiny_pi(
-    family: str, out: Path, *, seed: int = 3, cameras: Sequence[str] = TINY_PI_CAMERAS
+    family: str,
+    out: Path,
+    *,
+    seed: int = 3,
+    cameras: Sequence[str] = TINY_PI_CAMERAS,
+    size: str = "tiny",
+    timeout: float = 900.0,
 ) -> Path:
     """A tiny π0 or π0.5 (``family``; ``cameras`` at 32 px, state and action 6 padded to
-    8, chunk 4, 3 denoising steps) written by lerobot 0.6.1 into ``out``.
+    8, chunk 4, 3 denoising steps) written by lerobot 0.6.1 into ``out``; ``size``
+    ``real``: lerobot's unmodified ``gemma_300m`` policy at its default settings
+    (cameras at 224 px, padded to 32, chunk 50, 10 steps), random weights.
 
     Raises:
-        ValueError: ``family`` is not one of :data:`TINY_PI_FAMILIES`.
+        ValueError: ``family`` is not one of :data:`TINY_PI_FAMILIES`, or ``size`` not
+            one of :data:`PI_SIZES`.
         ServiceUnavailableError: the reference environment is not built or cannot be
             entered here (the message says how to build it).
         InvalidRequestError: lerobot failed.
     """
     if family not in TINY_PI_FAMILIES:
         raise ValueError(f"family {family!r} is not one of {list(TINY_PI_FAMILIES)}")
+    if size not in PI_SIZES:
+        raise ValueError(f"size {size!r} is not one of {list(PI_SIZES)}")
     out = Path(out).absolute()
     args = ["make-tiny", "--family", family, "--out", str(out), "--seed", str(seed)]
+    args += ["--size", size]
     for camera in cameras:
         args += ["--camera", camera]
     out.parent.mkdir(parents=True, exist_ok=True)
-    run_reference("lerobot_pi.py", args, binds=[out.parent])
+    run_reference("lerobot_pi.py", args, binds=[out.parent], timeout=timeout)
     return out
 
 

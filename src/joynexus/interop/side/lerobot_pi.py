@@ -14,6 +14,10 @@ actions through lerobot's own ``select_action``.
   named relative: lerobot finds it from the checkpoint folder as working folder), and
   the sizes are recorded in the folder's ``joynexus.json`` (config.json can only name
   lerobot's variants);
+  With ``--size real`` nothing is shrunk: lerobot's unmodified ``gemma_300m`` policy
+  (about 1.9 B parameters, 7.8 GB in fp32) at lerobot's own defaults for the chunk,
+  the denoising steps, the padded dims, the image side and the prompt length; the
+  same offline tokenizer, and no sizes in ``joynexus.json``;
 * ``predict``: ``from_pretrained`` + ``make_pre_post_processors`` + ``select_action``
   over one chunk, the noise drawn by lerobot itself from a seeded generator and written
   out with the actions.
@@ -63,6 +67,15 @@ TINY_SIZES: dict[str, dict[str, int]] = {
         "intermediate_size": 48,
         "patch_size": 8,
     },
+}
+#: The tiny builds' settings; ``--size real`` leaves them at lerobot's own defaults.
+TINY_SETTINGS: dict[str, int] = {
+    "chunk_size": 4,
+    "num_steps": 3,
+    "max_state_dim": 8,
+    "max_action_dim": 8,
+    "side": 32,
+    "max_tokens": 48,
 }
 _CORPUS = [
     "Task: pick up the red block, State: 0 1 2 3 4 5 6 7 8 9 10 100 128 200 255;\nAction: ",
@@ -204,10 +217,36 @@ def make_tiny(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     _tokenizer(out)
     cameras = args.camera or ["top"]
-    inputs, outputs = _features(args.state_dim, args.action_dim, cameras, args.side)
     config_mod = importlib.import_module(f"lerobot.policies.{family}.configuration_{family}")
     processors = importlib.import_module(f"lerobot.policies.{family}.processor_{family}")
     config_class = config_mod.PI05Config if family == "pi05" else config_mod.PI0Config
+    real = args.size == "real"
+    settings = {
+        key: value if value is not None else (None if real else TINY_SETTINGS[key])
+        for key, value in (
+            ("chunk_size", args.chunk_size),
+            ("num_steps", args.num_steps),
+            ("max_state_dim", args.max_state_dim),
+            ("max_action_dim", args.max_action_dim),
+            ("side", args.side),
+            ("max_tokens", args.max_tokens),
+        )
+    }
+    names = {
+        "chunk_size": ("chunk_size", "n_action_steps"),
+        "num_steps": ("num_inference_steps",),
+        "max_state_dim": ("max_state_dim",),
+        "max_action_dim": ("max_action_dim",),
+        "max_tokens": ("tokenizer_max_length",),
+    }
+    chosen: dict[str, Any] = {}
+    for key, fields in names.items():
+        if settings[key] is not None:
+            chosen.update(dict.fromkeys(fields, settings[key]))
+    if settings["side"] is not None:
+        chosen["image_resolution"] = (settings["side"], settings["side"])
+    side = settings["side"] or 224  # lerobot's default image_resolution
+    inputs, outputs = _features(args.state_dim, args.action_dim, cameras, side)
     config = config_class(
         input_features=inputs,
         output_features=outputs,
@@ -216,16 +255,10 @@ def make_tiny(args: argparse.Namespace) -> dict[str, Any]:
         paligemma_variant="gemma_300m",
         action_expert_variant="gemma_300m",
         dtype="float32",
-        chunk_size=args.chunk_size,
-        n_action_steps=args.chunk_size,
-        max_state_dim=args.max_state_dim,
-        max_action_dim=args.max_action_dim,
-        num_inference_steps=args.num_steps,
-        image_resolution=(args.side, args.side),
-        tokenizer_max_length=args.max_tokens,
+        **chosen,
     )
     torch.manual_seed(args.seed)
-    with _shrunk(family, TINY_SIZES):
+    with contextlib.nullcontext() if real else _shrunk(family, TINY_SIZES):
         policy = _modeling(family).__dict__["PI05Policy" if family == "pi05" else "PI0Policy"](
             config
         )
@@ -235,7 +268,10 @@ def make_tiny(args: argparse.Namespace) -> dict[str, Any]:
     with torch.no_grad():
         for name, param in policy.named_parameters():
             if ".dense." in name:
-                param.copy_(torch.randn(param.shape, generator=g) * 0.05)
+                # At the real width 0.05 would make the modulation large; keep its
+                # spread about the tiny one's.
+                std = 0.4 / param.shape[-1] ** 0.5 if real else 0.05
+                param.copy_(torch.randn(param.shape, generator=g) * std)
     policy.eval()
     stats = _stats(args.state_dim, args.action_dim, args.seed)
     make = getattr(processors, f"make_{family}_pre_post_processors")
@@ -247,9 +283,10 @@ def make_tiny(args: argparse.Namespace) -> dict[str, Any]:
     policy.save_pretrained(out)
     pre.save_pretrained(out)
     post.save_pretrained(out)
-    (out / SIDECAR).write_text(json.dumps({SIZES_KEY: TINY_SIZES}, indent=2) + "\n")
+    if not real:
+        (out / SIDECAR).write_text(json.dumps({SIZES_KEY: TINY_SIZES}, indent=2) + "\n")
     params = sum(p.numel() for p in policy.parameters())
-    return {"out": str(out), "family": family, "parameters": params}
+    return {"out": str(out), "family": family, "size": args.size, "parameters": params}
 
 
 def predict(args: argparse.Namespace) -> dict[str, Any]:
@@ -294,12 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--state-dim", type=int, default=6)
     tiny.add_argument("--action-dim", type=int, default=6)
-    tiny.add_argument("--max-state-dim", type=int, default=8)
-    tiny.add_argument("--max-action-dim", type=int, default=8)
-    tiny.add_argument("--chunk-size", type=int, default=4)
-    tiny.add_argument("--num-steps", type=int, default=3)
-    tiny.add_argument("--side", type=int, default=32)
-    tiny.add_argument("--max-tokens", type=int, default=48)
+    for option in ("--max-state-dim", "--max-action-dim", "--chunk-size", "--num-steps"):
+        tiny.add_argument(option, type=int, default=None, help="default: the size's")
+    for option in ("--side", "--max-tokens"):
+        tiny.add_argument(option, type=int, default=None, help="default: the size's")
+    tiny.add_argument("--size", choices=("tiny", "real"), default="tiny")
     tiny.add_argument("--camera", action="append")
     pred = sub.add_parser("predict")
     pred.add_argument("--policy", required=True)
