@@ -10,7 +10,11 @@ The demo's phases run on a machine other jobs may share. Each phase records
   something other than the device work (its own CPU seconds are measured apart,
   :mod:`joynexus.utils.device_clock`).
 
-Either part is left empty where the platform lacks it.
+* the CPU seconds and run-queue wait of this process's child processes (the simulator
+  workers) over the phase, from each one's threads' ``/proc/<pid>/task/*/schedstat``:
+  how much the simulators waited for a core.
+
+Each part is left empty where the platform lacks it.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LoadProbe", "MachineLoad", "core_busy_seconds"]
+__all__ = ["LoadProbe", "MachineLoad", "children_clock", "core_busy_seconds"]
 
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal
 
@@ -50,6 +54,47 @@ def core_busy_seconds(stat_text: str | None = None) -> dict[int, float]:
     return out
 
 
+def _children() -> list[int]:
+    """Pids of this process's child processes (Linux ``/proc``; empty elsewhere)."""
+    me, out = os.getpid(), []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        fields = text.rsplit(")", 1)[-1].split()
+        if len(fields) > 1 and fields[1] == str(me):
+            out.append(int(name))
+    return out
+
+
+def children_clock() -> dict[int, tuple[float, float]]:
+    """(CPU seconds, run-queue wait seconds) of every child process, its threads summed."""
+    out: dict[int, tuple[float, float]] = {}
+    for pid in _children():
+        cpu = wait = 0.0
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    a, b, *_ = f.read().split()
+            except (OSError, ValueError):
+                continue
+            cpu, wait = cpu + int(a) / 1e9, wait + int(b) / 1e9
+        out[pid] = (cpu, wait)
+    return out
+
+
 def _load1() -> float | None:
     try:
         return os.getloadavg()[0]
@@ -66,6 +111,9 @@ class MachineLoad:
         period_s: Seconds from the probe's start to its stop.
         load1: The 1-minute load average samples.
         core_busy_s: Busy seconds of each core over the period.
+        children_cpu_s / children_wait_s: CPU seconds and run-queue wait of the child
+            processes (the simulator workers) that lived through the period.
+        children: How many such processes.
     """
 
     start: float = 0.0
@@ -73,6 +121,9 @@ class MachineLoad:
     period_s: float = 0.0
     load1: list[float] = field(default_factory=list)
     core_busy_s: dict[int, float] = field(default_factory=dict)
+    children_cpu_s: float = 0.0
+    children_wait_s: float = 0.0
+    children: int = 0
 
     def to_json(self) -> dict[str, Any]:
         xs = self.load1
@@ -85,6 +136,11 @@ class MachineLoad:
                 "samples": len(xs),
             },
             "core_busy_s": {str(c): round(s, 2) for c, s in sorted(self.core_busy_s.items())},
+            "simulator_workers": {
+                "processes": self.children,
+                "cpu_s": round(self.children_cpu_s, 2),
+                "run_queue_wait_s": round(self.children_wait_s, 2),
+            },
         }
 
 
@@ -97,6 +153,7 @@ class LoadProbe:
         self._t0 = 0.0
         self._start = 0.0
         self._cores0: dict[int, float] = {}
+        self._kids0: dict[int, tuple[float, float]] = {}
         self._samples: list[float] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -113,6 +170,7 @@ class LoadProbe:
     def start(self) -> None:
         self._t0, self._start = time.monotonic(), time.time()
         self._cores0 = core_busy_seconds()
+        self._kids0 = children_clock()
         self._sample()
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
@@ -126,10 +184,15 @@ class LoadProbe:
         self._task = None
         self._sample()
         cores1 = core_busy_seconds()
+        kids1 = children_clock()
+        both = [pid for pid in kids1 if pid in self._kids0]
         return MachineLoad(
             start=self._start,
             end=time.time(),
             period_s=time.monotonic() - self._t0,
             load1=list(self._samples),
             core_busy_s={c: cores1[c] - self._cores0[c] for c in cores1 if c in self._cores0},
+            children_cpu_s=sum(kids1[p][0] - self._kids0[p][0] for p in both),
+            children_wait_s=sum(kids1[p][1] - self._kids0[p][1] for p in both),
+            children=len(both),
         )
