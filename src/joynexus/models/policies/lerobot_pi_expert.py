@@ -8,13 +8,15 @@ layers and their velocity.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
 
 from joynexus.models.archs.lerobot_pi.checkpoint import LeRobotPiCheckpoint
-from joynexus.models.archs.lerobot_pi.expert import time_embedding
+from joynexus.models.archs.lerobot_pi.expert import suffix_attention, time_embedding
 from joynexus.models.policies.prefix_expert import PrefixFlowExpert
+from joynexus.models.types import BackboneOutput
 
 
 class LeRobotPiExpert(PrefixFlowExpert):
@@ -50,6 +52,7 @@ class LeRobotPiExpert(PrefixFlowExpert):
             "tenant", state_dim=state_dim, action_dim=action_dim, action_chunk=action_chunk
         )
         self.expert_config = config
+        self.label = pi.LABEL
         self.chunk_size = pi.chunk_size
         self.max_action_dim = pi.max_action_dim
         self.max_state_dim = pi.max_state_dim
@@ -83,3 +86,44 @@ class LeRobotPiExpert(PrefixFlowExpert):
         periods, in the expert's dtype."""
         emb = time_embedding(t.float(), width, self._min_period, self._max_period)
         return emb.to(self.action_out_proj.weight.dtype)
+
+    def run_suffix(
+        self,
+        features: BackboneOutput,
+        tokens: torch.Tensor,
+        sees: torch.Tensor,
+        **expert_inputs: Any,
+    ) -> torch.Tensor:
+        """The velocity ``[B, chunk_size, max_action_dim]``: the suffix ``tokens`` through
+        the expert over the shared prefix's KV cache, read off the last ``chunk_size``.
+
+        Args:
+            features: The backbone's output (its prefix KV cache and attention mask).
+            tokens: The suffix embeddings ``[B, L, width]``.
+            sees: ``[L, L]`` which suffix token attends to which (every one sees the
+                valid prefix).
+            expert_inputs: What else the expert's forward takes (π0.5's time condition).
+
+        Raises:
+            ValueError: the backbone produced no prefix KV cache.
+        """
+        if features.prefix_kv is None:
+            raise ValueError(
+                f"the {self.label} expert needs the prefix KV cache "
+                "(BackboneOutput.prefix_kv); the base model did not produce one"
+            )
+        cache_utils = importlib.import_module("transformers.cache_utils")
+        # A fresh cache per call: the expert's layers append their keys and values.
+        cache = cache_utils.DynamicCache(ddp_cache_data=list(features.prefix_kv))
+        ref = self.action_out_proj.weight
+        mask, positions = suffix_attention(features.attention_mask.bool(), sees, ref.dtype)
+        out = self.gemma_expert(
+            inputs_embeds=tokens,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=cache,
+            **expert_inputs,
+        )
+        hidden = out.last_hidden_state[:, -self.chunk_size :]
+        velocity: torch.Tensor = self.action_out_proj(hidden.to(ref.dtype))
+        return velocity

@@ -30,7 +30,6 @@ from torch import nn
 from torch.nn import functional as F
 
 from joynexus.models.archs.lerobot_pi.checkpoint import Pi05Checkpoint
-from joynexus.models.archs.lerobot_pi.expert import suffix_attention
 from joynexus.models.policies.base import PolicyHead
 from joynexus.models.policies.lerobot_pi_expert import LeRobotPiExpert
 from joynexus.models.policies.pi05_expert.config import (
@@ -104,31 +103,14 @@ class Pi05Expert(LeRobotPiExpert):
     ) -> torch.Tensor:
         """The expert's velocity ``[B, chunk_size, max_action_dim]`` at ``x`` and ``t``
         (``padded_state`` is unused: π0.5's state is in the prefix's prompt)."""
-        if features.prefix_kv is None:
-            raise ValueError(
-                "pi05_expert needs the π0.5 prefix KV cache (BackboneOutput.prefix_kv); "
-                "the base model did not produce one"
-            )
-        cache_utils = importlib.import_module("transformers.cache_utils")
-        # A fresh cache per call: the expert's layers append their keys and values.
-        cache = cache_utils.DynamicCache(ddp_cache_data=list(features.prefix_kv))
         ref = self.action_in_proj.weight
         actions = self.action_in_proj(x.to(ref.dtype))
-        condition = self.time_condition(t.float())
         chunk = int(actions.shape[1])
         # One bidirectional block of action tokens over the valid prefix.
         block = torch.ones((chunk, chunk), dtype=torch.bool, device=ref.device)
-        mask, positions = suffix_attention(features.attention_mask.bool(), block, ref.dtype)
-        out = self.gemma_expert(
-            inputs_embeds=actions,
-            timestep_embeds=condition,
-            attention_mask=mask,
-            position_ids=positions,
-            cache=cache,
+        return self.run_suffix(
+            features, actions, block, timestep_embeds=self.time_condition(t.float())
         )
-        hidden = out.last_hidden_state[:, -self.chunk_size :]
-        velocity: torch.Tensor = self.action_out_proj(hidden.to(ref.dtype))
-        return velocity
 
 
 def build_pi05_expert(

@@ -22,7 +22,6 @@ padding of a narrower schema, loss, sampler and Flow-SDE are
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import torch
@@ -31,7 +30,6 @@ from torch.nn import functional as F
 
 from joynexus.models.archs.hf import hf
 from joynexus.models.archs.lerobot_pi.checkpoint import Pi0LeRobotCheckpoint
-from joynexus.models.archs.lerobot_pi.expert import suffix_attention
 from joynexus.models.policies.lerobot_pi_expert import LeRobotPiExpert
 from joynexus.models.policies.pi0_expert.config import Pi0ExpertConfig
 from joynexus.models.types import BackboneOutput
@@ -101,24 +99,9 @@ class LeRobotPi0Expert(LeRobotPiExpert):
         t: torch.Tensor,
     ) -> torch.Tensor:
         """The expert's velocity ``[B, chunk_size, max_action_dim]`` at ``x`` and ``t``."""
-        if features.prefix_kv is None:
-            raise ValueError(
-                "pi0_expert needs the π0 prefix KV cache (BackboneOutput.prefix_kv); "
-                "the base model did not produce one"
-            )
-        cache_utils = importlib.import_module("transformers.cache_utils")
-        # A fresh cache per call: the expert's layers append their keys and values.
-        cache = cache_utils.DynamicCache(ddp_cache_data=list(features.prefix_kv))
         tokens = self.suffix(padded_state, x, t)
-        ref = self.action_in_proj.weight
         length = int(tokens.shape[1])
         # The state token sees itself only; the action tokens see the state and each other.
-        sees = torch.ones((length, length), dtype=torch.bool, device=ref.device)
+        sees = torch.ones((length, length), dtype=torch.bool, device=tokens.device)
         sees[0, 1:] = False
-        mask, positions = suffix_attention(features.attention_mask.bool(), sees, ref.dtype)
-        out = self.gemma_expert(
-            inputs_embeds=tokens, attention_mask=mask, position_ids=positions, cache=cache
-        )
-        hidden = out.last_hidden_state[:, -self.chunk_size :]
-        velocity: torch.Tensor = self.action_out_proj(hidden.to(ref.dtype))
-        return velocity
+        return self.run_suffix(features, tokens, sees)
