@@ -146,3 +146,28 @@ def test_two_tasks_two_seeded_episodes_write_lerobots_eval_info(server: FakeServ
     assert info["per_group"]["libero"]["pc_success"] == overall["pc_success"]
     assert info["joynexus"]["seeds"] == [1_000_000, 1_000_001]
     assert info["joynexus"]["target"] == A
+
+
+def test_tasks_evaluate_in_parallel_sessions_and_keep_their_order(server: FakeServer) -> None:
+    trained = server.run(server.master.submit(_rl(), A))
+    server.run(server.master.wait(trained.workload_id, timeout_s=10))
+    env = server.plane.env
+    create, peak = env.create_session, [0]
+
+    async def counting(tenant_id: str, spec: EnvSpec) -> Any:
+        info = await create(tenant_id, spec)
+        peak[0] = max(peak[0], len(env.open_sessions(E)))
+        return info
+
+    env.create_session = counting  # type: ignore[method-assign]
+    spec = _suite_eval(["libero_spatial/*"]).model_dump(by_alias=True, mode="json")
+    spec["evaluation"]["sessions"] = 3
+    st = server.run(server.master.submit(parse_spec(spec), E))
+    done = server.run(server.master.wait(st.workload_id, timeout_s=20))
+    assert done.state is WorkloadState.COMPLETED, done
+    # The evaluation's own session and three tasks' at once, never more.
+    assert peak[0] == 4
+    assert env.open_sessions(E) == []
+    (record,) = server.master.metrics(E, st.workload_id, kind="eval").records
+    assert [r["task"] for r in record["per_task"]] == [f"libero_spatial/{i}" for i in range(10)]
+    assert all((r["episodes"], r["successes"]) == (2, 1) for r in record["per_task"])

@@ -233,6 +233,13 @@ class EvaluationSpec(BaseModel):
         "session each), reporting per-task and overall success with Wilson intervals; "
         "'libero_spatial/*' stands for every task of a LIBERO suite. Default: the env's task.",
     )
+    sessions: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="With 'tasks': how many tasks are evaluated at once, each in a session "
+        "(a simulator process) of its own; the record keeps the tasks' order.",
+    )
 
     @model_validator(mode="after")
     def _seeds_fit(self) -> EvaluationSpec:

@@ -10,15 +10,16 @@ spec's ``evaluation.seeds``: the same seeds give the same episodes) and, in LeRo
 layout, ``eval/run_<k>/<target>/eval_info.json`` (:mod:`.eval_info`).
 
 An evaluation with ``evaluation.tasks`` (e.g. ``["libero_spatial/*"]``, every task of a
-LIBERO suite, as LIBERO results are reported) runs each run over those tasks in turn:
-one session per task, opened and closed by the run, the same episodes (or seeds) on
-each. The record has the per-task success rates and the overall one, each with its
-Wilson 95 % interval (the overall rate pools every episode); ``eval_info.json`` lists
-every task under ``per_task``.
+LIBERO suite, as LIBERO results are reported) runs each run over those tasks: one
+session per task, opened and closed by the run (``evaluation.sessions`` of them at
+once, default one), the same episodes (or seeds) on each. The record has the per-task
+success rates and the overall one, each with its Wilson 95 % interval (the overall rate
+pools every episode); ``eval_info.json`` lists every task under ``per_task``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -132,24 +133,30 @@ async def _evaluate_in(
 async def _evaluate_tasks(
     ctx: WorkflowContext, tenant: WorkflowTenant, target: str, tasks: list[str]
 ) -> list[tuple[str, str, list[EvalResult]]]:
-    """(task, instruction, results) of each task, each in a session of its own."""
-    env = tenant.spec.env
-    assert env is not None
+    """(task, instruction, results) of each task, in order, each in a session of its own;
+    ``evaluation.sessions`` of them at once."""
+    env, ev = tenant.spec.env, tenant.spec.evaluation
+    assert env is not None and ev is not None
     if ctx.env is None:
         raise ServiceUnavailableError(
             "an evaluation over several tasks opens sessions of its own, and this runtime "
             "gave the evaluator no Environment Service"
         )
-    out = []
-    for task in tasks:
-        # One session at a time: a LIBERO scene costs a simulator process of its own.
-        info = await ctx.env.create_session(tenant.tenant_id, env.model_copy(update={"task": task}))
-        try:
-            results = await _evaluate_in(ctx, tenant, target, info.session_id)
-        finally:
-            await ctx.env.close(info.session_id, tenant_id=tenant.tenant_id)
-        out.append((task, info.schema.instruction, results))
-    return out
+    service = ctx.env
+    # A LIBERO scene costs a simulator process of its own: at most ``sessions`` open.
+    gate = asyncio.Semaphore(ev.sessions)
+
+    async def one(task: str) -> tuple[str, str, list[EvalResult]]:
+        async with gate:
+            spec = env.model_copy(update={"task": task})
+            info = await service.create_session(tenant.tenant_id, spec)
+            try:
+                results = await _evaluate_in(ctx, tenant, target, info.session_id)
+            finally:
+                await service.close(info.session_id, tenant_id=tenant.tenant_id)
+            return task, info.schema.instruction, results
+
+    return list(await asyncio.gather(*(one(task) for task in tasks)))
 
 
 def _task_success(task: str, instruction: str, results: list[EvalResult]) -> TaskSuccess:
