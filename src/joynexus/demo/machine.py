@@ -55,28 +55,32 @@ def core_busy_seconds(stat_text: str | None = None) -> dict[int, float]:
 
 
 def _children() -> list[int]:
-    """Pids of this process's child processes (Linux ``/proc``; empty elsewhere)."""
-    me, out = os.getpid(), []
+    """Pids of this process's descendants (the simulator workers may be a launcher's
+    children; Linux ``/proc``, empty elsewhere)."""
     try:
         names = os.listdir("/proc")
     except OSError:
         return []
+    parent: dict[int, int] = {}
     for name in names:
         if not name.isdigit():
             continue
         try:
             with open(f"/proc/{name}/stat") as f:
-                text = f.read()
-        except OSError:
+                fields = f.read().rsplit(")", 1)[-1].split()
+            parent[int(name)] = int(fields[1])
+        except (OSError, ValueError, IndexError):
             continue
-        fields = text.rsplit(")", 1)[-1].split()
-        if len(fields) > 1 and fields[1] == str(me):
-            out.append(int(name))
-    return out
+    found, frontier = [], {os.getpid()}
+    while frontier:
+        kids = [pid for pid, pp in parent.items() if pp in frontier]
+        found += kids
+        frontier = set(kids)
+    return found
 
 
 def children_clock() -> dict[int, tuple[float, float]]:
-    """(CPU seconds, run-queue wait seconds) of every child process, its threads summed."""
+    """(CPU seconds, run-queue wait seconds) of every descendant process, threads summed."""
     out: dict[int, tuple[float, float]] = {}
     for pid in _children():
         cpu = wait = 0.0
