@@ -17,7 +17,12 @@ actions through lerobot's own ``select_action``.
   With ``--size real`` nothing is shrunk: lerobot's unmodified ``gemma_300m`` policy
   (about 1.9 B parameters, 7.8 GB in fp32) at lerobot's own defaults for the chunk,
   the denoising steps, the padded dims, the image side and the prompt length; the
-  same offline tokenizer, and no sizes in ``joynexus.json``;
+  same offline tokenizer, and no sizes in ``joynexus.json``. One change, recorded
+  there (``lerobot_pi_projection``), without which lerobot cannot run this variant:
+  lerobot 0.6.1 pins PaliGemma's image projection to 2048 wide (the ``gemma_2b``
+  width), so with ``paligemma_variant="gemma_300m"`` (1024 wide) its ``embed_prefix``
+  fails to concatenate image and language embeddings; the projection is built 1024
+  wide instead (:func:`_projected`), on build and on every load;
 * ``predict``: ``from_pretrained`` + ``make_pre_post_processors`` + ``select_action``
   over one chunk, the noise drawn by lerobot itself from a seeded generator and written
   out with the actions.
@@ -41,6 +46,7 @@ import torch
 
 SIDECAR = "joynexus.json"
 SIZES_KEY = "lerobot_pi_sizes"
+PROJECTION_KEY = "lerobot_pi_projection"
 TOKENIZER_DIR = "tokenizer"
 #: The tiny sizes (lerobot's GemmaConfig fields; vision: SigLIP config fields).
 TINY_SIZES: dict[str, dict[str, int]] = {
@@ -130,6 +136,30 @@ def _shrunk(family: str, sizes: dict[str, dict[str, int]]) -> Iterator[None]:
     finally:
         modeling.get_gemma_config = original_config
         modeling.PaliGemmaForConditionalGenerationWithPiGemma = original_vlm
+
+
+@contextlib.contextmanager
+def _projected(family: str) -> Iterator[None]:
+    """While inside, lerobot's PaliGemma projects images to the language model's width
+    (lerobot pins 2048, which only ``gemma_2b`` takes)."""
+    modeling = _modeling(family)
+    original_vlm = modeling.PaliGemmaForConditionalGenerationWithPiGemma
+
+    def vlm(config: Any) -> Any:
+        config.vision_config.projection_dim = config.text_config.hidden_size
+        config.projection_dim = config.text_config.hidden_size
+        return original_vlm(config)
+
+    modeling.PaliGemmaForConditionalGenerationWithPiGemma = vlm
+    try:
+        yield
+    finally:
+        modeling.PaliGemmaForConditionalGenerationWithPiGemma = original_vlm
+
+
+def _projection_fixed(path: Path) -> bool:
+    sidecar = path / SIDECAR
+    return sidecar.is_file() and bool(json.loads(sidecar.read_text()).get(PROJECTION_KEY))
 
 
 def _sizes_of(path: Path) -> dict[str, dict[str, int]] | None:
@@ -258,7 +288,7 @@ def make_tiny(args: argparse.Namespace) -> dict[str, Any]:
         **chosen,
     )
     torch.manual_seed(args.seed)
-    with contextlib.nullcontext() if real else _shrunk(family, TINY_SIZES):
+    with _projected(family) if real else _shrunk(family, TINY_SIZES):
         policy = _modeling(family).__dict__["PI05Policy" if family == "pi05" else "PI0Policy"](
             config
         )
@@ -283,8 +313,8 @@ def make_tiny(args: argparse.Namespace) -> dict[str, Any]:
     policy.save_pretrained(out)
     pre.save_pretrained(out)
     post.save_pretrained(out)
-    if not real:
-        (out / SIDECAR).write_text(json.dumps({SIZES_KEY: TINY_SIZES}, indent=2) + "\n")
+    sidecar = {PROJECTION_KEY: "language width"} if real else {SIZES_KEY: TINY_SIZES}
+    (out / SIDECAR).write_text(json.dumps(sidecar, indent=2) + "\n")
     params = sum(p.numel() for p in policy.parameters())
     return {"out": str(out), "family": family, "size": args.size, "parameters": params}
 
@@ -298,7 +328,13 @@ def predict(args: argparse.Namespace) -> dict[str, Any]:
     path = Path(args.policy).resolve()
     config = configs.PreTrainedConfig.from_pretrained(str(path))
     sizes = _sizes_of(path)
-    with _shrunk(config.type, sizes) if sizes else contextlib.nullcontext():
+    if sizes:
+        context: Any = _shrunk(config.type, sizes)
+    elif _projection_fixed(path):
+        context = _projected(config.type)
+    else:
+        context = contextlib.nullcontext()
+    with context:
         policy = factory.get_policy_class(config.type).from_pretrained(str(path))
     policy.eval()
     pre, post = factory.make_pre_post_processors(config, pretrained_path=str(path))
