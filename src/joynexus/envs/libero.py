@@ -27,9 +27,9 @@ Options:
         simulator state (sampled placements or a fixed init state).
     flip_images (bool, default True): rotate camera images by 180° (see above).
     cameras (list, default ``["image", "wrist_image"]``): the cameras the tenant reads;
-        only these are rendered. Rendering is nine tenths of a step on a software
-        renderer and costs per camera, not per pixel (docs/RESULTS.md §14.1), so a
-        tenant that reads the agent view alone steps about twice as fast.
+        only these are rendered. Rendering is most of a step on a software renderer
+        and costs per camera, not per pixel (docs/RESULTS.md §14.1): a tenant that
+        reads the agent view alone steps about 1.6 times as fast.
 
 ``fast_render`` turns off shadows, reflections and multisampling in robosuite's offscreen
 renderer (software rendering spends most of a step there).
