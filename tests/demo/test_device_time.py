@@ -204,20 +204,3 @@ def test_core_busy_seconds_reads_each_core_of_proc_stat() -> None:
         "intr 1 2 3\n"
     )
     assert core_busy_seconds(text) == {0: 2.0, 1: 3.0}
-
-
-def test_simulator_interference_counts_only_the_device_idle_waiting_for_them(
-    tmp_path: Path,
-) -> None:
-    from joynexus.demo.report import simulator_interference
-
-    multi, (replay, _) = _phases(tmp_path, 0.0)
-    # The replay's device idles 3 s between its 10 steps while its simulator steps.
-    replay.busy += [Interval("environment", k * 4.0 + 1.0, k * 4.0 + 4.0) for k in range(9)]
-    replay.machine.children_wait_s = 5.0
-    assert simulator_interference(replay) == pytest.approx(5.0)
-    replay.machine.children_wait_s = 100.0  # no more than the device idled for them
-    assert simulator_interference(replay) == pytest.approx(27.0)
-    # The shared run's device never waited for a simulator: nothing to take out.
-    multi.machine.children_wait_s = 100.0
-    assert simulator_interference(multi) == 0.0

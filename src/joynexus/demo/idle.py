@@ -31,7 +31,7 @@ from typing import Any
 
 from joynexus.demo.phase import DEVICE_SERVICES, PhaseTrace
 
-__all__ = ["IDLE_CAUSES", "device_idle", "idle_by_cause", "idle_timeline", "split_stretch"]
+__all__ = ["IDLE_CAUSES", "device_idle", "idle_timeline", "split_stretch"]
 
 #: Idle causes in the order they are tried (see the module docstring).
 IDLE_CAUSES = ("host_work_of_a_leased_job", "waiting_for_simulators", "nothing_measured")
@@ -116,15 +116,6 @@ def split_stretch(
     stretch_s = device_busy_s - isolated_device_busy_s
     share = stretch_s / device_busy_s if device_busy_s > 0 and stretch_s > 0 else 0.0
     return [b * (1.0 - share) for b in busy], [b * share for b in busy]
-
-
-def idle_by_cause(trace: PhaseTrace) -> dict[str, float]:
-    """Seconds of the trace's window the device idled, by cause (:data:`IDLE_CAUSES`)."""
-    by_cause = dict.fromkeys(IDLE_CAUSES, 0.0)
-    for start, end, cause in _segments(trace):
-        if cause is not None:
-            by_cause[cause] += end - start
-    return by_cause
 
 
 def device_idle(multi: PhaseTrace, isolated: Sequence[PhaseTrace]) -> dict[str, Any]:

@@ -10,9 +10,10 @@ The demo's phases run on a machine other jobs may share. Each phase records
   something other than the device work (its own CPU seconds are measured apart,
   :mod:`joynexus.utils.device_clock`).
 
-* the CPU seconds and run-queue wait of this process's child processes (the simulator
-  workers) over the phase, from each one's threads' ``/proc/<pid>/task/*/schedstat``:
-  how much the simulators waited for a core.
+* the CPU seconds and run-queue wait of this process's descendant processes over the
+  phase, from each one's threads' ``/proc/<pid>/task/*/schedstat`` (meant for the
+  simulator workers; with the demo's fast simulators it finds only launcher processes
+  that run no CPU, so it is reported, not used).
 
 Each part is left empty where the platform lacks it.
 """
@@ -115,8 +116,9 @@ class MachineLoad:
         period_s: Seconds from the probe's start to its stop.
         load1: The 1-minute load average samples.
         core_busy_s: Busy seconds of each core over the period.
-        children_cpu_s / children_wait_s: CPU seconds and run-queue wait of the child
-            processes (the simulator workers) that lived through the period.
+        children_cpu_s / children_wait_s: CPU seconds and run-queue wait, over the
+            period, of the descendant processes alive at its end (the simulator
+            workers; one started during the period counts from its start).
         children: How many such processes.
     """
 
@@ -140,7 +142,7 @@ class MachineLoad:
                 "samples": len(xs),
             },
             "core_busy_s": {str(c): round(s, 2) for c, s in sorted(self.core_busy_s.items())},
-            "simulator_workers": {
+            "descendant_processes": {
                 "processes": self.children,
                 "cpu_s": round(self.children_cpu_s, 2),
                 "run_queue_wait_s": round(self.children_wait_s, 2),
@@ -189,14 +191,15 @@ class LoadProbe:
         self._sample()
         cores1 = core_busy_seconds()
         kids1 = children_clock()
-        both = [pid for pid in kids1 if pid in self._kids0]
+        # A worker started during the phase (sessions start with the loops) counts whole.
+        k0 = self._kids0
         return MachineLoad(
             start=self._start,
             end=time.time(),
             period_s=time.monotonic() - self._t0,
             load1=list(self._samples),
             core_busy_s={c: cores1[c] - self._cores0[c] for c in cores1 if c in self._cores0},
-            children_cpu_s=sum(kids1[p][0] - self._kids0[p][0] for p in both),
-            children_wait_s=sum(kids1[p][1] - self._kids0[p][1] for p in both),
-            children=len(both),
+            children_cpu_s=sum(kids1[p][0] - k0.get(p, (0.0, 0.0))[0] for p in kids1),
+            children_wait_s=sum(kids1[p][1] - k0.get(p, (0.0, 0.0))[1] for p in kids1),
+            children=len(kids1),
         )

@@ -68,7 +68,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from joynexus.demo.idle import device_idle, idle_by_cause
+from joynexus.demo.idle import device_idle
 from joynexus.demo.phase import PhaseTrace, span_fraction
 from joynexus.demo.readout import (
     format_success,
@@ -248,40 +248,6 @@ def _device(trace: PhaseTrace) -> dict[str, Any]:
     }
 
 
-def simulator_interference(trace: PhaseTrace) -> float:
-    """Seconds of the window the device idled waiting for simulators that were
-    themselves waiting for a core: the simulator workers' run-queue wait over the phase
-    (scaled to the window), but no more than the device's idle waiting for simulators."""
-    m = trace.machine
-    if m.period_s <= 0 or m.children_wait_s <= 0:
-        return 0.0
-    waiting = idle_by_cause(trace)["waiting_for_simulators"]
-    return min(m.children_wait_s * min(trace.window_s / m.period_s, 1.0), waiting)
-
-
-def _simulators_out(multi: PhaseTrace, isolated: Sequence[PhaseTrace]) -> dict[str, Any]:
-    """The device times with the simulators' interference taken out too (experimental:
-    reported beside the ratio, not instead of it)."""
-    mt_sim = simulator_interference(multi)
-    iso_sim = [simulator_interference(tr) for tr in isolated]
-    mt = max(multi.own_window_s - mt_sim, 1e-9)
-    iso = sum(max(tr.own_window_s - s, 0.0) for tr, s in zip(isolated, iso_sim, strict=True))
-    return {
-        "definition": (
-            "experimental: each device time less the seconds the device idled waiting for "
-            "simulators while they waited for a core (the workers' run-queue wait, at "
-            "most the idle waiting for simulators)"
-        ),
-        "ratio": _r(iso / mt, 3),
-        "multi_tenant_s": _r(mt, 2),
-        "isolated_s": _r(iso, 2),
-        "simulator_interference": {
-            "multi_tenant_s": _r(mt_sim, 2),
-            "isolated_s": _r(sum(iso_sim), 2),
-        },
-    }
-
-
 def _phase_load(trace: PhaseTrace) -> dict[str, Any]:
     """The machine's load over the phase, with what its device cores ran besides the
     device's own work (other threads of this process and other processes)."""
@@ -402,7 +368,6 @@ def build_report(
                 "multi_tenant_s": _r(multi.interference_seconds(), 2),
                 "isolated_s": _r(sum(tr.interference_seconds() for tr in isolated), 2),
             },
-            "simulators_out": _simulators_out(multi, isolated),
             "wall": {
                 "definition": "window seconds x 1 machine, interference included",
                 "ratio": _r(wall_ratio, 3),
