@@ -12,6 +12,7 @@ import importlib
 from typing import Any
 
 import torch
+from torch import nn
 
 from joynexus.models.archs.lerobot_pi.checkpoint import LeRobotPiCheckpoint
 from joynexus.models.archs.lerobot_pi.expert import suffix_attention, time_embedding
@@ -31,6 +32,11 @@ class LeRobotPiExpert(PrefixFlowExpert):
     Raises:
         SpecError: the schema is wider or longer than the checkpoint allows.
     """
+
+    #: Set by each family: its Gemma expert (layers under lerobot's names) and the
+    #: projection that reads the velocity off the action tokens.
+    gemma_expert: Any
+    action_out_proj: nn.Linear
 
     def __init__(
         self,
