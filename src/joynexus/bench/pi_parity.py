@@ -132,10 +132,9 @@ def joynexus_actions(
     )
     feature = base.canonicalize([(slot.tenant_id, slot.schema, batch)])
     features = GroupedExecutor(base, [slot]).shared_forward({slot.tenant_id: batch})
+    expert: Any = slot.action_module  # a pi05_expert / pi0_expert: it denoises
     with torch.no_grad():
-        chunk = slot.action_module.denoise(
-            features[slot.tenant_id], torch.from_numpy(model_state), noise
-        )
+        chunk = expert.denoise(features[slot.tenant_id], torch.from_numpy(model_state), noise)
     steps = slot.schema.action_chunk
     actions = torch.from_numpy(norm.unnormalize(chunk[:, :steps, :ACTION_DIM].numpy(), "action"))
     return actions, feature.model_inputs["input_ids"].cpu()
