@@ -1,4 +1,4 @@
-"""``python -m joynexus.bench.pi_parity``'s cheap parts (the real-size run itself is a
+"""``joynexus bench pi-parity``'s cheap parts (the real-size run itself is a
 documented command, docs/results/notes/resident-models.md: 7.8 GB per copy is too big for
 CI) and ``models make-tiny``'s size check for LeRobot families."""
 
@@ -34,3 +34,10 @@ def test_a_real_size_is_refused_for_a_family_built_tiny_only(tmp_path: Path) -> 
     assert result.exit_code != 0
     assert "--size tiny" in result.output
     assert not any(tmp_path.iterdir())
+
+
+def test_bench_pi_parity_refuses_an_unknown_family_or_size() -> None:
+    for args in (["--family", "act"], ["--size", "huge"]):
+        result = CliRunner().invoke(app, ["bench", "pi-parity", *args])
+        assert result.exit_code == 2, result.output
+        assert "--family pi05|pi0 and --size tiny|real" in " ".join(result.output.split())

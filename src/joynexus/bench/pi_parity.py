@@ -232,6 +232,34 @@ def run(
     return report
 
 
+def parity(
+    *,
+    family: str = "pi05",
+    size: str = "real",
+    cameras: list[str] | None = None,
+    rows: int = 2,
+    work: Path | None = None,
+    checkpoint: Path | None = None,
+    keep: bool = False,
+) -> dict[str, Any]:
+    """:func:`run` in ``work`` (default: a temporary folder), deleted after unless
+    ``keep``."""
+    folder = work or Path(tempfile.mkdtemp(prefix="pi-parity-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        return run(
+            family=family,
+            size=size,
+            work=folder.resolve(),
+            cameras=cameras or ["top"],
+            rows=rows,
+            checkpoint=checkpoint.resolve() if checkpoint else None,
+        )
+    finally:
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m joynexus.bench.pi_parity")
     parser.add_argument("--family", choices=("pi05", "pi0"), default="pi05")
@@ -243,20 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep --work's files")
     parser.add_argument("--out", type=Path, help="write the figures here (JSON)")
     args = parser.parse_args(argv)
-    work = args.work or Path(tempfile.mkdtemp(prefix="pi-parity-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
-        report = run(
-            family=args.family,
-            size=args.size,
-            work=work.resolve(),
-            cameras=args.camera or ["top"],
-            rows=args.rows,
-            checkpoint=args.checkpoint.resolve() if args.checkpoint else None,
-        )
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+    report = parity(
+        family=args.family,
+        size=args.size,
+        cameras=args.camera,
+        rows=args.rows,
+        work=args.work,
+        checkpoint=args.checkpoint,
+        keep=args.keep,
+    )
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -183,6 +183,33 @@ def bench_lora(
     _write_json(result, json_path)
 
 
+@bench_app.command("pi-parity")
+def bench_pi_parity(
+    family: Annotated[str, typer.Option("--family", help="pi05 | pi0")] = "pi05",
+    size: Annotated[
+        str,
+        typer.Option(
+            "--size",
+            help="real: lerobot's smallest π variant (gemma_300m, ~1.9 B parameters, "
+            "needs ~16 GiB free); tiny: the tests' size.",
+        ),
+    ] = "real",
+    rows: Annotated[int, typer.Option("--rows", min=1, max=2, help="Observations.")] = 2,
+    json_path: JsonOption = None,
+) -> None:
+    """A LeRobot π checkpoint both ways against lerobot 0.6.1 (the reference
+    environment): its actions in JoyNexus, a tenant's export in lerobot."""
+    from joynexus.bench.pi_parity import PI_SIZES, parity
+
+    if family not in ("pi05", "pi0") or size not in PI_SIZES:
+        raise typer.BadParameter(
+            f"--family pi05|pi0 and --size {'|'.join(PI_SIZES)}, got {family!r} / {size!r}"
+        )
+    result = parity(family=family, size=size, rows=rows)
+    console.print_json(data=result)
+    _write_json(result, json_path)
+
+
 @bench_app.command("front-channel")
 def bench_front_channel(
     messages: Annotated[
