@@ -199,7 +199,8 @@ def bench_pi_parity(
 ) -> None:
     """A LeRobot π checkpoint both ways against lerobot 0.6.1 (the reference
     environment): its actions in JoyNexus, a tenant's export in lerobot."""
-    from joynexus.bench.pi_parity import PI_SIZES, parity
+    from joynexus.bench.pi_parity import parity
+    from joynexus.interop.tiny_pi import PI_SIZES
 
     if family not in ("pi05", "pi0") or size not in PI_SIZES:
         raise typer.BadParameter(
