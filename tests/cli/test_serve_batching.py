@@ -78,6 +78,7 @@ def test_the_predict_deadline_reaches_the_runtime_and_bounds_t(
         ("--max-batch-size", "0"),
         ("--predict-deadline-s", "0"),
         ("--predict-deadline-s", "inf"),
+        ("--predict-deadline-s", "nan"),
     ],
 )
 def test_a_bad_t_or_b_exits_2_naming_the_option(tmp_path: Path, option: str, value: str) -> None:

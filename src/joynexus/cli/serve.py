@@ -3,9 +3,8 @@
 ``serve`` hosts the HTTP API with a live Master Service on one set of services. The
 other commands (``tenants create|list``, ``submit``, ``logs``, ``artifacts``,
 ``export``; ``status``, ``pause``, ``resume``, ``cancel`` and ``load-weights`` are in
-:mod:`joynexus.cli.workloads`) go through :class:`joynexus.client.Client`; the
-server URL and API key come from ``--url`` / ``--api-key`` or ``JOYNEXUS_URL`` /
-``JOYNEXUS_API_KEY``.
+:mod:`joynexus.cli.workloads`) go through :class:`joynexus.client.Client`, with the URL
+and key of ``--url`` / ``--api-key`` or ``JOYNEXUS_URL`` / ``JOYNEXUS_API_KEY``.
 """
 
 from __future__ import annotations
@@ -256,9 +255,9 @@ def serve(
         typer.Option(
             "--predict-deadline-s",
             min=0.001,
-            help="The longest a predict may wait in the Inference Queue before it is "
-            "answered 504 deadline_exceeded. Raise it for models whose one grouped "
-            "forward takes long on this machine (a real-size model on a CPU).",
+            max=86400.0,
+            help="Seconds a predict may wait in the Inference Queue before its 504 "
+            "(raise it where one grouped forward is that slow: a real-size model on a CPU).",
         ),
     ] = RUNTIME_PREDICT_DEADLINE_S,
     max_batch_size: Annotated[
@@ -299,11 +298,8 @@ def serve(
     """
     if runtime not in ("local", "ray"):
         raise _fail(ValueError(f"--runtime must be 'local' or 'ray', got {runtime!r}"))
-    if not math.isfinite(predict_deadline_s):
-        raise typer.BadParameter(
-            f"must be a finite number of seconds, got {predict_deadline_s}",
-            param_hint="--predict-deadline-s",
-        )
+    if math.isnan(predict_deadline_s):  # the option's range lets NaN through
+        raise typer.BadParameter("not a number", param_hint="--predict-deadline-s")
     deadline_ms = predict_deadline_s * 1e3
     if not math.isfinite(max_wait_ms) or max_wait_ms > deadline_ms:
         # Past the predict deadline a lone request would wait out its deadline (504).
