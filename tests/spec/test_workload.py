@@ -81,6 +81,11 @@ def test_sft_and_eval_rules() -> None:
         }
     )
     assert spec.evaluation is not None and spec.evaluation.targets == ["alice"]
+    # A suite's tasks at once, each a simulator session: within a tenant's 8 sessions
+    # beside the evaluation's own.
+    eight = {"targets": ["alice"], "tasks": ["a", "b"], "sessions": 8}
+    with pytest.raises(SpecError, match="sessions"):
+        parse_spec({**spec.model_dump(exclude_none=True), "evaluation": eight})
 
 
 def test_load_specs_resolves_paths_and_rejects_duplicates(tmp_path: Path) -> None:

@@ -233,10 +233,12 @@ class EvaluationSpec(BaseModel):
         "session each), reporting per-task and overall success with Wilson intervals; "
         "'libero_spatial/*' stands for every task of a LIBERO suite. Default: the env's task.",
     )
+    # At most 7: the Environment Service holds a tenant to 8 sessions by default
+    # (max_sessions_per_tenant), and the evaluation keeps its own open beside them.
     sessions: int = Field(
         default=1,
         ge=1,
-        le=64,
+        le=7,
         description="With 'tasks': how many tasks are evaluated at once, each in a session "
         "(a simulator process) of its own; the record keeps the tasks' order.",
     )
