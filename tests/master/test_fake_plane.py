@@ -540,6 +540,13 @@ def test_watchdog_flags_a_workload_without_progress(tmp_path: Path) -> None:
         srv.run_until(lambda: _status(srv, wid).stalled is not None, what="stalled")
         assert _status(srv, wid).state is WorkloadState.RUNNING
         assert srv.master.degraded() and wid in srv.master.degraded()[0]
+        # A suite evaluation's finished task is progress too (minutes pass between
+        # evaluation runs).
+        w = srv.master.book.workloads[wid]
+        before = srv.master.supervisor._progress(w)
+        assert w.tenant is not None
+        w.tenant.metrics.write("eval_task", task="libero_goal/0", episodes=2, successes=1)
+        assert srv.master.supervisor._progress(w) != before
     finally:
         srv.close()
 

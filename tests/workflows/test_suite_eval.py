@@ -171,3 +171,7 @@ def test_tasks_evaluate_in_parallel_sessions_and_keep_their_order(server: FakeSe
     (record,) = server.master.metrics(E, st.workload_id, kind="eval").records
     assert [r["task"] for r in record["per_task"]] == [f"libero_spatial/{i}" for i in range(10)]
     assert all((r["episodes"], r["successes"]) == (2, 1) for r in record["per_task"])
+    # Each task, as it finished, was a metrics line (and progress to the watchdog).
+    done_tasks = server.master.metrics(E, st.workload_id, kind="eval_task").records
+    assert sorted(r["task"] for r in done_tasks) == sorted(r["task"] for r in record["per_task"])
+    assert all((r["episodes"], r["successes"]) == (2, 1) for r in done_tasks)

@@ -59,6 +59,8 @@ log = logging.getLogger(__name__)
 #: How long a workload that met an unavailable role waits for the Health Manager's
 #: decision (restart in place or global restart) before it fails on that error.
 _HEALTH_DECISION_S = 10.0
+#: Metrics kinds that count as an evaluation's progress (a run, a suite's finished task).
+EVAL_PROGRESS = ("eval", "eval_task")
 
 T = TypeVar("T")
 
@@ -414,7 +416,9 @@ class Supervisor:
 
     def _progress(self, w: Workload) -> tuple[int, int, int]:
         tally = self.book.tally(w)
-        evals = len(w.tenant.metrics.of_kind("eval")) if w.tenant is not None else 0
+        metrics = w.tenant.metrics if w.tenant is not None else None
+        # An evaluation's runs, and each task of a suite evaluation as it finishes.
+        evals = 0 if metrics is None else sum(len(metrics.of_kind(k)) for k in EVAL_PROGRESS)
         return (tally.terminal, tally.total, evals)
 
     def expected_job_s(self, w: Workload) -> float | None:

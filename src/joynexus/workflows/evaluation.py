@@ -154,6 +154,15 @@ async def _evaluate_tasks(
                 results = await _evaluate_in(ctx, tenant, target, info.session_id)
             finally:
                 await service.close(info.session_id, tenant_id=tenant.tenant_id)
+            # A suite runs for many minutes: each task done is a line in the metrics and
+            # progress to the Master's watchdog, which flags a silent workload stalled.
+            tenant.metrics.write(
+                "eval_task",
+                target=target,
+                task=task,
+                episodes=sum(res.episodes for res in results),
+                successes=sum(res.successes for res in results),
+            )
             return task, info.schema.instruction, results
 
     return list(await asyncio.gather(*(one(task) for task in tasks)))
