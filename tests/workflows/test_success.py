@@ -88,3 +88,35 @@ def test_an_sft_workload_that_measures_success_gets_a_session(tmp_path: Path) ->
     env = FakeEnvironmentService()
     assert asyncio.run(launch.open_session(env, plain)) is None
     assert asyncio.run(launch.open_session(env, measured)) is not None
+
+
+def test_a_simulator_crash_mid_measurement_measures_again_on_the_new_session(
+    server: FakeServer,
+) -> None:
+    from joynexus.errors import SimulatorCrashedError
+
+    inference, env = server.plane.inference, server.plane.env
+    evaluate, calls = inference.evaluate, []
+
+    async def crash_once_after_training(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[1])
+        if len(calls) == 2:  # the final measurement: its simulator dies mid-way
+            tenant = server.master.book.tenants[A]
+            assert tenant.spec.env is not None
+            # What session recovery does: a new session, swapped in for the tenant.
+            tenant.session_id = (await env.create_session(A, tenant.spec.env)).session_id
+            raise SimulatorCrashedError("the simulator did not answer step within 60 s")
+        return await evaluate(*args, **kwargs)
+
+    inference.evaluate = crash_once_after_training  # type: ignore[method-assign]
+    st = server.run(server.master.submit(_with_success_eval(), A))
+    done = server.run(server.master.wait(st.workload_id, timeout_s=10))
+    assert done.state is WorkloadState.COMPLETED, done
+    records = server.master.metrics(A, st.workload_id, kind=SUCCESS_EVAL).records
+    assert [r["phase"] for r in records] == ["initial", "final"]
+    final = SuccessMeasure.from_record(records[-1])
+    assert (final.episodes, final.successes, final.first_seed) == (6, 3, 500)
+    # Measured again from the first seed, on the new session.
+    assert len(calls) == 3 and calls[2] != calls[1]
+    tenant = server.master.tenant_of(st.workload_id)
+    assert tenant is not None and tenant.errors == []

@@ -27,6 +27,7 @@ from joynexus.errors import (
     JoyNexusError,
     NotFoundError,
     ServiceUnavailableError,
+    SimulatorCrashedError,
 )
 from joynexus.master.records import (
     CANCELLED_REASON,
@@ -391,14 +392,40 @@ class Supervisor:
 
     async def _measure_success(self, tenant: WorkflowTenant, phase: Phase) -> None:
         """Measure and record the tenant's success rate; a failed measurement is an
-        error of the workload's record, never a failed workload (its training stands)."""
-        try:
-            await measure_success(self.inference, tenant, phase)
-        except ServiceUnavailableError:
-            raise  # a role being restarted: the caller waits it out
-        except JoyNexusError as error:
-            log.warning("%s success rate of %s: %s", phase, tenant.tenant_id, error)
-            tenant.errors.append(f"success_eval {phase}: {reason_of(error)}")
+        error of the workload's record, never a failed workload (its training stands).
+
+        A simulator that crashes or misses a step mid-measurement is recreated by session
+        recovery; the measurement then runs once more, from its first seed, on the new
+        session (the same episodes), so a slow moment does not lose the figure.
+        """
+        failure: JoyNexusError
+        for attempt in range(2):
+            session = tenant.session_id
+            try:
+                await measure_success(self.inference, tenant, phase)
+                return
+            except ServiceUnavailableError:
+                raise  # a role being restarted: the caller waits it out
+            except SimulatorCrashedError as error:
+                failure = error
+                if attempt == 0 and await self._session_replaced(tenant, session):
+                    log.warning("%s success rate of %s: %s; again", phase, tenant.tenant_id, error)
+                    continue
+            except JoyNexusError as error:
+                failure = error
+            break
+        log.warning("%s success rate of %s: %s", phase, tenant.tenant_id, failure)
+        tenant.errors.append(f"success_eval {phase}: {reason_of(failure)}")
+
+    async def _session_replaced(self, tenant: WorkflowTenant, crashed: str | None) -> bool:
+        """Whether session recovery gave ``tenant`` a new session within
+        ``restart_grace_s`` of its ``crashed`` one."""
+        deadline = self.clock.now() + self.settings.restart_grace_s
+        while tenant.session_id in (None, crashed):
+            if self.clock.now() >= deadline:
+                return False
+            await self.clock.sleep(max(self.settings.poll_s, 0.1))
+        return True
 
     async def _while_restarting(self, call: Callable[[], Awaitable[T]]) -> T:
         """``call()``, retried while a service answers unavailable (a role being
