@@ -445,7 +445,7 @@ class Supervisor:
         tally = self.book.tally(w)
         metrics = w.tenant.metrics if w.tenant is not None else None
         # An evaluation's runs, and each task of a suite evaluation as it finishes.
-        evals = 0 if metrics is None else sum(len(metrics.of_kind(k)) for k in EVAL_PROGRESS)
+        evals = 0 if metrics is None else len(metrics.of_kind(*EVAL_PROGRESS))
         return (tally.terminal, tally.total, evals)
 
     def expected_job_s(self, w: Workload) -> float | None:

@@ -96,9 +96,10 @@ class MetricsLog:
                         raise
                     log.warning("metrics of %s not written: %s", self.path, error)
 
-    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+    def of_kind(self, *kinds: str) -> list[dict[str, Any]]:
+        """The records of any of ``kinds``, in the order written (one pass)."""
         with self._lock:
-            return [r for r in self.records if r["kind"] == kind]
+            return [r for r in self.records if r["kind"] in kinds]
 
 
 @dataclass
