@@ -78,6 +78,9 @@ class CountingBase:
     def forward_splits(self, feature: VLAFeature) -> bool:
         return self.inner.forward_splits(feature)
 
+    def forward_took(self, feature: VLAFeature, split: bool, seconds: float) -> None:
+        self.inner.forward_took(feature, split, seconds)
+
 
 def _executor(base: object, heads: dict[str, tuple[DataSchema, object]]) -> GroupedExecutor:
     slots = [
@@ -263,11 +266,13 @@ def test_a_predict_holds_the_lock_for_the_forward_and_heads_only(
 def test_a_small_serving_batch_runs_its_forward_in_one_thread(
     base: ResidentBaseModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Below SERIAL_FORWARD_MACS the batch's forward and heads run in the calling
-    thread alone; above it, with torch's intra-op threads (the answers are the same)."""
+    """By the size rule: below SERIAL_FORWARD_MACS the batch's forward and heads run in
+    the calling thread alone; above it, with torch's intra-op threads (the answers are
+    the same)."""
     from joynexus.models import backbone as backbone_module
     from joynexus.utils.intra_op import thread_intra_op_threads
 
+    base.use_forward_split("size")  # the session's backbone: "measured" again below
     counting = CountingBase(base)
     threads: list[int] = []
     inner = counting.encode
@@ -290,8 +295,49 @@ def test_a_small_serving_batch_runs_its_forward_in_one_thread(
         (split,) = ex.run_requests([ServeRequest("lib", obs)])
     finally:
         torch.set_num_threads(before)
+        base.use_forward_split("measured")
     assert threads == [1, 2]
     np.testing.assert_allclose(small.actions, split.actions, rtol=1e-5, atol=1e-6)
+
+
+def test_a_serving_batch_runs_the_way_its_backbone_measured_cheaper(
+    base: ResidentBaseModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``measured`` (the default): the executor tells the backbone what each forward
+    cost, run split or serial, and once serial has cost less the batches run serial
+    although the size rule says split (a busy second core)."""
+    from joynexus.models import backbone as backbone_module
+    from joynexus.utils.intra_op import thread_intra_op_threads
+
+    monkeypatch.setattr(backbone_module, "SERIAL_FORWARD_MACS", 1)  # the rule: split
+    base.use_forward_split("measured")  # a fresh chooser
+    counting = CountingBase(base)
+    took: list[bool] = []
+    threads: list[int] = []
+    inner_took, inner_encode = counting.forward_took, counting.encode
+
+    def forward_took(feature: VLAFeature, split: bool, seconds: float) -> None:
+        took.append(split)
+        inner_took(feature, split, 10.0 if split else 1.0)  # split costs 10× here
+
+    def encode(feature: VLAFeature) -> BackboneOutput:
+        threads.append(thread_intra_op_threads())
+        return inner_encode(feature)
+
+    monkeypatch.setattr(counting, "forward_took", forward_took)
+    monkeypatch.setattr(counting, "encode", encode)
+    ex = _executor(counting, {"lib": (LIB, OFT)})
+    obs = ObservationBatch.synthetic(LIB, 2, seed=1, with_actions=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        answers = [ex.run_requests([ServeRequest("lib", obs)])[0] for _ in range(4)]
+    finally:
+        torch.set_num_threads(before)
+        base.use_forward_split("measured")
+    assert took == [True, False, False, False]
+    assert threads == [2, 1, 1, 1]
+    np.testing.assert_allclose(answers[0].actions, answers[3].actions, rtol=1e-5, atol=1e-6)
 
 
 def test_the_decode_plan_is_metered_with_the_heads_not_the_canonicalization(

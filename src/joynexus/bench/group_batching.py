@@ -122,7 +122,11 @@ def paired_median_times(
     return {n: (statistics.median(wall[n]), statistics.median(cpu[n])) for n in names}
 
 
-def _groups(base: ResidentBaseModel, num_tenants: int, batch: int, seed: int = 0) -> list[Group]:
+def tenant_groups(
+    base: ResidentBaseModel, num_tenants: int, batch: int, seed: int = 0
+) -> list[Group]:
+    """``num_tenants`` tenants' synthetic batches of ``batch`` rows, LIBERO-like and
+    CALVIN-like schemas in turn, fitted to ``base``'s camera slots."""
     out: list[Group] = []
     for i in range(num_tenants):
         schema = _fit(base, LIBERO if i % 2 == 0 else CALVIN)
@@ -166,7 +170,7 @@ def measure_cell(
     base: ResidentBaseModel, num_tenants: int, batch: int, *, repeats: int, warmup: int
 ) -> dict[str, Any]:
     """Time serial vs grouped shared forward for one grid cell."""
-    groups = _groups(base, num_tenants, batch)
+    groups = tenant_groups(base, num_tenants, batch)
     device = base.device
     start = time.perf_counter()
     serial_features = [base.canonicalize([g]) for g in groups]
@@ -213,7 +217,7 @@ def measure_breakdown(
     The action-module time is the training forward (loss, no backward) of every
     tenant's head on its slice of the grouped output, summed over tenants.
     """
-    groups = _groups(base, num_tenants, batch, seed=7)
+    groups = tenant_groups(base, num_tenants, batch, seed=7)
     device = base.device
     serial_features = [base.canonicalize([g]) for g in groups]
     grouped_feature = base.canonicalize(groups)

@@ -1,5 +1,5 @@
 """``joynexus bench figure12``, ``lora``, ``front-channel``,
-``canonicalize``, ``idle-wake`` and ``backbone-lock``."""
+``canonicalize``, ``idle-wake``, ``backbone-lock`` and ``forward-split``."""
 
 from __future__ import annotations
 
@@ -318,6 +318,41 @@ def bench_backbone_lock(
         batch=batch,
         duration_s=duration_s,
         threads=threads,
+        progress=_progress,
+    )
+    print_report(result, console)
+    _write_json(result, json_path)
+
+
+@bench_app.command("forward-split")
+def bench_forward_split(
+    size: SizeOption = "small",
+    rows: Annotated[
+        str, typer.Option("--rows", help="Rows per batch (one per tenant), comma-separated.")
+    ] = "1,4,16,33",
+    busy: Annotated[
+        str, typer.Option("--busy", help="Spinning processes beside the bench, comma-separated.")
+    ] = "0,1",
+    rounds: Annotated[
+        int, typer.Option("--rounds", min=1, help="Timed forwards per way, rows and load.")
+    ] = 12,
+    json_path: JsonOption = None,
+) -> None:
+    """A CPU forward serial, split, by the size rule and by measurement, beside busy cores."""
+    from joynexus.bench.forward_split import print_report, run_forward_split_bench
+
+    _check_model_options("qwen2_5_vl", size, "cpu")
+    try:
+        loads = [int(v) for v in busy.split(",") if v.strip()]
+    except ValueError:
+        loads = [-1]
+    if not loads or min(loads) < 0:
+        raise typer.BadParameter("expected counts ≥ 0 such as 0,1", param_hint="--busy")
+    result = run_forward_split_bench(
+        size=size,
+        rows=_int_list(rows, "--rows"),
+        busy=loads,
+        rounds=rounds,
         progress=_progress,
     )
     print_report(result, console)

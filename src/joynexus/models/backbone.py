@@ -32,12 +32,17 @@ from joynexus.models.normalization import NormalizationStats
 from joynexus.models.schema import DataSchema, prefix_key, schema_signature
 from joynexus.models.types import BackboneOutput
 from joynexus.utils.intra_op import serial_intra_op
+from joynexus.utils.split_choice import SplitChooser
 
 #: How canonical inputs are made: ``tensor`` (default) lays out every image of a batch
 #: with tensor ops on the model's device and caches prompt ids; ``processor`` runs the
 #: Hugging Face processor per image on CPU (the reference the tensor path equals).
 Canonicalizer = Literal["tensor", "processor"]
 CANONICALIZERS: tuple[Canonicalizer, ...] = ("tensor", "processor")
+#: How a CPU forward decides to split its ops over threads (:meth:`ResidentBaseModel.
+#: use_forward_split`): by the measured cost of each way, or by the size rule alone.
+ForwardSplit = Literal["measured", "size"]
+FORWARD_SPLITS: tuple[ForwardSplit, ...] = ("measured", "size")
 #: Canonical pixels (rows × camera slots × size²) up to which a CPU canonicalization
 #: runs its ops in the calling thread alone: waking torch's sleeping intra-op threads for
 #: each op costs more than the work of a few images (RESULTS §8.1.4: one row of two
@@ -126,6 +131,9 @@ class ResidentBaseModel:
         #: Why the tensor path was asked for but is not used (its load-time check).
         self.canonicalizer_fallback: str | None = None
         self.use_canonicalizer(canonicalizer)
+        self._split: SplitChooser | None = None
+        self.forward_split: ForwardSplit = "measured"
+        self.use_forward_split("measured")
         model.requires_grad_(False)
         model.eval()
         # The LoRA hooks go on once, here: installing them later could race a forward
@@ -359,15 +367,49 @@ class ResidentBaseModel:
             value = value.to(self.dtype)
         return moved_to(value, self.device)
 
-    def forward_splits(self, feature: VLAFeature) -> bool:
-        """Whether the forward of ``feature`` is enough work per op to split it over
-        torch's intra-op threads (always, off the CPU); see
-        :data:`SERIAL_FORWARD_MACS`."""
+    def forward_work(self, feature: VLAFeature) -> int | None:
+        """Multiply-accumulates of one token-wise projection of ``feature``'s forward
+        (tokens × hidden²), the size the CPU split rule reads; None off the CPU."""
         if self.device.type != "cpu":
-            return True
+            return None
         ids = feature.model_inputs.get("input_ids")
         tokens = feature.batch_size if ids is None else int(ids.numel())
-        return tokens * self.hidden_size**2 >= SERIAL_FORWARD_MACS
+        return tokens * self.hidden_size**2
+
+    def use_forward_split(self, kind: ForwardSplit, chooser: SplitChooser | None = None) -> None:
+        """How a CPU forward decides to split its ops over torch's intra-op threads:
+        ``measured`` (default) runs the way recent forwards of its size found cheaper
+        (:class:`~joynexus.utils.split_choice.SplitChooser`, which follows the load of
+        the machine); ``size`` splits at :data:`SERIAL_FORWARD_MACS` and above.
+        ``chooser`` carries ``measured``'s measurements over (default: a new one).
+
+        Raises:
+            InvalidRequestError: An unknown ``kind``.
+        """
+        if kind not in FORWARD_SPLITS:
+            raise InvalidRequestError(
+                f"forward_split must be one of {list(FORWARD_SPLITS)}, got {kind!r}",
+                field="forward_split",
+            )
+        self.forward_split = kind
+        self._split = (chooser or SplitChooser()) if kind == "measured" else None
+
+    def forward_splits(self, feature: VLAFeature) -> bool:
+        """Whether the forward of ``feature`` splits its ops over torch's intra-op
+        threads: always off the CPU; on the CPU as :meth:`use_forward_split` chose.
+        Report how long it took with :meth:`forward_took`."""
+        work = self.forward_work(feature)
+        if work is None:
+            return True
+        rule = work >= SERIAL_FORWARD_MACS
+        return rule if self._split is None else self._split.choose(work, rule)
+
+    def forward_took(self, feature: VLAFeature, split: bool, seconds: float) -> None:
+        """Count a forward of ``feature`` that ran ``split`` (or serial) in ``seconds``
+        (what the ``measured`` split chooses by)."""
+        work = self.forward_work(feature)
+        if work is not None and self._split is not None:
+            self._split.record(work, split, seconds)
 
     def images_per_row(self, feature: VLAFeature) -> list[int]:
         """How many images each row of ``feature`` feeds the vision tower, in row order

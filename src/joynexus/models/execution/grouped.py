@@ -64,6 +64,10 @@ class GroupableBackbone(BaseModelRef, Protocol):
         """Whether a forward of ``feature`` is worth torch's intra-op threads."""
         ...
 
+    def forward_took(self, feature: VLAFeature, split: bool, seconds: float) -> None:
+        """How long that forward took, run that way (what the next choice reads)."""
+        ...
+
 
 SlotResolver = Callable[[str, "int | None"], TenantSlot]
 """``(tenant_id, policy_version) -> TenantSlot``: which slot decodes a request."""
@@ -484,9 +488,14 @@ class GroupedExecutor:
                 times.lock_wait_s += time.perf_counter() - locked
             # A small batch runs in this thread alone: splitting its ops gains nothing,
             # and the other threads' shares wait for cores the fronts are using.
-            with serial_intra_op(not self.base.forward_splits(feature), blas=not alone):
+            # Split or not as the backbone chooses (by the recent cost of each way on
+            # this machine's load), and tell it what this one cost.
+            split = self.base.forward_splits(feature)
+            with serial_intra_op(not split, blas=not alone):
+                began = time.perf_counter()
                 out = self._encode(feature, adapters=adapters, grad=False, times=times)
                 heads = time.perf_counter()
+                self.base.forward_took(feature, split, heads - began)
                 decoded_groups = decode_groups([planned for _, planned in plan], out)
             copies = time.perf_counter()
             if times is not None:
