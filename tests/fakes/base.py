@@ -26,7 +26,7 @@ async def _thread_hop() -> None:
 
 class FakeBase:
     """What the Master and the workflows read of the resident base model:
-    ``num_camera_slots`` (``MasterService.compile``) and ``signature_for`` (manifests,
+    ``num_camera_slots`` (``SpecCompiler.compile``) and ``signature_for`` (manifests,
     evaluation tenants); the fake services also use ``model_id``."""
 
     model_id = FAKE_BASE_ID

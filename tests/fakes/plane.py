@@ -4,8 +4,8 @@ What is faked is only what is heavy; the rest is the real thing:
 
 * real: the Training Scheduler (SQLite in the run directory), the Training Queue (in
   memory), the workload store, the checkpoint layout and manifest
-  (:class:`~joynexus.models.payload.CheckpointManifest`, so the Master's own ledger
-  reads work), the rollout / evaluation loops of :mod:`joynexus.services.rollout`
+  (:class:`~joynexus.models.checkpoints.payload.CheckpointManifest`, so the Master's own
+  ledger reads work), the rollout / evaluation loops of :mod:`joynexus.services.rollout`
   (composed over the fake ``predict`` and the fake environment, exactly as the real
   Inference Model Service composes them), every workflow loop and the Master itself;
 * fake (one module each under :mod:`tests.fakes`, re-exported here): the resident

@@ -49,7 +49,7 @@ def test_a_full_disk_rolls_back_shows_the_fault_and_recovers_by_itself(
     server: FakeServer,
 ) -> None:
     m, training, inference = server.master, server.plane.training, server.plane.inference
-    wid = server.run(m.submit(rl_spec(A, target=100_000), A)).workload_id
+    wid = server.run(m.lifecycle.submit(rl_spec(A, target=100_000), A)).workload_id
 
     def jobs(state: JobState) -> list[str]:
         return [
@@ -69,7 +69,7 @@ def test_a_full_disk_rolls_back_shows_the_fault_and_recovers_by_itself(
     training.write_text = _enospc  # the disk is full from now on
     # More failed saves than the workload's failure budget (5): none counts against it.
     server.run_until(lambda: storage_failures() >= 8, what="saves failing")
-    st = m.status(A, wid)
+    st = m.reporter.status(A, wid)
     assert st.state is WorkloadState.RUNNING, st
     assert st.fault is not None and "checkpoint writes fail" in st.fault, st
     assert "No space left on device" in st.fault
@@ -89,14 +89,14 @@ def test_a_full_disk_rolls_back_shows_the_fault_and_recovers_by_itself(
         lambda: len(jobs(JobState.COMPLETED)) >= completed + 3, what="training resumed"
     )
     recovery_s = time.monotonic() - freed
-    st = m.status(A, wid)
+    st = m.reporter.status(A, wid)
     assert st.state is WorkloadState.RUNNING and st.fault is None, st
     assert jobs(JobState.DROPPED) == [], "jobs were dropped policy_stale"
     print(f"disk-full recovery: 3 jobs completed {recovery_s * 1000:.0f} ms after space returned")
     # The durability contract holds across the fault: the checkpoint holds exactly the
     # completed jobs' updates.
-    server.run(m.pause(A, wid))
-    server.run_until(lambda: m.status(A, wid).jobs_in_flight == 0, what="drained")
+    server.run(m.lifecycle.pause(A, wid))
+    server.run_until(lambda: m.reporter.status(A, wid).jobs_in_flight == 0, what="drained")
     ck = checkpointed_state(server.plane.output_root, A)
     assert ck is not None
     done = [

@@ -66,17 +66,17 @@ def server(tmp_path: Path) -> Iterator[FakeServer]:
 
 
 def _status(srv: FakeServer, wid: str, tenant: str = A) -> WorkloadStatus:
-    return srv.master.status(tenant, wid)
+    return srv.master.reporter.status(tenant, wid)
 
 
 def _submit(srv: FakeServer, tenant: str = A, **kw: Any) -> str:
-    st = srv.run(srv.master.submit(rl_spec(tenant, **kw), tenant))
+    st = srv.run(srv.master.lifecycle.submit(rl_spec(tenant, **kw), tenant))
     assert st.state is WorkloadState.STARTING
     return st.workload_id
 
 
 def _wait(srv: FakeServer, wid: str, tenant: str = A) -> WorkloadStatus:
-    st = srv.run(srv.master.wait(wid, timeout_s=10))
+    st = srv.run(srv.master.lifecycle.wait(wid, timeout_s=10))
     assert st.tenant_id == tenant
     return st
 
@@ -142,8 +142,8 @@ def test_a_fake_plane_takes_an_in_memory_workload_store(tmp_path: Path) -> None:
         store = InMemoryWorkloadStore()
         plane = open_fake_plane(tmp_path, store=store)
         master = await start_master(master_on(plane))
-        st = await master.submit(rl_spec(A, target=2), A)
-        done = await master.wait(st.workload_id, timeout_s=10)
+        st = await master.lifecycle.submit(rl_spec(A, target=2), A)
+        done = await master.lifecycle.wait(st.workload_id, timeout_s=10)
         assert done.state is WorkloadState.COMPLETED and done.jobs_completed == 2
         assert [r.state for r in store.load()] == [WorkloadState.COMPLETED]
         assert plane.inference.current_policy_version(A) == 2
@@ -176,7 +176,7 @@ def test_rl_workload_runs_to_its_completion_target(server: FakeServer, steps_per
     # Nothing is left behind: partitions cleared, session closed.
     assert fakes.queue.partitions() == []
     assert st.session_id in fakes.env.closed and fakes.env.open_sessions(A) == []
-    states = [r["state"] for r in server.master.metrics(A, wid, kind="lifecycle").records]
+    states = [r["state"] for r in server.master.reporter.metrics(A, wid, kind="lifecycle").records]
     assert states == ["running", "completed"]
 
 
@@ -197,7 +197,7 @@ def test_pause_stops_new_jobs_until_resume(server: FakeServer) -> None:
     server.plane.inference.rollout_delay_s = 0.005
     wid = _submit(server, target=6)
     server.run_until(lambda: _status(server, wid).jobs_completed >= 1, what="first job")
-    paused = server.run(server.master.pause(A, wid))
+    paused = server.run(server.master.lifecycle.pause(A, wid))
     assert paused.state is WorkloadState.PAUSED
     server.run_until(lambda: _status(server, wid).jobs_in_flight == 0, what="in-flight drain")
     reserved = len(_jobs(server, wid))
@@ -207,13 +207,13 @@ def test_pause_stops_new_jobs_until_resume(server: FakeServer) -> None:
     assert len(_jobs(server, wid)) == reserved, "a paused workload reserved a job"
     assert st.jobs_completed < 6
     with pytest.raises(ConflictError):
-        server.run(server.master.pause(A, wid))
-    assert server.run(server.master.resume(A, wid)).state is WorkloadState.RUNNING
+        server.run(server.master.lifecycle.pause(A, wid))
+    assert server.run(server.master.lifecycle.resume(A, wid)).state is WorkloadState.RUNNING
     with pytest.raises(ConflictError):
-        server.run(server.master.resume(A, wid))
+        server.run(server.master.lifecycle.resume(A, wid))
     done = _wait(server, wid)
     assert done.state is WorkloadState.COMPLETED and done.jobs_completed == 6
-    events = [r["state"] for r in server.master.metrics(A, wid, kind="lifecycle").records]
+    events = [r["state"] for r in server.master.reporter.metrics(A, wid, kind="lifecycle").records]
     assert events == ["running", "paused", "resumed", "completed"]
 
 
@@ -221,7 +221,7 @@ def test_cancel_releases_the_slot_and_is_final(server: FakeServer) -> None:
     server.plane.inference.rollout_delay_s = 0.005
     wid = _submit(server, target=50)
     server.run_until(lambda: _status(server, wid).jobs_completed >= 1, what="first job")
-    st = server.run(server.master.cancel(A, wid))
+    st = server.run(server.master.lifecycle.cancel(A, wid))
     assert st.state is WorkloadState.CANCELLED and st.finished_at is not None
     fakes = server.plane
     assert A not in fakes.training.tenant_ids() and A not in fakes.inference.tenant_ids()
@@ -231,9 +231,11 @@ def test_cancel_releases_the_slot_and_is_final(server: FakeServer) -> None:
     assert {j.terminal_reason for j in jobs if j.state is JobState.FAILED} <= {CANCELLED_REASON}
     server.sleep(0.05)
     assert len(_jobs(server, wid)) == len(jobs), "a cancelled workload reserved a job"
-    again = server.run(server.master.cancel(A, wid))  # a finished workload is left as it is
+    again = server.run(
+        server.master.lifecycle.cancel(A, wid)
+    )  # a finished workload is left as it is
     assert again.state is WorkloadState.CANCELLED and again.finished_at == st.finished_at
-    for op in (server.master.pause, server.master.resume):
+    for op in (server.master.lifecycle.pause, server.master.lifecycle.resume):
         with pytest.raises(ConflictError):
             server.run(op(A, wid))
     # The tenant may start over; it resumes from its checkpoint, never below it.
@@ -248,34 +250,34 @@ def test_illegal_transitions_raise_the_documented_errors(server: FakeServer) -> 
     m = server.master
 
     async def submit_then_pause() -> str:
-        st = await m.submit(rl_spec(A, target=2), A)
+        st = await m.lifecycle.submit(rl_spec(A, target=2), A)
         with pytest.raises(ConflictError, match="cannot be paused"):  # still starting
-            await m.pause(A, st.workload_id)
+            await m.lifecycle.pause(A, st.workload_id)
         return st.workload_id
 
     wid = server.run(submit_then_pause())
     with pytest.raises(ConflictError, match="already runs trainable workload"):
-        server.run(m.submit(rl_spec(A), A))
+        server.run(m.lifecycle.submit(rl_spec(A), A))
     with pytest.raises(PermissionDeniedError):
-        server.run(m.submit(rl_spec(A), "bob"))
+        server.run(m.lifecycle.submit(rl_spec(A), "bob"))
     # Another tenant's workload answers like an unknown one (ids are no oracle).
-    for op in (m.pause, m.resume, m.cancel):
+    for op in (m.lifecycle.pause, m.lifecycle.resume, m.lifecycle.cancel):
         with pytest.raises(NotFoundError):
             server.run(op("bob", wid))
         with pytest.raises(NotFoundError):
             server.run(op(A, "wl-404-none"))
     with pytest.raises(NotFoundError):
-        m.status("bob", wid)
+        m.reporter.status("bob", wid)
     assert _status(server, wid).state is not WorkloadState.CANCELLED  # bob changed nothing
     server.run_until(lambda: _status(server, wid).state is not WorkloadState.STARTING)
     with pytest.raises(ConflictError, match="not paused"):
-        server.run(m.resume(A, wid))
+        server.run(m.lifecycle.resume(A, wid))
     done = _wait(server, wid)
     assert done.state is WorkloadState.COMPLETED
-    for op in (m.pause, m.resume):
+    for op in (m.lifecycle.pause, m.lifecycle.resume):
         with pytest.raises(ConflictError):
             server.run(op(A, wid))
-    assert server.run(m.cancel(A, wid)).state is WorkloadState.COMPLETED  # left as it is
+    assert server.run(m.lifecycle.cancel(A, wid)).state is WorkloadState.COMPLETED  # left as it is
 
 
 # ------------------------------------------------------------------------- restarts
@@ -292,7 +294,7 @@ def test_a_restarted_master_resumes_and_completes_the_workload(
     before = _status(server, wid)
     served_before = max(server.plane.inference.published[A])
     server.restart(kill=kill)
-    assert wid in server.master.workload_ids()  # the restart lost nothing
+    assert wid in server.master.reporter.workload_ids()  # the restart lost nothing
     done = _wait(server, wid)
     assert done.state is WorkloadState.COMPLETED, done
     assert done.restarts == 1 and done.jobs_completed == 5 == done.jobs_target
@@ -305,7 +307,7 @@ def test_a_restarted_master_resumes_and_completes_the_workload(
     failed = _jobs(server, wid, JobState.FAILED)
     assert {j.terminal_reason for j in failed} <= {RESTARTED_REASON, CANCELLED_REASON}
     _assert_weights_hold_exactly_the_completed_jobs(server)
-    events = [r["state"] for r in server.master.metrics(A, wid, kind="lifecycle").records]
+    events = [r["state"] for r in server.master.reporter.metrics(A, wid, kind="lifecycle").records]
     assert events == ["running", "resumed_after_restart", "running", "completed"]
 
 
@@ -345,9 +347,9 @@ def test_paused_stays_paused_and_ended_stays_ended_after_restart(
     paused_wid = _submit(server, A, target=50)
     assert _wait(server, done_wid, "bob").state is WorkloadState.COMPLETED
     server.run_until(lambda: _status(server, paused_wid).jobs_completed >= 1)
-    server.run(m.pause(A, paused_wid))
+    server.run(m.lifecycle.pause(A, paused_wid))
     server.run_until(lambda: _status(server, cancelled_wid, "carol").jobs_completed >= 1)
-    server.run(m.cancel("carol", cancelled_wid))
+    server.run(m.lifecycle.cancel("carol", cancelled_wid))
     server.run_until(lambda: _status(server, paused_wid).jobs_in_flight == 0)
     paused_jobs = len(_jobs(server, paused_wid))
     ended = {w: _status(server, w, t) for w, t in ((done_wid, "bob"), (cancelled_wid, "carol"))}
@@ -370,7 +372,7 @@ def test_paused_stays_paused_and_ended_stays_ended_after_restart(
     # The completed tenant's last policy is served again; the cancelled one's is not.
     assert server.plane.inference.current_policy_version("bob") == ended[done_wid].policy_version
     assert "carol" not in server.plane.inference.tenant_ids()
-    assert server.run(m.resume(A, paused_wid)).state is WorkloadState.RUNNING
+    assert server.run(m.lifecycle.resume(A, paused_wid)).state is WorkloadState.RUNNING
     assert _wait(server, paused_wid).jobs_completed == 50
 
 
@@ -385,17 +387,17 @@ def test_fail_live_ends_live_workloads_failed_with_the_reason(
     running_wid = _submit(server, A, target=50)
     paused_wid = _submit(server, "carol", target=50)
     server.run_until(lambda: _status(server, paused_wid, "carol").jobs_completed >= 1)
-    server.run(m.pause("carol", paused_wid))
+    server.run(m.lifecycle.pause("carol", paused_wid))
     server.run_until(lambda: _status(server, running_wid).state is WorkloadState.RUNNING)
 
     reason = "training role: recovery budget spent (3 restarts in 60 s)"
-    ended = server.run(m.fail_live(reason))
+    ended = server.run(m.supervisor.fail_live(reason))
     assert sorted(ended) == sorted([running_wid, paused_wid])
     for w, t in ((running_wid, A), (paused_wid, "carol")):
         st = _status(server, w, t)
         assert (st.state, st.error, st.jobs_in_flight) == (WorkloadState.FAILED, reason, 0)
     assert _status(server, done_wid, "bob").state is WorkloadState.COMPLETED
-    assert server.run(m.fail_live("again")) == []  # nothing live is left
+    assert server.run(m.supervisor.fail_live("again")) == []  # nothing live is left
     jobs = len(_jobs(server, running_wid))
     server.sleep(0.03)
     assert len(_jobs(server, running_wid)) == jobs, "a failed workload reserved a job"
@@ -425,7 +427,7 @@ def test_restart_training_rebuilds_the_slot_from_its_checkpoint(server: FakeServ
     server.plane.inference.rollout_delay_s = 0.002
     wid = _submit(server, target=6)
     server.run_until(lambda: _status(server, wid).jobs_completed >= 2)
-    server.run(server.master.restart_training())
+    server.run(server.master.recovery.restart_training())
     done = _wait(server, wid)
     assert done.state is WorkloadState.COMPLETED and done.jobs_completed == 6
     failed = _jobs(server, wid, JobState.FAILED)
@@ -450,7 +452,7 @@ def test_jobs_caught_before_a_recreated_role_is_rebuilt_are_not_the_workloads_fa
         srv.plane.training.lose_slots()
         srv.sleep(0.5)  # the actor leases and meets the missing slot before the restart
         assert _status(srv, wid).state is WorkloadState.RUNNING
-        srv.run(srv.master.restart_training())
+        srv.run(srv.master.recovery.restart_training())
         done = _wait(srv, wid)
         assert done.state is WorkloadState.COMPLETED and done.jobs_completed == 6
         failed = _jobs(srv, wid, JobState.FAILED)
@@ -496,7 +498,7 @@ def test_a_role_lost_after_the_checkpoint_keeps_the_update_counted(server: FakeS
     server.plane.training.on_saved = die_after_the_second
     wid = _submit(server, target=4)
     server.run_until(lambda: saves >= 2)
-    server.run(server.master.restart_training())
+    server.run(server.master.recovery.restart_training())
     done = _wait(server, wid)
     assert done.state is WorkloadState.COMPLETED and done.jobs_completed == 4
     assert lost[0] in {j.job_id for j in _jobs(server, wid, JobState.COMPLETED)}
@@ -539,7 +541,7 @@ def test_watchdog_flags_a_workload_without_progress(tmp_path: Path) -> None:
         wid = _submit(srv, target=2)
         srv.run_until(lambda: _status(srv, wid).stalled is not None, what="stalled")
         assert _status(srv, wid).state is WorkloadState.RUNNING
-        assert srv.master.degraded() and wid in srv.master.degraded()[0]
+        assert srv.master.reporter.degraded() and wid in srv.master.reporter.degraded()[0]
         # A suite evaluation's finished task is progress too (minutes pass between
         # evaluation runs).
         w = srv.master.book.workloads[wid]
@@ -557,18 +559,18 @@ def test_watchdog_flags_a_workload_without_progress(tmp_path: Path) -> None:
 def test_evaluation_reads_the_trained_policy(server: FakeServer) -> None:
     wid = _submit(server, target=2)
     trained = _wait(server, wid)
-    st = server.run(server.master.submit(eval_spec(A, [A], runs=2), A))
+    st = server.run(server.master.lifecycle.submit(eval_spec(A, [A], runs=2), A))
     done = _wait(server, st.workload_id)
     assert done.state is WorkloadState.COMPLETED, done
     assert done.eval_runs_completed == done.eval_runs_target == 2
-    runs = server.master.metrics(A, st.workload_id, kind="eval").records
+    runs = server.master.reporter.metrics(A, st.workload_id, kind="eval").records
     assert [r["version"] for r in runs] == [trained.policy_version] * 2
     assert server.plane.training.policy_version(A) == trained.policy_version  # read-only
 
 
 def test_custom_workload_updates_are_checkpointed_and_survive_a_kill(server: FakeServer) -> None:
     m = server.master
-    st = server.run(m.submit(custom_spec(A), A))
+    st = server.run(m.lifecycle.submit(custom_spec(A), A))
     server.run_until(lambda: _status(server, st.workload_id).state is WorkloadState.RUNNING)
     obs = ObservationBatch(
         cameras={"top": np.zeros((2, 8, 8, 3), np.uint8)},
@@ -582,7 +584,7 @@ def test_custom_workload_updates_are_checkpointed_and_survive_a_kill(server: Fak
     server.restart(kill=True)
     server.run_until(lambda: _status(server, st.workload_id).state is WorkloadState.RUNNING)
     assert server.plane.training.policy_version(A) == 2  # resumed from the checkpoint
-    cancelled = server.run(server.master.cancel(A, st.workload_id))
+    cancelled = server.run(server.master.lifecycle.cancel(A, st.workload_id))
     assert cancelled.state is WorkloadState.CANCELLED
     assert A not in server.plane.training.tenant_ids()
 
@@ -649,7 +651,7 @@ def test_paused_stays_paused_across_a_restart_during_recovery(
 ) -> None:
     wid = _submit(server, target=50)
     server.run_until(lambda: _status(server, wid).jobs_completed >= 1)
-    server.run(server.master.pause(A, wid))
+    server.run(server.master.lifecycle.pause(A, wid))
     server.restart(kill=False)  # recovery starts: the workload is 'starting' again ...
     server.restart(kill=kill)  # ... and the service goes down again before it settled
     server.run_until(lambda: _status(server, wid).state is not WorkloadState.STARTING)
@@ -683,7 +685,7 @@ def test_cancelling_a_tenant_mid_training_never_fails_another_tenants_job(
     server.run_until(lambda: len(bob_jobs) == 2, what="bob's second job trains")
     (alice_job,) = _jobs(server, alice)
     assert alice_job.state is JobState.LEASED  # leased in the same group, trained after it
-    assert server.run(server.master.cancel("bob", bob)).state is WorkloadState.CANCELLED
+    assert server.run(server.master.lifecycle.cancel("bob", bob)).state is WorkloadState.CANCELLED
     server.process.loop.call_soon(second_released.set)
     done = _wait(server, alice)
     assert done.state is WorkloadState.COMPLETED

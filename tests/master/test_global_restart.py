@@ -58,10 +58,13 @@ def test_a_global_restart_resumes_every_live_workload_then_fails_past_its_budget
 
     health.register("coordinator", cannot_restart, probe=probe, shared=True)
     health.on_global_restart = on_global_restart
-    ids = {t: server.run(m.submit(rl_spec(t, target=100_000), t)).workload_id for t in TENANTS}
+    ids = {
+        t: server.run(m.lifecycle.submit(rl_spec(t, target=100_000), t)).workload_id
+        for t in TENANTS
+    }
 
     def completed(tenant: str) -> int:
-        return m.status(tenant, ids[tenant]).jobs_completed
+        return m.reporter.status(tenant, ids[tenant]).jobs_completed
 
     for t in TENANTS:
         server.run_until(lambda t=t: completed(t) >= 2, what=f"{t} trained")
@@ -71,7 +74,7 @@ def test_a_global_restart_resumes_every_live_workload_then_fails_past_its_budget
     server.run(health.check())
     assert rebuilds == ["rebuilt"] and health.escalated is None
     for t in TENANTS:
-        st = m.status(t, ids[t])
+        st = m.reporter.status(t, ids[t])
         assert not st.state.is_terminal and st.error is None and st.restarts == 1, st
         # Resumed from its checkpoint, and trains on.
         server.run_until(lambda t=t: completed(t) >= before[t] + 2, what=f"{t} resumed")
@@ -83,7 +86,7 @@ def test_a_global_restart_resumes_every_live_workload_then_fails_past_its_budget
     broken[0] = True
     server.run(health.check())
     for t in TENANTS:
-        st = m.status(t, ids[t])
+        st = m.reporter.status(t, ids[t])
         assert st.state is WorkloadState.FAILED, st
         assert st.error is not None and st.error.startswith("global_restart:"), st.error
         assert "coordinator" in st.error and "restarts spent" in st.error
@@ -94,13 +97,13 @@ def test_a_global_restart_resumes_every_live_workload_then_fails_past_its_budget
 
     # An operator resumes one of them once the cause is fixed; the other stays failed.
     done = completed("alice")
-    st = server.run(m.resume("alice", ids["alice"]))
+    st = server.run(m.lifecycle.resume("alice", ids["alice"]))
     assert st.state is WorkloadState.STARTING and st.error is None and st.restarts == 2
     server.run_until(lambda: completed("alice") >= done + 2, what="alice resumed by operator")
-    assert m.status("alice", ids["alice"]).state is WorkloadState.RUNNING
-    assert m.status("bob", ids["bob"]).state is WorkloadState.FAILED
+    assert m.reporter.status("alice", ids["alice"]).state is WorkloadState.RUNNING
+    assert m.reporter.status("bob", ids["bob"]).state is WorkloadState.FAILED
     # Only a workload the service failed is resumable: a cancelled one is not.
-    server.run(m.cancel("alice", ids["alice"]))
+    server.run(m.lifecycle.cancel("alice", ids["alice"]))
     with pytest.raises(ConflictError, match="not paused"):
-        server.run(m.resume("alice", ids["alice"]))
+        server.run(m.lifecycle.resume("alice", ids["alice"]))
     assert not server.plane.scheduler.list_jobs(tenant_id="alice", state=JobState.LEASED)

@@ -23,12 +23,12 @@ def test_restart_failed_jobs_are_not_counted_as_failed(tmp_path: Path) -> None:
     srv = FakeServer(tmp_path, max_failures=2)
     try:
         srv.plane.inference.rollout_delay_s = 0.002
-        wid = srv.run(srv.master.submit(rl_spec(A, target=6), A)).workload_id
-        srv.run_until(lambda: srv.master.status(A, wid).jobs_completed >= 2)
+        wid = srv.run(srv.master.lifecycle.submit(rl_spec(A, target=6), A)).workload_id
+        srv.run_until(lambda: srv.master.reporter.status(A, wid).jobs_completed >= 2)
         srv.plane.training.lose_slots()
         srv.sleep(0.5)  # the actor leases and meets the missing slot before the restart
-        srv.run(srv.master.restart_training())
-        done = srv.run(srv.master.wait(wid, timeout_s=10))
+        srv.run(srv.master.recovery.restart_training())
+        done = srv.run(srv.master.lifecycle.wait(wid, timeout_s=10))
         failed = [
             j
             for j in srv.plane.scheduler.list_jobs(state=JobState.FAILED)

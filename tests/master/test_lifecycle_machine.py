@@ -119,7 +119,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         return self.srv.run(coro, timeout_s=20)
 
     def _status(self, wid: str) -> WorkloadStatus:
-        return self.srv.master.status(self.tracked[wid].tenant, wid)
+        return self.srv.master.reporter.status(self.tracked[wid].tenant, wid)
 
     def _call(
         self, wid: str, op: Callable[[str, str], Coroutine[Any, Any, WorkloadStatus]]
@@ -128,7 +128,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         tenant = self.tracked[wid].tenant
 
         async def call() -> tuple[WorkloadState, WorkloadStatus | None, JoyNexusError | None]:
-            before = self.srv.master.status(tenant, wid).state
+            before = self.srv.master.reporter.status(tenant, wid).state
             try:
                 return before, await op(tenant, wid), None
             except JoyNexusError as error:
@@ -152,12 +152,12 @@ class LifecycleMachine(RuleBasedStateMachine):
 
         async def call() -> tuple[WorkloadStatus | None, JoyNexusError | None, list[str]]:
             try:
-                st_ = await master.submit(rl_spec(tenant, target=target_jobs), tenant)
+                st_ = await master.lifecycle.submit(rl_spec(tenant, target=target_jobs), tenant)
                 error = None
             except JoyNexusError as exc:
                 st_, error = None, exc
             # submit decided after its last suspension: these are the states it saw.
-            live = [w for w in mine if not master.status(tenant, w).state.is_terminal]
+            live = [w for w in mine if not master.reporter.status(tenant, w).state.is_terminal]
             return st_, error, live
 
         status, error, live = self._run(call())
@@ -178,7 +178,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.history.append(f"pause(wid={wid!r})")
         if wid.startswith(REFUSED):
             return
-        before, status, error = self._call(wid, self.srv.master.pause)
+        before, status, error = self._call(wid, self.srv.master.lifecycle.pause)
         if before is S.RUNNING:
             assert error is None, error
             assert status is not None and status.state is S.PAUSED
@@ -191,7 +191,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.history.append(f"resume(wid={wid!r})")
         if wid.startswith(REFUSED):
             return
-        before, status, error = self._call(wid, self.srv.master.resume)
+        before, status, error = self._call(wid, self.srv.master.lifecycle.resume)
         if before is S.PAUSED:
             assert error is None, error
             assert status is not None and status.state is S.RUNNING
@@ -204,7 +204,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.history.append(f"cancel(wid={wid!r})")
         if wid.startswith(REFUSED):
             return
-        before, status, error = self._call(wid, self.srv.master.cancel)
+        before, status, error = self._call(wid, self.srv.master.lifecycle.cancel)
         assert error is None, error
         assert status is not None
         if before.is_terminal:
@@ -223,14 +223,14 @@ class LifecycleMachine(RuleBasedStateMachine):
         master = self.srv.master
         # Another tenant's workload answers like an unknown one (ids are no oracle).
         for tenant, workload in ((other, wid), (self.tracked[wid].tenant, "wl-0-unknown")):
-            for op in (master.pause, master.resume, master.cancel):
+            for op in (master.lifecycle.pause, master.lifecycle.resume, master.lifecycle.cancel):
                 try:
                     self._run(op(tenant, workload))
                 except NotFoundError:
                     continue
                 raise AssertionError(f"{op.__name__}({tenant!r}, {workload!r}) was not refused")
         try:
-            self._run(master.submit(rl_spec(self.tracked[wid].tenant), other))
+            self._run(master.lifecycle.submit(rl_spec(self.tracked[wid].tenant), other))
         except PermissionDeniedError:
             pass
         else:
@@ -263,7 +263,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
         async def call() -> tuple[list[str], list[str]]:
             live = [w for w, t in self.tracked.items() if not self._status(w).state.is_terminal]
-            return live, await master.fail_live(reason)
+            return live, await master.supervisor.fail_live(reason)
 
         live, ended = self._run(call())
         assert sorted(ended) == sorted(live)
@@ -293,7 +293,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @invariant()
     @_explained
     def nothing_is_lost(self) -> None:
-        ids = set(self.srv.master.workload_ids())
+        ids = set(self.srv.master.reporter.workload_ids())
         assert set(self.tracked) <= ids, set(self.tracked) - ids
         stored = {r.workload_id for r in self.srv.plane.store.load()}
         assert set(self.tracked) <= stored

@@ -36,14 +36,17 @@ def test_a_schema_the_checkpoint_cannot_serve_is_a_spec_error(
 ) -> None:
     master = make_live(tmp_path, tiny_pi0).master
     assert (
-        master.compile(parse_spec(_custom(tiny_pi0, action_dim=7)), "alice").schema.action_dim == 7
+        master.compiler.compile(
+            parse_spec(_custom(tiny_pi0, action_dim=7)), "alice"
+        ).schema.action_dim
+        == 7
     )
     with pytest.raises(SpecError, match="max_action_dim of 32") as wide:
-        master.compile(parse_spec(_custom(tiny_pi0, action_dim=33)), "alice")
+        master.compiler.compile(parse_spec(_custom(tiny_pi0, action_dim=33)), "alice")
     assert wide.value.http_status == 422
     assert wide.value.details["fields"] == ["schema.action_dim"]
     with pytest.raises(SpecError, match="chunk_size of 16") as long:
-        master.compile(parse_spec(_custom(tiny_pi0, action_chunk=17)), "alice")
+        master.compiler.compile(parse_spec(_custom(tiny_pi0, action_chunk=17)), "alice")
     assert long.value.details["fields"] == ["schema.action_chunk"]
 
 
@@ -53,4 +56,4 @@ def test_a_pi0_expert_on_another_base_is_a_spec_error(
 ) -> None:
     master = make_live(tmp_path, tiny_model).master
     with pytest.raises(SpecError, match="needs a π0 base model"):
-        master.compile(parse_spec(_custom(tiny_model)), "alice")
+        master.compiler.compile(parse_spec(_custom(tiny_model)), "alice")

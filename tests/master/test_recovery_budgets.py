@@ -64,18 +64,19 @@ def test_one_tenants_spent_budget_fails_only_its_workload(server: FakeServer) ->
 
     async def global_restart(reason: str) -> None:  # what MasterHost wires
         escalations.append(reason)
-        await m.fail_live(f"global_restart: {reason}")
+        await m.supervisor.fail_live(f"global_restart: {reason}")
 
     health.on_global_restart = global_restart
     SessionRecovery(
-        env, m.session_holders, health, on_exhausted=m.supervisor.fail_holder
+        env, m.reporter.session_holders, health, on_exhausted=m.supervisor.fail_holder
     ).register()
     ids = {
-        t: server.run(m.submit(rl_spec(t, target=100_000), t)).workload_id for t in ("alice", "bob")
+        t: server.run(m.lifecycle.submit(rl_spec(t, target=100_000), t)).workload_id
+        for t in ("alice", "bob")
     }
 
     def session(tenant: str) -> str | None:
-        t = m.tenant_of(ids[tenant])
+        t = m.reporter.tenant_of(ids[tenant])
         return None if t is None else t.session_id
 
     def crash_and_check(tenant: str) -> str:
@@ -90,17 +91,17 @@ def test_one_tenants_spent_budget_fails_only_its_workload(server: FakeServer) ->
     bob_session = session("bob")
     # Alice's simulator dies BUDGET times: recreated each time (a new session id).
     alice_sessions = [crash_and_check("alice") for _ in range(BUDGET)]
-    assert m.status("alice", ids["alice"]).state is WorkloadState.RUNNING
+    assert m.reporter.status("alice", ids["alice"]).state is WorkloadState.RUNNING
     # Once more within the window: her budget is spent — her workload alone fails.
     last = crash_and_check("alice")
-    alice = m.status("alice", ids["alice"])
+    alice = m.reporter.status("alice", ids["alice"])
     assert alice.state is WorkloadState.FAILED, alice
     assert alice.error is not None and "recovery budget spent" in alice.error
     assert last in alice.error
     for foreign in ("bob", ids["bob"], str(bob_session)):
         assert foreign not in alice.error, alice.error
     assert escalations == [] and health.escalated is None
-    assert m.status("bob", ids["bob"]).state is WorkloadState.RUNNING
+    assert m.reporter.status("bob", ids["bob"]).state is WorkloadState.RUNNING
     assert last not in alice_sessions
 
     # Bob's budget is his own and refills as the window slides.
@@ -109,7 +110,7 @@ def test_one_tenants_spent_budget_fails_only_its_workload(server: FakeServer) ->
     clock.advance(WINDOW_S + 1)
     crash_and_check("bob")
     crash_and_check("bob")
-    bob = m.status("bob", ids["bob"])
+    bob = m.reporter.status("bob", ids["bob"])
     assert bob.state is WorkloadState.RUNNING, bob
     server.run_until(lambda: session("bob") is not None, what="bob's session is recreated")
-    assert m.status("bob", ids["bob"]).error is None
+    assert m.reporter.status("bob", ids["bob"]).error is None

@@ -40,15 +40,15 @@ def test_tenant_creator_validates_and_signs_deterministically(
     roots = [tenant_dataset_root(tmp_path / "datasets", reach_demos, "alice")]
     srv = make_live(tmp_path, tiny_model, limits=MasterLimits(dataset_roots=roots))
     master = srv.master
-    a = master.compile(parse_spec(reach_rl("alice", tiny_model)), "alice")
-    b = master.compile(parse_spec(reach_custom("alice", tiny_model)), "alice")
+    a = master.compiler.compile(parse_spec(reach_rl("alice", tiny_model)), "alice")
+    b = master.compiler.compile(parse_spec(reach_custom("alice", tiny_model)), "alice")
     sig = master.base.signature_for(a.schema)
     assert sig == master.base.signature_for(b.schema)  # same interface, same signature
     assert a.spec.output_dir == tmp_path / "outputs"  # the server decides where outputs go
     assert a.admission is not None and a.admission.completion_target == 2
 
     with pytest.raises(PermissionDeniedError):
-        master.compile(parse_spec(reach_rl("bob", tiny_model)), "alice")
+        master.compiler.compile(parse_spec(reach_rl("bob", tiny_model)), "alice")
     ev = parse_spec(
         {
             "tenant": "alice",
@@ -59,12 +59,12 @@ def test_tenant_creator_validates_and_signs_deterministically(
         }
     )
     with pytest.raises(PermissionDeniedError, match="other tenants"):
-        master.compile(ev, "alice")
+        master.compiler.compile(ev, "alice")
     own = ev.model_copy(
         update={"evaluation": ev.evaluation.model_copy(update={"targets": ["alice"]})}
     )  # type: ignore[union-attr]
     with pytest.raises(SpecError, match="no policy to evaluate"):
-        master.compile(own, "alice")  # no policy yet
+        master.compiler.compile(own, "alice")  # no policy yet
 
 
 def test_lifecycle_sft_then_eval_of_the_same_policy(
@@ -79,14 +79,16 @@ def test_lifecycle_sft_then_eval_of_the_same_policy(
         srv = make_live(tmp_path, tiny_model, limits=MasterLimits(dataset_roots=roots))
         master = srv.master
         async with srv.app.router.lifespan_context(srv.app):
-            st = await master.submit(
+            st = await master.lifecycle.submit(
                 parse_spec(reach_sft("alice", tiny_model, Path(reach_demos.name))), "alice"
             )
             with pytest.raises(ConflictError):
-                await master.submit(parse_spec(reach_custom("alice", tiny_model)), "alice")
-            while not master.status("alice", st.workload_id).state.is_terminal:
+                await master.lifecycle.submit(
+                    parse_spec(reach_custom("alice", tiny_model)), "alice"
+                )
+            while not master.reporter.status("alice", st.workload_id).state.is_terminal:
                 await asyncio.sleep(0.05)
-            done = master.status("alice", st.workload_id)
+            done = master.reporter.status("alice", st.workload_id)
             assert done.state is WorkloadState.COMPLETED and done.jobs_completed >= 2
             ev = parse_spec(
                 {
@@ -97,16 +99,16 @@ def test_lifecycle_sft_then_eval_of_the_same_policy(
                     "evaluation": {"targets": ["alice"], "episodes": 1, "interval_s": 0.01},
                 }
             )
-            est = await master.submit(ev, "alice")
-            while not master.status("alice", est.workload_id).state.is_terminal:
+            est = await master.lifecycle.submit(ev, "alice")
+            while not master.reporter.status("alice", est.workload_id).state.is_terminal:
                 await asyncio.sleep(0.05)
-            final = master.status("alice", est.workload_id)
+            final = master.reporter.status("alice", est.workload_id)
             assert final.state is WorkloadState.COMPLETED, final
             assert final.eval_runs_completed == final.eval_runs_target == 1
-            runs = master.metrics("alice", est.workload_id, kind="eval").records
+            runs = master.reporter.metrics("alice", est.workload_id, kind="eval").records
             assert runs[0]["version"] == done.policy_version  # it read the trained policy
             with pytest.raises(NotFoundError):  # like an unknown id: no oracle
-                master.status("bob", est.workload_id)
+                master.reporter.status("bob", est.workload_id)
 
     asyncio.run(main())
 
@@ -119,3 +121,12 @@ def test_the_master_repeats_none_of_its_model_primitives() -> None:
     calls = {n for n in vars(ModelPrimitives) if not n.startswith("_")}
     assert {"predict", "train_batch", "rollout", "require_slot"} <= calls
     assert calls.isdisjoint(vars(MasterService)), calls & set(vars(MasterService))
+
+
+def test_the_master_keeps_no_delegate_methods() -> None:
+    """Each call is written once, on the part that answers it (``master.lifecycle``,
+    ``master.reporter``, ...): the Master's own public methods are its lifetime only."""
+    from joynexus.master.service import MasterService
+
+    public = {n for n in vars(MasterService) if not n.startswith("_")}
+    assert public == {"start", "aclose"}, public

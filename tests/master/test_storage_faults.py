@@ -53,8 +53,8 @@ def _jobs(server: FakeServer, wid: str, state: JobState, tenant: str = A) -> lis
 def _assert_committed_jobs_are_the_checkpoint(server: FakeServer, wid: str) -> None:
     """Pause, drain, and compare: the checkpoint holds exactly the completed jobs."""
     m = server.master
-    server.run(m.pause(A, wid))
-    server.run_until(lambda: m.status(A, wid).jobs_in_flight == 0, what="drained")
+    server.run(m.lifecycle.pause(A, wid))
+    server.run_until(lambda: m.reporter.status(A, wid).jobs_in_flight == 0, what="drained")
     ck = checkpointed_state(server.plane.output_root, A)
     assert ck is not None
     done = [j.job_id for j in _jobs(server, wid, JobState.COMPLETED) if j.task_type is TaskType.RL]
@@ -66,7 +66,7 @@ def test_a_checkpoint_write_failing_full_shows_fault_and_resumes(
     server: FakeServer, source: str
 ) -> None:
     m, training = server.master, server.plane.training
-    wid = server.run(m.submit(rl_spec(A, target=100_000), A)).workload_id
+    wid = server.run(m.lifecycle.submit(rl_spec(A, target=100_000), A)).workload_id
     server.run_until(lambda: len(_jobs(server, wid, JobState.COMPLETED)) >= 2, what="2 done")
 
     def full(path: Path, text: str) -> object:
@@ -84,7 +84,7 @@ def test_a_checkpoint_write_failing_full_shows_fault_and_resumes(
         ),
         what="saves failing storage_full",
     )
-    st = m.status(A, wid)
+    st = m.reporter.status(A, wid)
     assert st.state is WorkloadState.RUNNING and st.jobs_failed == 0, st
     assert st.fault is not None and "checkpoint writes fail" in st.fault, st
 
@@ -93,7 +93,7 @@ def test_a_checkpoint_write_failing_full_shows_fault_and_resumes(
     server.run_until(
         lambda: len(_jobs(server, wid, JobState.COMPLETED)) >= completed + 3, what="resumed"
     )
-    st = m.status(A, wid)
+    st = m.reporter.status(A, wid)
     assert st.state is WorkloadState.RUNNING and st.fault is None and st.jobs_failed == 0, st
     _assert_committed_jobs_are_the_checkpoint(server, wid)
 
@@ -137,20 +137,20 @@ def test_a_full_disk_under_every_store_loses_no_job_and_fails_nothing(
     it was leased again without its partition (``partition_not_found``) and the
     workload ended ``failed``. Now its end waits for the disk."""
     m = server.master
-    wid = server.run(m.submit(rl_spec(A, target=100_000), A)).workload_id
+    wid = server.run(m.lifecycle.submit(rl_spec(A, target=100_000), A)).workload_id
     server.run_until(lambda: len(_jobs(server, wid, JobState.COMPLETED)) >= 2, what="2 done")
     switch = _FullSwitch(server)
     switch.full = True
     server.run_until(lambda: switch.refused >= 20, what="writes refused")
-    server.run_until(lambda: m.status(A, wid).fault is not None, what="fault shown")
-    assert m.status(A, wid).state is WorkloadState.RUNNING
+    server.run_until(lambda: m.reporter.status(A, wid).fault is not None, what="fault shown")
+    assert m.reporter.status(A, wid).state is WorkloadState.RUNNING
     server.sleep(0.3)  # the loops keep trying meanwhile
     switch.full = False  # space is freed
     completed = len(_jobs(server, wid, JobState.COMPLETED))
     server.run_until(
         lambda: len(_jobs(server, wid, JobState.COMPLETED)) >= completed + 3, what="resumed"
     )
-    st = m.status(A, wid)
+    st = m.reporter.status(A, wid)
     assert st.state is WorkloadState.RUNNING and st.fault is None, st
     counted = [
         j.terminal_reason
@@ -171,9 +171,11 @@ def test_retention_keeps_exactly_keep_last(server: FakeServer) -> None:
             )
         }
     )
-    wid = server.run(m.submit(spec, A)).workload_id
+    wid = server.run(m.lifecycle.submit(spec, A)).workload_id
     server.run_until(
-        lambda: m.status(A, wid).state is WorkloadState.COMPLETED, what="completed", timeout_s=20
+        lambda: m.reporter.status(A, wid).state is WorkloadState.COMPLETED,
+        what="completed",
+        timeout_s=20,
     )
     steps = sorted(p.name for p in (server.plane.output_root / A).glob("step_*"))
     assert len(steps) == 2, steps
@@ -187,21 +189,23 @@ def test_a_tenant_past_its_disk_quota_waits_and_the_other_trains_on(
     m = server.master
     limits: dict[str, int | None] = {A: None, B: None}
     m.disk.limit_of = limits.get
-    wa = server.run(m.submit(rl_spec(A, target=100_000), A)).workload_id
-    wb = server.run(m.submit(rl_spec(B, target=100_000), B)).workload_id
+    wa = server.run(m.lifecycle.submit(rl_spec(A, target=100_000), A)).workload_id
+    wb = server.run(m.lifecycle.submit(rl_spec(B, target=100_000), B)).workload_id
     server.run_until(lambda: len(_jobs(server, wa, JobState.COMPLETED)) >= 2, what="A ran")
     limits[A] = 1  # alice is past her quota from now on
-    server.run_until(lambda: (m.status(A, wa).fault or "").find("disk quota") >= 0, what="fault")
+    server.run_until(
+        lambda: (m.reporter.status(A, wa).fault or "").find("disk quota") >= 0, what="fault"
+    )
     b_done = len(_jobs(server, wb, JobState.COMPLETED, B))
     server.run_until(
         lambda: len(_jobs(server, wb, JobState.COMPLETED, B)) >= b_done + 3, what="bob trains on"
     )
-    assert m.status(B, wb).fault is None
-    st = m.status(A, wa)
+    assert m.reporter.status(B, wb).fault is None
+    st = m.reporter.status(A, wa)
     assert st.state is WorkloadState.RUNNING and st.jobs_failed == 0, st
     limits[A] = None  # an operator raised the quota
     a_done = len(_jobs(server, wa, JobState.COMPLETED))
     server.run_until(
         lambda: len(_jobs(server, wa, JobState.COMPLETED)) >= a_done + 3, what="alice resumed"
     )
-    assert m.status(A, wa).fault is None
+    assert m.reporter.status(A, wa).fault is None

@@ -155,7 +155,7 @@ def test_a_failed_or_missing_lookup_creates_nothing(root: Path, tmp_path: Path) 
 def test_submit_resolves_in_the_tenants_folder_and_answers_in_its_terms(
     server: FakeServer, root: Path, tmp_path: Path
 ) -> None:
-    compiled = server.master.compile(_sft("alice", "reach2d"), "alice")
+    compiled = server.master.compiler.compile(_sft("alice", "reach2d"), "alice")
     assert compiled.spec.dataset is not None
     assert compiled.spec.dataset.path == (root / "alice" / "reach2d").resolve()
 
@@ -163,7 +163,7 @@ def test_submit_resolves_in_the_tenants_folder_and_answers_in_its_terms(
     answers = []
     for name in ("reach2d", "nobody-has-this"):
         with pytest.raises(NotFoundError) as info:
-            server.master.compile(_sft("bob", name), "bob")
+            server.master.compiler.compile(_sft("bob", name), "bob")
         _no_server_path(info.value, tmp_path)
         answers.append(info.value.message.replace(name, "<name>"))
     assert answers[0] == answers[1]
@@ -173,7 +173,7 @@ def test_submit_resolves_in_the_tenants_folder_and_answers_in_its_terms(
     (bad / "meta").mkdir(parents=True)
     (bad / "meta" / "info.json").write_text("{not json")
     with pytest.raises(DatasetError) as bad_info:
-        server.master.compile(_sft("bob", "broken"), "bob")
+        server.master.compiler.compile(_sft("bob", "broken"), "bob")
     _no_server_path(bad_info.value, tmp_path)
     assert "broken" in bad_info.value.message
     assert not list((tmp_path / "run").glob("outputs/bob/workloads/*"))  # nothing recorded
@@ -184,7 +184,7 @@ def test_a_missing_dataset_is_recorded_only_in_the_tenants_own_folder(
 ) -> None:
     env = {"kind": "reach2d", "image_size": 8, "max_episode_steps": 3}
     before = _tree(root)
-    compiled = server.master.compile(_sft("bob", "fresh/demos", env=env), "bob")
+    compiled = server.master.compiler.compile(_sft("bob", "fresh/demos", env=env), "bob")
     assert compiled.needs_recording
     assert compiled.spec.dataset is not None
     assert compiled.spec.dataset.path == (root / "bob" / "fresh" / "demos").resolve()
@@ -198,7 +198,7 @@ def test_run_reads_local_paths_as_written(tmp_path: Path, demos: Path) -> None:
         limits=MasterLimits(dataset_roots=[demos.parent], tenant_datasets=False),
     )
     try:
-        compiled = srv.master.compile(_sft("alice", str(demos)), "alice")
+        compiled = srv.master.compiler.compile(_sft("alice", str(demos)), "alice")
         assert compiled.spec.dataset is not None and compiled.spec.dataset.path == demos
     finally:
         srv.close()

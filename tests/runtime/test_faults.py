@@ -95,7 +95,7 @@ def test_env_worker_killed_during_mixed_workload(tmp_path: Path, reach2d_demos: 
     )
     (run,) = opened
     assert run.plane is not None and run.master is not None
-    tenants = {t: run.master.tenant_of(wid) for t, wid in run.workload_ids.items()}
+    tenants = {t: run.master.reporter.tenant_of(wid) for t, wid in run.workload_ids.items()}
 
     assert killed, "the workload finished before the kill"
     env = run.plane.env
@@ -178,13 +178,13 @@ def test_env_worker_killed_past_its_tenants_budget_fails_that_tenant_only(
     assert run.health.escalated is None
     kinds = [e.kind for e in run.health.events_of("environment")]
     assert "budget_exhausted" in kinds and "global_restart" not in kinds, kinds
-    st = run.master.status("victim", run.workload_ids["victim"])
+    st = run.master.reporter.status("victim", run.workload_ids["victim"])
     assert st.state is WorkloadState.FAILED, st
     assert st.error is not None and "recovery budget spent" in st.error, st.error
     assert killed[0]["session"] in st.error
     assert "bystander" not in st.error and run.workload_ids["bystander"] not in st.error
     assert summary.tenants["victim"].jobs_completed < 40
-    by = run.master.status("bystander", run.workload_ids["bystander"])
+    by = run.master.reporter.status("bystander", run.workload_ids["bystander"])
     assert by.state is WorkloadState.COMPLETED and by.error is None, by
     assert summary.tenants["bystander"].jobs_completed == TARGET
     for tid in ("victim", "bystander"):  # nothing is left in flight

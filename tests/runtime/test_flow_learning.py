@@ -40,7 +40,7 @@ def test_flow_ppo_example_trains_end_to_end(tmp_path: Path, tiny_model: str) -> 
     assert t.final_version == JOBS * 2 * 2  # jobs x epochs x (32 samples / 16 per microbatch)
     (run,) = opened
     assert run.master is not None
-    tenant = run.master.tenant_of(run.workload_ids[s.tenant])
+    tenant = run.master.reporter.tenant_of(run.workload_ids[s.tenant])
     assert tenant is not None
     trains = tenant.metrics.of_kind("train")
     assert len(trains) == JOBS

@@ -293,7 +293,7 @@ def test_inference_role_past_its_budget_fails_the_live_workloads(
     kinds = [e.kind for e in run.health.events_of("inference/0")]
     assert "budget_exhausted" in kinds and "restarted" not in kinds, kinds
     for tid in ("rl", "sft"):
-        st = run.master.status(tid, run.workload_ids[tid])
+        st = run.master.reporter.status(tid, run.workload_ids[tid])
         assert st.state.value == "failed", (tid, st)
         assert st.error is not None and st.error.startswith("global_restart:"), st.error
         assert "inference/0" in st.error

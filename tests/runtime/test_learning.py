@@ -147,7 +147,7 @@ def test_ppo_raises_reach2d_return(tmp_path: Path, tiny_model: str) -> None:
     assert t.jobs_completed == PPO_UPDATES and t.jobs_failed == 0 and t.jobs_dropped == 0
     (run,) = opened
     assert run.master is not None and run.plane is not None
-    tenant = run.master.tenant_of(run.workload_ids["ppo"])
+    tenant = run.master.reporter.tenant_of(run.workload_ids["ppo"])
     assert tenant is not None
     rollouts = tenant.metrics.of_kind("rollout")
     # The run is closed, but the in-process Training Model Service still holds the

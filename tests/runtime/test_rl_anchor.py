@@ -54,7 +54,7 @@ def test_grpo_from_sft_is_anchored_to_the_sft_policy(
     assert t.state == "completed", t.errors
     (run,) = opened
     assert run.master is not None and run.plane is not None
-    tenant = run.master.tenant_of(run.workload_ids["grpo"])
+    tenant = run.master.reporter.tenant_of(run.workload_ids["grpo"])
     assert tenant is not None
     kls = [r["metric.kl_ref"] for r in tenant.metrics.of_kind("train")]
     assert len(kls) == JOBS and all(math.isfinite(k) and k > 0 for k in kls)

@@ -158,10 +158,10 @@ def test_a_submit_that_finds_the_store_full_answers_507_and_leaves_nothing(
     assert r.status_code == 507, r.text
     assert r.json()["code"] == "storage_full" and r.headers["Retry-After"]
     assert "database or disk is full" in r.json()["message"]
-    assert s.master.list_workloads(A) == []
+    assert s.master.reporter.list_workloads(A) == []
     store._conn = real  # space is back
     assert s.run(s.submit(A)).status_code == 201
-    assert len(s.master.list_workloads(A)) == 1
+    assert len(s.master.reporter.list_workloads(A)) == 1
 
 
 class _FullConnection:

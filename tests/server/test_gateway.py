@@ -237,8 +237,8 @@ async def _setup(tmp_path: Path) -> tuple[Harness, MasterService]:
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
     h = Harness(client, keys, UNKNOWN)
     # alice holds one id of every kind; bob has a model slot of his own.
-    wl = await master.submit(custom_spec("alice"), "alice")
-    await master.submit(custom_spec("bob"), "bob")
+    wl = await master.lifecycle.submit(custom_spec("alice"), "alice")
+    await master.lifecycle.submit(custom_spec("bob"), "bob")
     job = await client.post("/v1/scheduler/jobs", headers=h.auth("alice"), json=_JOB)
     assert job.status_code == 201, job.text
     pid = job.json()["partition_id"]

@@ -95,12 +95,12 @@ def test_eval_info_has_lerobots_layout(tmp_path: Path) -> None:
 def test_two_evaluations_on_the_same_seeds_write_the_same_episodes(tmp_path: Path) -> None:
     srv = FakeServer(tmp_path / "run")
     try:
-        wid = srv.run(srv.master.submit(rl_spec(A, target=2), A)).workload_id
-        srv.run(srv.master.wait(wid, timeout_s=10))
+        wid = srv.run(srv.master.lifecycle.submit(rl_spec(A, target=2), A)).workload_id
+        srv.run(srv.master.lifecycle.wait(wid, timeout_s=10))
         infos = []
         for _ in range(2):
-            st = srv.run(srv.master.submit(_seeded({"start": 40, "count": 2}), A))
-            done = srv.run(srv.master.wait(st.workload_id, timeout_s=20))
+            st = srv.run(srv.master.lifecycle.submit(_seeded({"start": 40, "count": 2}), A))
+            done = srv.run(srv.master.lifecycle.wait(st.workload_id, timeout_s=20))
             assert done.state.value == "completed", done
             [path] = (tmp_path / "run").rglob("eval_info.json")
             infos.append(json.loads(path.read_text()))

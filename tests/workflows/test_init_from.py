@@ -32,13 +32,13 @@ def _from(tenant: str, source: str, **kw: Any) -> WorkloadSpec:
 def test_the_second_workload_waits_for_the_first_and_starts_from_its_checkpoint(
     server: FakeServer,
 ) -> None:
-    first = server.run(server.master.submit(rl_spec("sft", target=3), "sft"))
-    second = server.run(server.master.submit(_from("rl", "sft", target=1), "rl"))
-    done = server.run(server.master.wait(second.workload_id, timeout_s=10))
-    source = server.master.status("sft", first.workload_id)
+    first = server.run(server.master.lifecycle.submit(rl_spec("sft", target=3), "sft"))
+    second = server.run(server.master.lifecycle.submit(_from("rl", "sft", target=1), "rl"))
+    done = server.run(server.master.lifecycle.wait(second.workload_id, timeout_s=10))
+    source = server.master.reporter.status("sft", first.workload_id)
     assert done.state is WorkloadState.COMPLETED, done
     assert source.state is WorkloadState.COMPLETED  # it had ended before rl started
-    (record,) = server.master.metrics("rl", second.workload_id, kind="init_from").records
+    (record,) = server.master.reporter.metrics("rl", second.workload_id, kind="init_from").records
     assert record["source"] == "sft"
     assert record["checkpoint"].endswith(f"sft/step_{source.policy_version}")
     started = server.plane.training.config("rl").init_checkpoint
@@ -62,7 +62,7 @@ def test_a_server_refuses_init_from_unless_it_allows_cross_tenant_reads(tmp_path
     srv = FakeServer(tmp_path / "run")
     try:
         with pytest.raises(PermissionDeniedError, match="init_from"):
-            srv.master.compile(_from("rl", "sft"), "rl")
+            srv.master.compiler.compile(_from("rl", "sft"), "rl")
     finally:
         srv.close()
 

@@ -36,10 +36,10 @@ def _with_success_eval(episodes: int = 6, **extra: Any) -> Any:
 def test_rl_workload_is_measured_before_its_first_and_after_its_last_update(
     server: FakeServer,
 ) -> None:
-    st = server.run(server.master.submit(_with_success_eval(), A))
-    done = server.run(server.master.wait(st.workload_id, timeout_s=10))
+    st = server.run(server.master.lifecycle.submit(_with_success_eval(), A))
+    done = server.run(server.master.lifecycle.wait(st.workload_id, timeout_s=10))
     assert done.state is WorkloadState.COMPLETED, done
-    records = server.master.metrics(A, st.workload_id, kind=SUCCESS_EVAL).records
+    records = server.master.reporter.metrics(A, st.workload_id, kind=SUCCESS_EVAL).records
     assert [r["phase"] for r in records] == ["initial", "final"]
     initial, final = (SuccessMeasure.from_record(r) for r in records)
     assert initial.version == 0  # before any update
@@ -50,14 +50,14 @@ def test_rl_workload_is_measured_before_its_first_and_after_its_last_update(
     assert low < 0.5 < high
     # The final measurement ran before the session closed, in the tenant's own session.
     assert done.session_id in server.plane.env.closed
-    tenant = server.master.tenant_of(st.workload_id)
+    tenant = server.master.reporter.tenant_of(st.workload_id)
     assert tenant is not None and tenant.errors == []
 
 
 def test_initial_measurement_can_be_skipped(server: FakeServer) -> None:
-    st = server.run(server.master.submit(_with_success_eval(initial=False), A))
-    server.run(server.master.wait(st.workload_id, timeout_s=10))
-    records = server.master.metrics(A, st.workload_id).records
+    st = server.run(server.master.lifecycle.submit(_with_success_eval(initial=False), A))
+    server.run(server.master.lifecycle.wait(st.workload_id, timeout_s=10))
+    records = server.master.reporter.metrics(A, st.workload_id).records
     assert recorded_measure(records, "initial") is None
     assert recorded_measure(records, "final") is not None
 
@@ -65,10 +65,12 @@ def test_initial_measurement_can_be_skipped(server: FakeServer) -> None:
 def test_the_measurement_before_training_can_play_fewer_episodes(server: FakeServer) -> None:
     # An untrained policy runs every episode to its step budget: on a slow simulator
     # the before-measurement is the costly one, so it may play a prefix of the seeds.
-    st = server.run(server.master.submit(_with_success_eval(episodes=6, initial_episodes=2), A))
-    done = server.run(server.master.wait(st.workload_id, timeout_s=10))
+    st = server.run(
+        server.master.lifecycle.submit(_with_success_eval(episodes=6, initial_episodes=2), A)
+    )
+    done = server.run(server.master.lifecycle.wait(st.workload_id, timeout_s=10))
     assert done.state is WorkloadState.COMPLETED, done
-    records = server.master.metrics(A, st.workload_id).records
+    records = server.master.reporter.metrics(A, st.workload_id).records
     initial, final = recorded_measure(records, "initial"), recorded_measure(records, "final")
     assert initial is not None and final is not None
     assert (initial.episodes, initial.first_seed) == (2, 500)
@@ -109,14 +111,14 @@ def test_a_simulator_crash_mid_measurement_measures_again_on_the_new_session(
         return await evaluate(*args, **kwargs)
 
     inference.evaluate = crash_once_after_training  # type: ignore[method-assign]
-    st = server.run(server.master.submit(_with_success_eval(), A))
-    done = server.run(server.master.wait(st.workload_id, timeout_s=10))
+    st = server.run(server.master.lifecycle.submit(_with_success_eval(), A))
+    done = server.run(server.master.lifecycle.wait(st.workload_id, timeout_s=10))
     assert done.state is WorkloadState.COMPLETED, done
-    records = server.master.metrics(A, st.workload_id, kind=SUCCESS_EVAL).records
+    records = server.master.reporter.metrics(A, st.workload_id, kind=SUCCESS_EVAL).records
     assert [r["phase"] for r in records] == ["initial", "final"]
     final = SuccessMeasure.from_record(records[-1])
     assert (final.episodes, final.successes, final.first_seed) == (6, 3, 500)
     # Measured again from the first seed, on the new session.
     assert len(calls) == 3 and calls[2] != calls[1]
-    tenant = server.master.tenant_of(st.workload_id)
+    tenant = server.master.reporter.tenant_of(st.workload_id)
     assert tenant is not None and tenant.errors == []

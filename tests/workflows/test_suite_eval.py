@@ -82,15 +82,15 @@ def test_a_bad_task_fails_validation_naming_it() -> None:
 
 
 def test_the_suite_evaluation_reports_each_task_and_the_whole_suite(server: FakeServer) -> None:
-    trained = server.run(server.master.submit(_rl(), A))
-    assert server.run(server.master.wait(trained.workload_id, timeout_s=10)).state is (
+    trained = server.run(server.master.lifecycle.submit(_rl(), A))
+    assert server.run(server.master.lifecycle.wait(trained.workload_id, timeout_s=10)).state is (
         WorkloadState.COMPLETED
     )
     closed = len(server.plane.env.closed)
-    st = server.run(server.master.submit(_suite_eval(["libero_spatial/*"]), E))
-    done = server.run(server.master.wait(st.workload_id, timeout_s=20))
+    st = server.run(server.master.lifecycle.submit(_suite_eval(["libero_spatial/*"]), E))
+    done = server.run(server.master.lifecycle.wait(st.workload_id, timeout_s=20))
     assert done.state is WorkloadState.COMPLETED, done
-    (record,) = server.master.metrics(E, st.workload_id, kind="eval").records
+    (record,) = server.master.reporter.metrics(E, st.workload_id, kind="eval").records
     rows = record["per_task"]
     assert [r["task"] for r in rows] == [f"libero_spatial/{i}" for i in range(10)]
     for row in rows:
@@ -111,13 +111,13 @@ def test_the_suite_evaluation_reports_each_task_and_the_whole_suite(server: Fake
 
 def test_two_tasks_two_seeded_episodes_write_lerobots_eval_info(server: FakeServer) -> None:
     """The CI-sized suite evaluation: every field a lerobot-eval reader takes, per task."""
-    trained = server.run(server.master.submit(_rl(), A))
-    server.run(server.master.wait(trained.workload_id, timeout_s=10))
+    trained = server.run(server.master.lifecycle.submit(_rl(), A))
+    server.run(server.master.lifecycle.wait(trained.workload_id, timeout_s=10))
     spec = _suite_eval(["libero_goal/0", "libero_goal/1"]).model_dump(by_alias=True, mode="json")
     spec["evaluation"].pop("episodes")
     spec["evaluation"]["seeds"] = {"start": 1_000_000, "count": 2}
-    st = server.run(server.master.submit(parse_spec(spec), E))
-    assert server.run(server.master.wait(st.workload_id, timeout_s=20)).state is (
+    st = server.run(server.master.lifecycle.submit(parse_spec(spec), E))
+    assert server.run(server.master.lifecycle.wait(st.workload_id, timeout_s=20)).state is (
         WorkloadState.COMPLETED
     )
     (path,) = list(server.run_dir.rglob("eval_info.json"))
@@ -149,8 +149,8 @@ def test_two_tasks_two_seeded_episodes_write_lerobots_eval_info(server: FakeServ
 
 
 def test_tasks_evaluate_in_parallel_sessions_and_keep_their_order(server: FakeServer) -> None:
-    trained = server.run(server.master.submit(_rl(), A))
-    server.run(server.master.wait(trained.workload_id, timeout_s=10))
+    trained = server.run(server.master.lifecycle.submit(_rl(), A))
+    server.run(server.master.lifecycle.wait(trained.workload_id, timeout_s=10))
     env = server.plane.env
     create, peak = env.create_session, [0]
 
@@ -162,16 +162,16 @@ def test_tasks_evaluate_in_parallel_sessions_and_keep_their_order(server: FakeSe
     env.create_session = counting  # type: ignore[method-assign]
     spec = _suite_eval(["libero_spatial/*"]).model_dump(by_alias=True, mode="json")
     spec["evaluation"]["sessions"] = 3
-    st = server.run(server.master.submit(parse_spec(spec), E))
-    done = server.run(server.master.wait(st.workload_id, timeout_s=20))
+    st = server.run(server.master.lifecycle.submit(parse_spec(spec), E))
+    done = server.run(server.master.lifecycle.wait(st.workload_id, timeout_s=20))
     assert done.state is WorkloadState.COMPLETED, done
     # The evaluation's own session and three tasks' at once, never more.
     assert peak[0] == 4
     assert env.open_sessions(E) == []
-    (record,) = server.master.metrics(E, st.workload_id, kind="eval").records
+    (record,) = server.master.reporter.metrics(E, st.workload_id, kind="eval").records
     assert [r["task"] for r in record["per_task"]] == [f"libero_spatial/{i}" for i in range(10)]
     assert all((r["episodes"], r["successes"]) == (2, 1) for r in record["per_task"])
     # Each task, as it finished, was a metrics line (and progress to the watchdog).
-    done_tasks = server.master.metrics(E, st.workload_id, kind="eval_task").records
+    done_tasks = server.master.reporter.metrics(E, st.workload_id, kind="eval_task").records
     assert sorted(r["task"] for r in done_tasks) == sorted(r["task"] for r in record["per_task"])
     assert all((r["episodes"], r["successes"]) == (2, 1) for r in done_tasks)

@@ -290,7 +290,7 @@ def _loops_started(run: LocalRun) -> float | None:
     times = [
         float(r["time"])
         for tenant, wid in run.workload_ids.items()
-        for r in run.master.metrics(tenant, wid, kind="lifecycle").records
+        for r in run.master.reporter.metrics(tenant, wid, kind="lifecycle").records
         if r.get("state") == "running" and r.get("time") is not None
     ]
     return min(times) if times else None
@@ -395,7 +395,7 @@ async def run_phase(
         ]
         records: dict[str, list[dict[str, Any]]] = {}
         for tenant, wid in run.workload_ids.items():
-            wt = run.master.tenant_of(wid)
+            wt = run.master.reporter.tenant_of(wid)
             records[tenant] = list(wt.metrics.records) if wt is not None else []
         loops_started = _loops_started(run)
         predict_stages = run.plane.metrics.stages.snapshot()

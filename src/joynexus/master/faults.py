@@ -3,8 +3,9 @@
 A workload ended by a global restart whose retries it spent, or by its tenant's spent
 recovery budget, failed because the service could not keep it running — its jobs and
 its spec are fine. Such a workload keeps its checkpoints, and an operator may resume
-it (``POST /v1/workloads/{id}/resume``: :meth:`MasterService.resume`) once the cause
-is fixed; a workload whose own jobs failed may not.
+it (``POST /v1/workloads/{id}/resume``:
+:meth:`~joynexus.master.lifecycle.Lifecycle.resume`) once the cause is fixed; a workload
+whose own jobs failed may not.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ simulator sessions closed), and each workload is resumed from its tenant's lates
 checkpoint — the same path a restarted server takes — within its own restart budget
 (:attr:`Supervisor.workload_restarts`). Only a workload past that budget, or every
 one when the rebuild itself fails, ends ``failed`` with ``global_restart: <why>``; an
-operator may resume such a workload later (:meth:`MasterService.resume`).
+operator may resume such a workload later
+(:meth:`~joynexus.master.lifecycle.Lifecycle.resume`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ async def global_restart(
     except Exception as error:  # the plane could not be rebuilt: nothing can run
         log.error("global restart failed (%s): %s", reason, error)
         why = f"{GLOBAL_RESTART} {reason} (the rebuild failed: {error})"
-        return [], await master.fail_live(why)
+        return [], await master.supervisor.fail_live(why)
     log.warning("global restart (%s): resumed %s, failed %s", reason, resumed, failed)
     if resumed and health is not None:
         health.recovered(f"resumed {len(resumed)} workloads from their checkpoints")

@@ -11,7 +11,7 @@ Health wiring:
 
 * a crashed simulator session is recreated for the tenant that holds it, and a failed
   rollout engine is restarted in place (both inside :func:`watch_plane`);
-* the training role restarts in place through :meth:`MasterService.restart_training`
+* the training role restarts in place through :meth:`Recovery.restart_training`
   (every live tenant's slot rebuilt from its latest checkpoint);
 * a crashed session past its tenant's budget fails that tenant's workload only
   (:meth:`Supervisor.fail_holder`);
@@ -100,8 +100,8 @@ class MasterHost:
             watch_plane(
                 health,
                 plane,
-                session_holders=self.master.session_holders,
-                restart_training=self.master.restart_training,
+                session_holders=self.master.reporter.session_holders,
+                restart_training=self.master.recovery.restart_training,
                 fail_holder=self.master.supervisor.fail_holder,
             )
             health.on_global_restart = self._global_restart
@@ -132,7 +132,7 @@ class MasterHost:
         why = []
         if self.health is not None and self.health.escalated is not None:
             why.append(f"global restart: {self.health.escalated}")
-        return why + self.master.degraded()
+        return why + self.master.reporter.degraded()
 
     def readiness(self) -> tuple[str | None, dict[str, int]]:
         """What an unauthenticated probe may learn: why the plane is not ready (None when
@@ -144,7 +144,7 @@ class MasterHost:
                 "a role spent its recovery budget: a global restart is resuming the live "
                 "workloads, or they failed past their own restart budgets"
             )
-        return down, {"stalled_workloads": len(self.master.degraded())}
+        return down, {"stalled_workloads": len(self.master.reporter.degraded())}
 
     async def start(self) -> None:
         """Start monitoring, the services, the Master (which recovers the stored

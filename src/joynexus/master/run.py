@@ -180,20 +180,20 @@ class LocalRun:
         for w in order:
             wid = self._recorded(w.spec)
             if wid is None:
-                wid = (await master.submit(w.spec, w.tenant_id)).workload_id
+                wid = (await master.lifecycle.submit(w.spec, w.tenant_id)).workload_id
             self.workload_ids[w.tenant_id] = wid
         return dict(self.workload_ids)
 
     def _recorded(self, spec: WorkloadSpec) -> str | None:
         """The newest recorded workload with this exact spec (not cancelled)."""
-        master = self.master
-        assert master is not None
+        assert self.master is not None
+        reporter = self.master.reporter
         want = _comparable(spec)
-        for wid in reversed(master.workload_ids()):
-            st = master.status(spec.tenant, wid) if self._owner(wid) == spec.tenant else None
+        for wid in reversed(reporter.workload_ids()):
+            st = reporter.status(spec.tenant, wid) if self._owner(wid) == spec.tenant else None
             if st is None or st.state is WorkloadState.CANCELLED:
                 continue
-            if _comparable(WorkloadSpec.model_validate(master.spec_of(spec.tenant, wid))) == want:
+            if _comparable(WorkloadSpec.model_validate(reporter.spec_of(spec.tenant, wid))) == want:
                 return wid
         return None
 
@@ -222,12 +222,12 @@ class LocalRun:
 
     def _owner(self, workload_id: str) -> str | None:
         assert self.master is not None
-        tenant = self.master.tenant_owner(workload_id)
+        tenant = self.master.reporter.tenant_owner(workload_id)
         return tenant
 
     def statuses(self) -> dict[str, WorkloadStatus]:
         assert self.master is not None
-        return {t: self.master.status(t, wid) for t, wid in self.workload_ids.items()}
+        return {t: self.master.reporter.status(t, wid) for t, wid in self.workload_ids.items()}
 
     def progress(self) -> list[TenantProgress]:
         """One progress row per workload of this run."""
@@ -266,9 +266,9 @@ class LocalRun:
         out: dict[str, TenantSummary] = {}
         for t, st in self.statuses().items():
             wid = self.workload_ids[t]
-            records = master.metrics(t, wid).records
+            records = master.reporter.metrics(t, wid).records
             errors = [st.error] if st.error else []
-            tenant = master.tenant_of(wid)
+            tenant = master.reporter.tenant_of(wid)
             if tenant is not None:
                 errors += tenant.errors[:20]
             s = TenantSummary(
@@ -278,7 +278,7 @@ class LocalRun:
                 jobs_dropped=st.jobs_dropped,
                 jobs_failed=st.jobs_failed,
                 errors=errors[:20],
-                output_dir=str(master.tenant_dir(t)),
+                output_dir=str(master.book.tenant_dir(t)),
             )
             resumed = [r["policy_version"] for r in records if r.get("kind") == "resumed"]
             s.resumed_from_version = int(resumed[0]) if resumed else None

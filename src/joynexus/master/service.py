@@ -6,10 +6,11 @@ Every entry point runs workloads through it: ``joynexus run`` (an in-process Mas
 to completion: :mod:`joynexus.master.run`), ``joynexus serve`` (the same Master behind
 HTTP, where tenants submit, pause, resume and cancel at any time) and ``joynexus demo``.
 
-* **Tenant creator** (:meth:`MasterService.compile`): strict validation of a
-  :class:`WorkloadSpec` against what this backend can do — the resident base model, the
-  registered environment kinds, the dataset roots, the server's limits, the backbone's
-  camera slots — through :func:`joynexus.workflows.compile.compile_workloads`.
+* **Tenant creator** (:meth:`~joynexus.master.compiler.SpecCompiler.compile`):
+  strict validation of a :class:`WorkloadSpec` against what this backend can do — the
+  resident base model, the registered environment kinds, the dataset roots, the server's
+  limits, the backbone's camera slots — through
+  :func:`joynexus.workflows.compile.compile_workloads`.
 * **Workload orchestrator**: RL connects rollout + inference + environment + training
   (:func:`~joynexus.workflows.rl.rl_producer`); SFT connects a data producer to training
   (:func:`~joynexus.workflows.sft.sft_producer`); evaluation reuses inference +
@@ -20,15 +21,30 @@ HTTP, where tenants submit, pause, resume and cancel at any time) and ``joynexus
 
 **Composition.** The Master is composed of parts that share one
 :class:`~joynexus.master.records.WorkloadBook` (workloads, tenant slots, their records
-and files): :class:`~joynexus.master.compiler.SpecCompiler` (the tenant creator),
-:class:`~joynexus.master.lifecycle.Lifecycle` (submit, pause, resume, cancel),
-:class:`~joynexus.master.supervision.Supervisor` (one supervisor task per workload, the
-watchdog, visible failure), :class:`~joynexus.master.recovery.Recovery` (restart: the
-one reader of the checkpoint ledger), :class:`~joynexus.master.reporting.Reporter`
-(status, metrics, artifacts, health views) and
-:class:`~joynexus.master.primitives.ModelPrimitives` (the low-level model calls, which
-callers reach as ``master.primitives``: the Master does not repeat them).
-Another tenant's id answers everywhere as an unknown one
+and files), and it keeps no delegate methods: every caller (the server's routes, the
+Health Manager's hooks, ``joynexus run``, the demo, the tests) calls the part that
+answers, and each signature is written once, on that part:
+
+* ``master.compiler`` — :class:`~joynexus.master.compiler.SpecCompiler`, the tenant
+  creator (``compile``);
+* ``master.lifecycle`` — :class:`~joynexus.master.lifecycle.Lifecycle` (``submit``,
+  ``pause``, ``resume``, ``cancel``, ``wait``);
+* ``master.supervisor`` — :class:`~joynexus.master.supervision.Supervisor` (one
+  supervisor task per workload, the watchdog, visible failure: ``fail_live``,
+  ``fail_holder``);
+* ``master.recovery`` — :class:`~joynexus.master.recovery.Recovery` (restart: the one
+  reader of the checkpoint ledger; ``restart_training``);
+* ``master.reporter`` — :class:`~joynexus.master.reporting.Reporter` (``status``,
+  ``list_workloads``, ``spec_of``, ``metrics``, ``artifact_root``, ``workload_ids``,
+  ``tenant_owner``, ``tenant_of`` and the health views ``degraded``,
+  ``session_holders``);
+* ``master.book`` — the :class:`~joynexus.master.records.WorkloadBook` itself
+  (``tenant_dir``, ``live``);
+* ``master.primitives`` — :class:`~joynexus.master.primitives.ModelPrimitives` (the
+  low-level model calls: ``predict``, ``train_batch``, ``rollout``, ...).
+
+The Master's own methods are its lifetime only (:meth:`MasterService.start`,
+:meth:`MasterService.aclose`). Another tenant's id answers everywhere as an unknown one
 (:func:`joynexus.errors.unknown_id`).
 
 **Durability.** Workload records (:mod:`joynexus.master.store`) live in the run
@@ -43,9 +59,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
-from joynexus.api import WorkloadMetrics, WorkloadStatus
 from joynexus.control.scheduler import TrainingScheduler
 from joynexus.master.compiler import SpecCompiler, global_limits
 from joynexus.master.disk import TenantDisk
@@ -64,11 +78,10 @@ from joynexus.services.protocols import (
     TrainingModelServiceAPI,
     TrainingQueueAPI,
 )
-from joynexus.spec.workload import WorkloadSpec
 from joynexus.utils.clock import Clock, SystemClock
 from joynexus.workflows import launch
-from joynexus.workflows.compile import DOMAIN, CompiledWorkload
-from joynexus.workflows.context import ROLE_RESTARTED_REASON, WorkflowContext, WorkflowTenant
+from joynexus.workflows.compile import DOMAIN
+from joynexus.workflows.context import ROLE_RESTARTED_REASON, WorkflowContext
 
 __all__ = [
     "CANCELLED_REASON",
@@ -233,73 +246,3 @@ class MasterService:
         self._loops = []
         self.supervisor.actor_forward = None
         self._started = False
-
-    # ---------------------------------------------- tenant creator and lifecycle
-
-    def compile(self, spec: WorkloadSpec, tenant_id: str) -> CompiledWorkload:
-        """See :meth:`SpecCompiler.compile`."""
-        return self.compiler.compile(spec, tenant_id)
-
-    async def submit(self, spec: WorkloadSpec, tenant_id: str) -> WorkloadStatus:
-        """See :meth:`Lifecycle.submit`."""
-        return await self.lifecycle.submit(spec, tenant_id)
-
-    async def pause(self, tenant_id: str, workload_id: str) -> WorkloadStatus:
-        return await self.lifecycle.pause(tenant_id, workload_id)
-
-    async def resume(self, tenant_id: str, workload_id: str) -> WorkloadStatus:
-        return await self.lifecycle.resume(tenant_id, workload_id)
-
-    async def cancel(self, tenant_id: str, workload_id: str) -> WorkloadStatus:
-        return await self.lifecycle.cancel(tenant_id, workload_id)
-
-    async def wait(self, workload_id: str, *, timeout_s: float | None = None) -> WorkloadStatus:
-        return await self.lifecycle.wait(workload_id, timeout_s=timeout_s)
-
-    # ------------------------------------------------------------ health hooks
-
-    async def fail_live(self, reason: str) -> list[str]:
-        """End every live workload ``failed`` with ``reason`` (a role that cannot be
-        recovered: the Health Manager's budget is spent). Returns their ids."""
-        return await self.supervisor.fail_live(reason)
-
-    async def restart_training(self) -> None:
-        """See :meth:`Recovery.restart_training`."""
-        await self.recovery.restart_training()
-
-    def degraded(self) -> list[str]:
-        return self.reporter.degraded()
-
-    def session_holders(self) -> list[WorkflowTenant]:
-        return self.reporter.session_holders()
-
-    # --------------------------------------------------------------- reporting
-
-    def workload_ids(self) -> list[str]:
-        return self.reporter.workload_ids()
-
-    def tenant_owner(self, workload_id: str) -> str | None:
-        return self.reporter.tenant_owner(workload_id)
-
-    def tenant_of(self, workload_id: str) -> WorkflowTenant | None:
-        return self.reporter.tenant_of(workload_id)
-
-    def list_workloads(self, tenant_id: str) -> list[WorkloadStatus]:
-        return self.reporter.list_workloads(tenant_id)
-
-    def status(self, tenant_id: str, workload_id: str) -> WorkloadStatus:
-        return self.reporter.status(tenant_id, workload_id)
-
-    def spec_of(self, tenant_id: str, workload_id: str) -> dict[str, Any]:
-        return self.reporter.spec_of(tenant_id, workload_id)
-
-    def metrics(
-        self, tenant_id: str, workload_id: str, kind: str | None = None, limit: int = 10_000
-    ) -> WorkloadMetrics:
-        return self.reporter.metrics(tenant_id, workload_id, kind, limit)
-
-    def tenant_dir(self, tenant_id: str) -> Path:
-        return self.book.tenant_dir(tenant_id)
-
-    def artifact_root(self, tenant_id: str, workload_id: str) -> Path:
-        return self.reporter.artifact_root(tenant_id, workload_id)

@@ -445,7 +445,7 @@ class TrainingModelService:
             tenant_ids: Whose slots (default: every tenant).
             include_optim: Also write the optimizer state (to resume training).
             ledger: Recorded in each manifest with the weights (see
-                :func:`~joynexus.models.payload.save_slot`).
+                :func:`~joynexus.models.checkpoints.payload.write_checkpoint`).
 
         Raises:
             NotFoundError: an unknown tenant.

@@ -122,7 +122,7 @@ async def _has_slot(ctx: WorkflowContext, tenant_id: str) -> bool | None:
 async def _slot_lost(ctx: WorkflowContext, job: TrainingJob, error: BaseException) -> bool:
     """Whether ``error`` is the training role having lost the slot of a tenant whose
     workload is live — Ray re-created the role after its node was lost, and the
-    Master's restart (:meth:`~joynexus.master.service.MasterService.restart_training`)
+    Master's restart (:meth:`~joynexus.master.recovery.Recovery.restart_training`)
     has not rebuilt the slots yet. Waits up to ``ctx.slot_grace_s`` for the slot to
     come back: True when it did (the job was merely in flight during a role restart),
     False when the error is anything else or the slot stays gone (then the failure

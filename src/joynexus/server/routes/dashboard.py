@@ -183,7 +183,7 @@ def build_state(state: ServerState, viewer: Viewer, scope: str | None) -> Dashbo
         workloads: list[WorkloadStatus] = []
         if master is not None:
             try:
-                workloads = master.list_workloads(tid)
+                workloads = master.reporter.list_workloads(tid)
             except JoyNexusError:
                 workloads = []
         count, nbytes = partitions.get(tid, (0, 0))

@@ -91,7 +91,7 @@ async def create_workload(
     check_workload_env(state, spec.env)
     tenant = tenant_id_of(principal)
     await check_disk_quota(state, tenant)  # past its disk quota: 429 disk_bytes
-    return await master_of(state).submit(spec, tenant)
+    return await master_of(state).lifecycle.submit(spec, tenant)
 
 
 def _not_a_tenant_key(state: ServerState, tenant: str) -> JoyNexusError:
@@ -113,7 +113,7 @@ def _not_a_tenant_key(state: ServerState, tenant: str) -> JoyNexusError:
 @router.get("", response_model=list[WorkloadStatus])
 async def list_workloads(principal: TenantPrincipal, state: State) -> list[WorkloadStatus]:
     """The calling tenant's workloads, oldest first."""
-    return master_of(state).list_workloads(tenant_id_of(principal))
+    return master_of(state).reporter.list_workloads(tenant_id_of(principal))
 
 
 @router.get("/{workload_id}", response_model=WorkloadDetail)
@@ -123,8 +123,8 @@ async def get_workload(
     """One workload: status and compiled spec."""
     master = master_of(state)
     tenant = tenant_id_of(principal)
-    st = master.status(tenant, workload_id)
-    return WorkloadDetail(status=st, spec=master.spec_of(tenant, workload_id))
+    st = master.reporter.status(tenant, workload_id)
+    return WorkloadDetail(status=st, spec=master.reporter.spec_of(tenant, workload_id))
 
 
 @router.get("/{workload_id}/status", response_model=WorkloadStatus)
@@ -132,7 +132,7 @@ async def workload_status(
     workload_id: PathName, principal: TenantPrincipal, state: State
 ) -> WorkloadStatus:
     """State and progress: jobs completed / target, in flight, policy version."""
-    return master_of(state).status(tenant_id_of(principal), workload_id)
+    return master_of(state).reporter.status(tenant_id_of(principal), workload_id)
 
 
 @router.post("/{workload_id}/pause", response_model=WorkloadStatus)
@@ -140,7 +140,7 @@ async def pause_workload(
     workload_id: PathName, principal: TenantPrincipal, state: State
 ) -> WorkloadStatus:
     """Stop new job reservations (jobs in flight finish)."""
-    return await master_of(state).pause(tenant_id_of(principal), workload_id)
+    return await master_of(state).lifecycle.pause(tenant_id_of(principal), workload_id)
 
 
 @router.post("/{workload_id}/resume", response_model=WorkloadStatus)
@@ -148,7 +148,7 @@ async def resume_workload(
     workload_id: PathName, principal: TenantPrincipal, state: State
 ) -> WorkloadStatus:
     """Let a paused workload reserve jobs again."""
-    return await master_of(state).resume(tenant_id_of(principal), workload_id)
+    return await master_of(state).lifecycle.resume(tenant_id_of(principal), workload_id)
 
 
 @router.post("/{workload_id}/cancel", response_model=WorkloadStatus)
@@ -156,7 +156,7 @@ async def cancel_workload(
     workload_id: PathName, principal: TenantPrincipal, state: State
 ) -> WorkloadStatus:
     """Stop the workload; release its sessions, partitions and slot."""
-    return await master_of(state).cancel(tenant_id_of(principal), workload_id)
+    return await master_of(state).lifecycle.cancel(tenant_id_of(principal), workload_id)
 
 
 @router.get("/{workload_id}/metrics", response_model=WorkloadMetrics)
@@ -168,7 +168,7 @@ async def workload_metrics(
     limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
 ) -> WorkloadMetrics:
     """The workload's metrics records (JSONL lines, newest ``limit``) and a summary."""
-    return master_of(state).metrics(tenant_id_of(principal), workload_id, kind, limit)
+    return master_of(state).reporter.metrics(tenant_id_of(principal), workload_id, kind, limit)
 
 
 def _files(root: Path) -> list[ArtifactInfo]:
@@ -190,7 +190,7 @@ async def list_artifacts(
     workload_id: PathName, principal: TenantPrincipal, state: State
 ) -> list[ArtifactInfo]:
     """Files of the tenant's output directory (checkpoints, metrics, manifests)."""
-    root = master_of(state).artifact_root(tenant_id_of(principal), workload_id)
+    root = master_of(state).reporter.artifact_root(tenant_id_of(principal), workload_id)
     return _files(root)
 
 
@@ -203,7 +203,7 @@ async def download_artifact(
     workload_id: PathName, path: str, principal: TenantPrincipal, state: State
 ) -> FileResponse:
     """One file of the tenant's output directory (paths as ``list_artifacts`` gives them)."""
-    root = master_of(state).artifact_root(tenant_id_of(principal), workload_id)
+    root = master_of(state).reporter.artifact_root(tenant_id_of(principal), workload_id)
     parts = Path(path).parts
     if not path or len(path) > 1024 or path.startswith("/") or ".." in parts or "\x00" in path:
         raise InvalidRequestError(
