@@ -37,8 +37,8 @@ def _by_tenant(path: Path) -> dict[str, WorkloadSpec]:
 def test_the_learning_recipe_passes_spec_check() -> None:
     result = CliRunner().invoke(app, ["spec", "check", str(LEARN)])
     assert result.exit_code == 0, result.output
-    assert "ok libero-goal-plate: sft" in result.output
     assert "ok libero-goal-stove: sft" in result.output
+    assert "ok libero-goal-cabinet: sft" in result.output
 
 
 def test_the_learning_recipe_learns_from_the_camera_on_two_tasks_of_one_suite() -> None:
@@ -64,12 +64,12 @@ def test_the_learning_recipe_learns_from_the_camera_on_two_tasks_of_one_suite() 
 
 
 def test_the_suite_evaluation_runs_the_recipes_policy_on_every_task() -> None:
-    learned = _by_tenant(LEARN)["libero-goal-plate"]
+    learned = _by_tenant(LEARN)["libero-goal-stove"]
     suite = _by_tenant(SUITE)
     policy, evaluation = suite["libero-goal-policy"], suite["libero-goal-suite"]
     # Its policy starts from the learning recipe's checkpoint, in the same interface.
     assert policy.init_from is not None
-    assert Path(policy.init_from).parts[-2:] == ("libero-goal-plate", "step_300")
+    assert Path(policy.init_from).parts[-2:] == ("libero-goal-stove", "step_300")
     assert learned.scheduling.completion_target == 300
     assert policy.env == learned.env
     assert policy.action_module == learned.action_module
