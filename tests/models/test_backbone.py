@@ -211,3 +211,16 @@ def test_resize_with_pad_keeps_aspect_and_centres() -> None:
     assert int(out[:, :, :, 8:24].min()) == 50
     same = np.arange(2 * 8 * 8 * 3, dtype=np.uint8).reshape(2, 8, 8, 3)
     assert torch.equal(resize_with_pad(same, 8), torch.from_numpy(same).permute(0, 3, 1, 2))
+
+
+def test_the_forward_split_is_measured_by_default_and_an_unknown_kind_is_refused(
+    tiny_backbone: TinyBackbone,
+) -> None:
+    base = tiny_backbone("qwen2_5_vl")
+    assert base.forward_split == "measured"
+    with pytest.raises(InvalidRequestError, match="forward_split must be one of") as err:
+        base.use_forward_split("fastest")  # type: ignore[arg-type]  # the wrong kind on purpose
+    assert err.value.details["field"] == "forward_split"
+    assert base.forward_split == "measured"
+    with pytest.raises(InvalidRequestError, match="canonicalizer must be one of"):
+        base.use_canonicalizer("pixels")  # type: ignore[arg-type]  # the wrong kind on purpose

@@ -61,6 +61,14 @@ _log = logging.getLogger(__name__)
 E = TypeVar("E")
 
 
+def _one_of(name: str, value: str, choices: Sequence[str]) -> None:
+    """Raise :class:`InvalidRequestError` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise InvalidRequestError(
+            f"{name} must be one of {list(choices)}, got {value!r}", field=name
+        )
+
+
 def _looks_like_path(model_id_or_path: str) -> bool:
     return (
         os.path.isabs(model_id_or_path)
@@ -278,11 +286,7 @@ class ResidentBaseModel:
         Raises:
             InvalidRequestError: An unknown ``kind``.
         """
-        if kind not in CANONICALIZERS:
-            raise InvalidRequestError(
-                f"canonicalizer must be one of {list(CANONICALIZERS)}, got {kind!r}",
-                field="canonicalizer",
-            )
+        _one_of("canonicalizer", kind, CANONICALIZERS)
         self._tensor, why = self.resident.encoder(kind == "tensor")
         self.canonicalizer_fallback = why
         if why is not None:
@@ -386,11 +390,7 @@ class ResidentBaseModel:
         Raises:
             InvalidRequestError: An unknown ``kind``.
         """
-        if kind not in FORWARD_SPLITS:
-            raise InvalidRequestError(
-                f"forward_split must be one of {list(FORWARD_SPLITS)}, got {kind!r}",
-                field="forward_split",
-            )
+        _one_of("forward_split", kind, FORWARD_SPLITS)
         self.forward_split = kind
         self._split = (chooser or SplitChooser()) if kind == "measured" else None
 
