@@ -15,13 +15,11 @@ better fixed way of that load.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,42 +30,13 @@ from rich.table import Table
 from joynexus.bench.group_batching import tenant_groups
 from joynexus.models.backbone import SERIAL_FORWARD_MACS, ForwardSplit, ResidentBaseModel
 from joynexus.models.tiny import make_tiny
+from joynexus.utils.busy import busy_processes
 from joynexus.utils.intra_op import serial_intra_op
 from joynexus.utils.split_choice import SplitChooser
 
 WAYS = ("serial", "split", "size", "measured")
 #: The ways the backbone itself chooses (the others are fixed here).
 _CHOSEN: dict[str, ForwardSplit] = {"size": "size", "measured": "measured"}
-#: A spinning process stops by itself after this long, even if the bench died.
-_SPIN_LIMIT_S = 1800.0
-
-
-def _spin(stop: Any) -> None:
-    """Keep a core busy until ``stop`` is set (a busy neighbour)."""
-    deadline = time.monotonic() + _SPIN_LIMIT_S
-    x = 0
-    while not stop.is_set() and time.monotonic() < deadline:
-        for _ in range(10_000):
-            x += 1
-
-
-@contextmanager
-def busy_processes(count: int) -> Iterator[None]:
-    """``count`` processes spinning on the CPU for the duration of the block."""
-    ctx = multiprocessing.get_context("spawn")
-    stop = ctx.Event()
-    procs = [ctx.Process(target=_spin, args=(stop,), daemon=True) for _ in range(count)]
-    for proc in procs:
-        proc.start()
-    try:
-        time.sleep(0.5 if procs else 0.0)  # let them reach their loop
-        yield
-    finally:
-        stop.set()
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
 
 
 def run_forward_split_bench(
