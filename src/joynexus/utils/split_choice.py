@@ -12,8 +12,8 @@ of one token-wise projection), a running cost per unit of work of each way, and 
 cheaper one. The size rule decides until a bucket has measured both ways; after that the
 worse way runs again once the better one has run ``explore_every`` times the ratio of
 their costs, so re-measuring costs about 1/``explore_every`` of the time and a change of
-load is still seen. One forward at a time asks (the Inference Queue's one
-batch at a time), so it holds no lock.
+load is still seen. It holds no lock: the Inference Queue runs one batch at a time, and
+a race between two engines' threads would only blur a running cost.
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ __all__ = ["SplitChooser"]
 @dataclass
 class _Bucket:
     cost: dict[bool, float] = field(default_factory=dict)
-    calls: int = 0
     since: int = 0  # forwards the better way ran since the worse one was last measured
 
 
@@ -51,7 +50,6 @@ class SplitChooser:
         """Whether the forward of ``work`` multiply-accumulates per projection splits;
         ``rule`` is the size rule's answer, taken until both ways are measured."""
         bucket = self._buckets.setdefault(max(work, 1).bit_length(), _Bucket())
-        bucket.calls += 1
         other = not rule
         if rule not in bucket.cost:
             return rule

@@ -486,10 +486,10 @@ class GroupedExecutor:
                 times.canonicalize_s += planning - waited
                 times.head_s += locked - planning
                 times.lock_wait_s += time.perf_counter() - locked
-            # A small batch runs in this thread alone: splitting its ops gains nothing,
-            # and the other threads' shares wait for cores the fronts are using.
-            # Split or not as the backbone chooses (by the recent cost of each way on
-            # this machine's load), and tell it what this one cost.
+            # Split over torch's threads or run in this thread alone, as the backbone
+            # chooses by the recent cost of each way on this machine's load (a split's
+            # second share waits for a core that fronts, clients or other jobs may
+            # hold), and tell it what this one cost.
             split = self.base.forward_splits(feature)
             with serial_intra_op(not split, blas=not alone):
                 began = time.perf_counter()
