@@ -28,6 +28,7 @@ pytestmark = pytest.mark.skipif(
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "workloads"
 LEARN = EXAMPLES / "learn-libero.yaml"
 SUITE = EXAMPLES / "eval-libero-suite.yaml"
+RL = EXAMPLES / "rl-libero-from-sft.yaml"
 
 
 def _by_tenant(path: Path) -> dict[str, WorkloadSpec]:
@@ -82,6 +83,28 @@ def test_the_suite_evaluation_runs_the_recipes_policy_on_every_task() -> None:
     # The same episodes on every task: LIBERO's fixed init states.
     assert evaluation.env is not None
     assert evaluation.env.options.get("init_state_index") == 0
+
+
+def test_the_rl_recipe_starts_grpo_from_its_sft_tenants_checkpoint() -> None:
+    result = CliRunner().invoke(app, ["spec", "check", str(RL)])
+    assert result.exit_code == 0, result.output
+    specs = _by_tenant(RL)
+    sft, rl = specs["libero-stove-sft40"], specs["libero-stove-grpo"]
+    assert sft.task == "sft" and rl.task == "rl" and rl.init_from == sft.tenant
+    assert sft.env is not None and rl.env is not None and sft.dataset is not None
+    # The same task and interface; only the number of sub-envs differs.
+    assert rl.env.model_copy(update={"num_envs": sft.env.num_envs}) == sft.env
+    assert rl.env.observation.images and rl.env.observation.state == "proprio"
+    assert rl.base_model == sft.base_model
+    # The SFT checkpoint is the one RL starts from: written at the last job.
+    assert sft.scheduling.checkpoint_every == sft.scheduling.completion_target
+    assert rl.algorithm.name == "grpo"
+    # Before and after on the same episodes, never a demonstration's seed.
+    ev = rl.success_eval
+    assert ev is not None and ev.initial and ev.initial_episodes in (None, ev.episodes)
+    assert sft.dataset.record_episodes is not None
+    demos = demo_seeds(sft.seed, sft.dataset.record_episodes)
+    assert len(shared_seeds(demos, eval_seeds(ev.seed, ev.episodes))) == 0
 
 
 def test_libero_offers_proprio_state_and_refuses_privileged() -> None:
