@@ -214,10 +214,17 @@ def test_resize_with_pad_keeps_aspect_and_centres() -> None:
 
 
 def test_the_forward_split_is_measured_by_default_and_an_unknown_kind_is_refused(
-    tiny_backbone: TinyBackbone,
+    tiny_backbone: TinyBackbone, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from tests.conftest import SHIPPED_FORWARD_SPLIT
+
+    assert SHIPPED_FORWARD_SPLIT == "measured"
     base = tiny_backbone("qwen2_5_vl")
-    assert base.forward_split == "measured"
+    assert base.forward_split == "size"  # the suite pins the size rule (tests/conftest.py)
+    monkeypatch.setattr(backbone_module, "DEFAULT_FORWARD_SPLIT", "measured")
+    model = ResidentBaseModel.from_pretrained(str(base.source))
+    assert model.forward_split == "measured"
+    base = model
     with pytest.raises(InvalidRequestError, match="forward_split must be one of") as err:
         base.use_forward_split("fastest")  # type: ignore[arg-type]  # the wrong kind on purpose
     assert err.value.details["field"] == "forward_split"

@@ -272,7 +272,7 @@ def test_a_small_serving_batch_runs_its_forward_in_one_thread(
     from joynexus.models import backbone as backbone_module
     from joynexus.utils.intra_op import thread_intra_op_threads
 
-    base.use_forward_split("size")  # the session's backbone: "measured" again below
+    base.use_forward_split("size")  # as the suite pins it (tests/conftest.py)
     counting = CountingBase(base)
     threads: list[int] = []
     inner = counting.encode
@@ -295,7 +295,7 @@ def test_a_small_serving_batch_runs_its_forward_in_one_thread(
         (split,) = ex.run_requests([ServeRequest("lib", obs)])
     finally:
         torch.set_num_threads(before)
-        base.use_forward_split("measured")
+        base.use_forward_split("size")
     assert threads == [1, 2]
     np.testing.assert_allclose(small.actions, split.actions, rtol=1e-5, atol=1e-6)
 
@@ -334,7 +334,7 @@ def test_a_serving_batch_runs_the_way_its_backbone_measured_cheaper(
         answers = [ex.run_requests([ServeRequest("lib", obs)])[0] for _ in range(4)]
     finally:
         torch.set_num_threads(before)
-        base.use_forward_split("measured")
+        base.use_forward_split("size")  # as the suite pins it
     assert took == [True, False, False, False]
     assert threads == [2, 1, 1, 1]
     np.testing.assert_allclose(answers[0].actions, answers[3].actions, rtol=1e-5, atol=1e-6)

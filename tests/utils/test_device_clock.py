@@ -47,9 +47,10 @@ def test_a_busy_span_is_its_thread_cpu_and_never_more_than_its_wall() -> None:
     (span,) = rec.spans
     cpu1, _ = thread_clock()
     assert 0 < span.cpu_s <= cpu1 - cpu0
-    # The thread cannot run longer than the span lasted (schedstat and the wall clock
-    # tick apart: a millisecond of slack).
-    assert span.cpu_s <= span.end - span.start + 1e-3
+    # The thread cannot run longer than the span lasted. Schedstat's run time is brought
+    # up to date at the scheduler's tick, not at each read, so the two clocks tick apart
+    # by up to a tick (4 ms at 250 Hz; a run here measured 1.8 ms over): 5 ms of slack.
+    assert span.cpu_s <= span.end - span.start + 5e-3
 
 
 def test_nested_spans_count_once_and_nothing_is_kept_without_a_recorder() -> None:

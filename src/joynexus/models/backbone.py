@@ -43,6 +43,10 @@ CANONICALIZERS: tuple[Canonicalizer, ...] = ("tensor", "processor")
 #: use_forward_split`): by the measured cost of each way, or by the size rule alone.
 ForwardSplit = Literal["measured", "size"]
 FORWARD_SPLITS: tuple[ForwardSplit, ...] = ("measured", "size")
+#: The way a new backbone starts with. The test suite pins ``size``, so that which
+#: threads a test's forward runs on (and so the last bits of its result) never follow
+#: the machine's load; the tests of the measured choice ask for it.
+DEFAULT_FORWARD_SPLIT: ForwardSplit = "measured"
 #: Canonical pixels (rows × camera slots × size²) up to which a CPU canonicalization
 #: runs its ops in the calling thread alone: waking torch's sleeping intra-op threads for
 #: each op costs more than the work of a few images (RESULTS §8.1.4: one row of two
@@ -140,8 +144,8 @@ class ResidentBaseModel:
         self.canonicalizer_fallback: str | None = None
         self.use_canonicalizer(canonicalizer)
         self._split: SplitChooser | None = None
-        self.forward_split: ForwardSplit = "measured"
-        self.use_forward_split("measured")
+        self.forward_split: ForwardSplit = DEFAULT_FORWARD_SPLIT
+        self.use_forward_split(DEFAULT_FORWARD_SPLIT)
         model.requires_grad_(False)
         model.eval()
         # The LoRA hooks go on once, here: installing them later could race a forward
@@ -382,9 +386,10 @@ class ResidentBaseModel:
 
     def use_forward_split(self, kind: ForwardSplit, chooser: SplitChooser | None = None) -> None:
         """How a CPU forward decides to split its ops over torch's intra-op threads:
-        ``measured`` (default) runs the way recent forwards of its size found cheaper
-        (:class:`~joynexus.utils.split_choice.SplitChooser`, which follows the load of
-        the machine); ``size`` splits at :data:`SERIAL_FORWARD_MACS` and above.
+        ``measured`` (:data:`DEFAULT_FORWARD_SPLIT`) runs the way recent forwards of its
+        size found cheaper (:class:`~joynexus.utils.split_choice.SplitChooser`, which
+        follows the load of the machine); ``size`` splits at :data:`SERIAL_FORWARD_MACS`
+        and above.
         ``chooser`` carries ``measured``'s measurements over (default: a new one).
 
         Raises:
