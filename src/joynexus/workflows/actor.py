@@ -58,7 +58,12 @@ from joynexus.workflows.context import (
     job_heartbeat,
     reason_of,
 )
-from joynexus.workflows.storage import fail_until_stored, failure_reason, until_stored
+from joynexus.workflows.storage import (
+    FailedIteration,
+    fail_until_stored,
+    failure_reason,
+    until_stored,
+)
 
 __all__ = [
     "REASON_POLICY_STALE",
@@ -339,6 +344,7 @@ async def actor_consumer(ctx: WorkflowContext) -> None:
     ``ctx.actor_group_size`` > 1. A failed job is recorded on its tenant and the loop
     goes on: one tenant's bad batch never stops the others' training.
     """
+    failed = FailedIteration(ctx, "actor: training job failed")
     try:
         while True:
             try:
@@ -349,7 +355,9 @@ async def actor_consumer(ctx: WorkflowContext) -> None:
             except asyncio.CancelledError:
                 raise
             except Exception as error:
-                log.warning("actor: training job failed: %s", error)
+                await failed.after(error)
+                continue
+            failed.succeeded()
     finally:
         # Commits still running behind are bounded work that ends with its job's
         # terminal state: let them finish, as an inline commit would have.

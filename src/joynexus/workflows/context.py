@@ -228,7 +228,7 @@ def reason_of(error: BaseException) -> str:
 log = logging.getLogger(__name__)
 
 #: A producer's back-off while the disk is full (its reservations cannot be recorded).
-_STORAGE_BACKOFF_S = 0.5
+STORAGE_BACKOFF_S = 0.5
 
 
 async def produce_until_target(
@@ -260,7 +260,7 @@ async def produce_until_target(
                         "by itself once space is freed"
                     )
                     log.error("%s producer %s: %s", what, tenant.tenant_id, error)
-                await ctx.clock.sleep(max(ctx.poll_s, _STORAGE_BACKOFF_S))
+                await ctx.clock.sleep(max(ctx.poll_s, STORAGE_BACKOFF_S))
                 continue
             log.warning("%s producer %s: %s", what, tenant.tenant_id, error)
             tenant.errors.append(reason_of(error))

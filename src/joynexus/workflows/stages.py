@@ -33,7 +33,7 @@ from joynexus.services.samples import GROUP, as_numpy
 from joynexus.spec.workload import AlgorithmSpec
 from joynexus.workflows.actor import fail_job
 from joynexus.workflows.context import ACTOR_ROLE, WorkflowContext
-from joynexus.workflows.storage import fail_until_stored, failure_reason
+from joynexus.workflows.storage import FailedIteration, fail_until_stored, failure_reason
 
 __all__ = [
     "ADVANTAGE_TASK",
@@ -212,14 +212,16 @@ async def actor_forward_once(ctx: WorkflowContext) -> TrainingJob | None:
 
 async def _stage_loop(ctx: WorkflowContext, once_name: str) -> None:
     once = advantage_once if once_name == "advantages" else actor_forward_once
+    failed = FailedIteration(ctx, f"{once_name} stage: job failed")
     while True:
         try:
             job = await once(ctx)
         except asyncio.CancelledError:
             raise
         except Exception as error:  # the job is failed; the stage keeps serving others
-            log.warning("%s stage: job failed: %s", once_name, error)
+            await failed.after(error)
             continue
+        failed.succeeded()
         if job is None:
             await ctx.clock.sleep(ctx.poll_s)
 

@@ -20,12 +20,19 @@ from typing import TypeVar
 from joynexus.errors import StorageFullError
 from joynexus.utils.storage import storage_full_cause
 from joynexus.workflows.context import (
+    STORAGE_BACKOFF_S,
     STORAGE_FULL_REASON,
     WorkflowContext,
     reason_of,
 )
 
-__all__ = ["STORAGE_RETRY_MAX_S", "fail_until_stored", "failure_reason", "until_stored"]
+__all__ = [
+    "STORAGE_RETRY_MAX_S",
+    "FailedIteration",
+    "fail_until_stored",
+    "failure_reason",
+    "until_stored",
+]
 
 log = logging.getLogger(__name__)
 
@@ -90,3 +97,35 @@ async def fail_until_stored(ctx: WorkflowContext, job_id: str, tenant_id: str, r
             ctx.scheduler.fail(job_id, reason)
 
     await until_stored(ctx, tenant_id, fail, f"job {job_id}'s end")
+
+
+class FailedIteration:
+    """How a serving loop (an RL stage, the actor) waits after an iteration that raised.
+
+    It never goes round again at once. A failure raised before the iteration's first
+    ``await`` (a lease the full disk refused) would otherwise spin without yielding: the
+    event loop starves every other task, and a warning per spin fills memory with
+    millions of lines. A full disk is logged once per episode and backed off like the
+    producers; any other failure waits ``ctx.poll_s``.
+    """
+
+    def __init__(self, ctx: WorkflowContext, what: str) -> None:
+        self._ctx = ctx
+        self._what = what
+        self._full = False  # a full-disk episode is logged once, at its start
+
+    async def after(self, error: Exception) -> None:
+        """Log ``error`` and wait before the loop's next iteration."""
+        if storage_full_cause(error) is not None:
+            if not self._full:
+                log.error("%s: %s (waiting for disk space)", self._what, error)
+            self._full = True
+            await self._ctx.clock.sleep(max(self._ctx.poll_s, STORAGE_BACKOFF_S))
+            return
+        self._full = False
+        log.warning("%s: %s", self._what, error)
+        await self._ctx.clock.sleep(self._ctx.poll_s)
+
+    def succeeded(self) -> None:
+        """An iteration went through: the next full disk is a new episode."""
+        self._full = False
