@@ -204,3 +204,65 @@ def test_core_busy_seconds_reads_each_core_of_proc_stat() -> None:
         "intr 1 2 3\n"
     )
     assert core_busy_seconds(text) == {0: 2.0, 1: 3.0}
+
+
+def _with_simulators(trace: PhaseTrace, *, sim_s: float, sim_wait: float) -> PhaseTrace:
+    """``trace`` with every gap between its device steps a simulator call of ``sim_s``
+    seconds of its own plus ``sim_wait`` on the run queue (the gaps are respaced)."""
+    busy: list[Interval] = []
+    spans: list[DeviceSpan] = []
+    t = 0.0
+    for iv, sp in zip(trace.busy, trace.device_spans, strict=True):
+        length = iv.end - iv.start
+        busy.append(Interval("training", t, t + length))
+        spans.append(DeviceSpan(t, t + length, sp.cpu_s, sp.wait_s))
+        t += length
+        busy.append(Interval("environment", t, t + sim_s + sim_wait, "rl-a", sim_wait))
+        t += sim_s + sim_wait
+    trace.busy, trace.device_spans, trace.ended_at = busy, spans, t
+    return trace
+
+
+def test_simulators_slowed_by_other_work_leave_the_ratio_alone(tmp_path: Path) -> None:
+    def report(sim_wait: float) -> dict[str, Any]:
+        multi, iso = _phases(tmp_path, 0.0)
+        iso = [_with_simulators(tr, sim_s=3.0, sim_wait=sim_wait) for tr in iso]
+        return build_report(
+            multi,
+            iso,
+            profile="fast",
+            reason="test",
+            knobs={},
+            rl_tenants=list(RL),
+            sft_tenant="sft",
+            eval_tenant="eval",
+        )
+
+    quiet, busy = report(0.0), report(2.0)
+    # The replays' windows grow by 10 calls x 2 s each; the device waited that out.
+    assert busy["device_time"]["wall"]["ratio"] > quiet["device_time"]["wall"]["ratio"]
+    assert busy["device_time_ratio"] == pytest.approx(quiet["device_time_ratio"], abs=1e-3)
+    assert busy["device_time"]["interference"]["isolated_s"] == pytest.approx(40.0)
+    dev = busy["isolated"]["replays"][0]["device"]
+    assert dev["simulator_wait_s"] == dev["simulator_interference_s"] == pytest.approx(20.0)
+    assert dev["device_time_s"] == pytest.approx(40.0)  # 10 s of steps + 10 x 3 s of calls
+    # The bound sees the simulators on their own clock too.
+    assert busy["device_time_bound"] == quiet["device_time_bound"]
+
+
+def test_a_simulator_wait_hidden_behind_device_work_is_not_taken_out(tmp_path: Path) -> None:
+    multi, _ = _phases(tmp_path, 0.0)
+    # Simulator calls that run entirely while the device is busy: the device never
+    # waited for them, so their run-queue wait cost the phase nothing.
+    multi.busy += [Interval("environment", iv.start, iv.end, "rl-a", 0.5) for iv in multi.busy]
+    assert multi.simulator_wait_seconds() == pytest.approx(20 * 0.5)
+    assert multi.simulator_interference_seconds() == 0.0
+    assert multi.interference_seconds() == multi.device_interference_seconds()
+
+
+def test_an_unmeasured_simulator_wait_takes_nothing_out(tmp_path: Path) -> None:
+    _, iso = _phases(tmp_path, 0.0)
+    trace = _with_simulators(iso[0], sim_s=3.0, sim_wait=0.0)
+    trace.busy = [Interval(iv.service, iv.start, iv.end, iv.tenant, None) for iv in trace.busy]
+    assert trace.simulator_wait_seconds() is None
+    assert trace.simulator_interference_seconds() == 0.0

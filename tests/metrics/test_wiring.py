@@ -185,3 +185,8 @@ def test_environment_steps_are_metered_per_tenant() -> None:
     )
     metrics.drain()
     assert [e.tenant_id for e in events if e.name == "env.step_latency_s"] == ["A"] * 3
+    # Each step's simulator run-queue wait comes just before its latency, from the worker.
+    names = [e.name for e in events if e.name.startswith("env.step_")]
+    assert names == ["env.step_wait_s", "env.step_latency_s"] * 3
+    waits = [e.value for e in events if e.name == "env.step_wait_s"]
+    assert all(w >= 0.0 for w in waits)

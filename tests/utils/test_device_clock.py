@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from joynexus.utils.affinity import on_device
-from joynexus.utils.device_clock import SpanRecorder, device_span, thread_clock
+from joynexus.utils.device_clock import SpanRecorder, device_span, process_clock, thread_clock
 
 
 def _spin(n: int) -> int:
@@ -75,3 +75,31 @@ def test_the_run_queue_wait_is_measured_where_linux_keeps_it() -> None:
         _spin(1000)
     (span,) = rec.spans
     assert span.wait_s is not None and span.wait_s >= 0.0
+
+
+def test_the_process_clock_adds_up_every_live_thread() -> None:
+    if process_clock() is None:
+        pytest.skip("no per-thread schedstat here")
+    stop = threading.Event()
+    ran = [0.0]  # the spinning thread's own CPU seconds, as it last read them
+
+    def spin() -> None:
+        while not stop.is_set():
+            _spin(2000)
+            ran[0] = thread_clock()[0]
+
+    before = process_clock()
+    worker = threading.Thread(target=spin)
+    worker.start()
+    try:
+        while ran[0] < 0.05:  # until the other thread has run a while (this one waits)
+            stop.wait(0.01)
+        seen = ran[0]
+        after = process_clock()
+    finally:
+        stop.set()
+        worker.join()
+    assert before is not None and after is not None
+    # The other thread's CPU is in the sum, although it is not the caller.
+    assert after[0] - before[0] >= seen
+    assert after[1] >= 0.0

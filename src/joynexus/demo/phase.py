@@ -41,6 +41,7 @@ from joynexus.workflows.summary import RunSummary, TenantProgress
 
 __all__ = [
     "BUSY_EVENTS",
+    "SIM_WAIT_EVENT",
     "Interval",
     "JobRecord",
     "PhaseTrace",
@@ -53,6 +54,9 @@ __all__ = [
 
 #: The services that run on the shared device (the simulators run beside it).
 DEVICE_SERVICES = ("training", "inference")
+
+#: A simulator call's run-queue wait, emitted just before its ``env.step_latency_s``.
+SIM_WAIT_EVENT = "env.step_wait_s"
 
 #: Metric event name -> service whose busy time it measures.
 BUSY_EVENTS: dict[str, str] = {
@@ -71,6 +75,9 @@ class Interval:
     end: float
     #: The tenant a simulator call served (None for the shared services).
     tenant: str | None = None
+    #: A simulator call's run-queue wait: seconds its worker was ready to run while its
+    #: core ran something else (None: not measured, or not a simulator call).
+    wait_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -178,7 +185,7 @@ class PhaseTrace:
             for sp in self.device_spans
         )
 
-    def interference_seconds(self) -> float:
+    def device_interference_seconds(self) -> float:
         """Seconds of the window the device's work lost to other threads and processes
         on its core: the run-queue wait, or where that is not measured, the wall busy
         seconds less the device thread's CPU seconds."""
@@ -186,6 +193,43 @@ class PhaseTrace:
         if wait is not None:
             return wait
         return max(self.device_busy_seconds() - self.device_cpu_seconds(), 0.0)
+
+    def simulator_wait_seconds(self) -> float | None:
+        """The simulator calls' run-queue wait inside the window (each call's share that
+        falls inside it); None where a call did not measure it."""
+        calls = [iv for iv in self.busy if iv.service == "environment"]
+        if not calls or any(iv.wait_s is None for iv in calls):
+            return None
+        lo, hi = self.started_at, self.ended_at
+        total = 0.0
+        for iv in calls:
+            length = iv.end - iv.start
+            share = (
+                (max(min(iv.end, hi) - max(iv.start, lo), 0.0) / length)
+                if length > 0
+                else float(lo <= iv.end <= hi)
+            )
+            total += (iv.wait_s or 0.0) * share
+        return total
+
+    def simulator_interference_seconds(self) -> float:
+        """Seconds of the window the device waited out because its simulators lost their
+        cores: the simulators' run-queue wait, at most the seconds in which a simulator
+        call ran while the device was idle (a wait hidden behind device work cost the
+        phase nothing). Overlapping calls' waits add up, so the cap matters where
+        several simulators run at once."""
+        wait = self.simulator_wait_seconds()
+        if not wait:
+            return 0.0
+        lo, hi = self.started_at, self.ended_at
+        either = window_union_seconds(self.busy, (*DEVICE_SERVICES, "environment"), lo, hi)
+        return min(wait, max(either - self.device_busy_seconds(), 0.0))
+
+    def interference_seconds(self) -> float:
+        """Seconds of the window lost to other threads and processes: the device's own
+        (:meth:`device_interference_seconds`) and its simulators' while it waited for
+        them (:meth:`simulator_interference_seconds`)."""
+        return self.device_interference_seconds() + self.simulator_interference_seconds()
 
     @property
     def own_window_s(self) -> float:
@@ -341,10 +385,16 @@ async def run_phase(
         if on_status is not None:
             on_status(msg)
 
+    sim_waits: dict[str | None, float] = {}  # a call's wait, until its latency event
+
     def on_event(e: MetricEvent) -> None:
+        if e.name == SIM_WAIT_EVENT:
+            sim_waits[e.tenant_id] = e.value
+            return
         service = BUSY_EVENTS.get(e.name)
         if service is not None:
-            busy.append(Interval(service, e.timestamp - e.value, e.timestamp, e.tenant_id))
+            wait = sim_waits.pop(e.tenant_id, None) if service == "environment" else None
+            busy.append(Interval(service, e.timestamp - e.value, e.timestamp, e.tenant_id, wait))
 
     wipe_run_state(run_dir)  # fresh: nothing of an earlier run resumes or is counted
     run = LocalRun(run_dir, config=config)

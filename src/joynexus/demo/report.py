@@ -112,7 +112,11 @@ HOW_TO_READ = {
         "or this process's host threads) + "
         "blocked_s (the backbone lock, the GIL, I/O: the system's own waits, kept in "
         "the device time); device_wall_busy_s is the steps' and batches' measured wall "
-        "seconds (the busy intervals, lock waits excluded)"
+        "seconds (the busy intervals, lock waits excluded); simulator_wait_s is the "
+        "simulator workers' run-queue wait during their calls and "
+        "simulator_interference_s the part of it the device waited out (at most the "
+        "seconds a simulator call ran while the device was idle); interference_s = "
+        "run_queue_wait_s + simulator_interference_s"
     ),
     "device_time_ratio_layout_weighted": (
         "the same ratio with the paper's device counts (1-1-2 isolated, 2-2-4 "
@@ -233,6 +237,7 @@ def _success_row(trace: PhaseTrace, tenant: str) -> dict[str, Any]:
 def _device(trace: PhaseTrace) -> dict[str, Any]:
     """Where the phase's device busy time went: own CPU, run-queue wait, the rest."""
     cpu, wait = trace.device_cpu_seconds(), trace.device_wait_seconds()
+    sim_wait = trace.simulator_wait_seconds()
     lo, hi = trace.started_at, trace.ended_at
     spans_wall = sum(max(min(sp.end, hi) - max(sp.start, lo), 0.0) for sp in trace.device_spans)
     measured = bool(trace.device_spans)
@@ -244,6 +249,8 @@ def _device(trace: PhaseTrace) -> dict[str, Any]:
         "device_cpu_s": _r(cpu, 3) if measured else None,
         "run_queue_wait_s": _r(wait, 3) if measured else None,
         "blocked_s": _r(spans_wall - cpu - (wait or 0.0), 3) if measured else None,
+        "simulator_wait_s": _r(sim_wait, 3) if sim_wait is not None else None,
+        "simulator_interference_s": _r(trace.simulator_interference_seconds(), 3),
         "device_spans": len(trace.device_spans),
     }
 
@@ -355,7 +362,8 @@ def build_report(
                 "(window - interference) x devices; both phases ran on the same single "
                 "machine, so device time = (window - interference) seconds x 1, where "
                 "interference = the device thread's run-queue wait inside its steps and "
-                "batches (ready to run, its core running something else)"
+                "batches (ready to run, its core running something else) plus the "
+                "simulators' run-queue wait while the device was idle waiting for them"
             ),
             "basis": (
                 "device thread's CPU time and run-queue wait"
@@ -471,17 +479,20 @@ def device_time_bound(
     shared device's (training and inference steps) or the simulators' (their steps).
 
     Args:
-        basis: ``own`` — device times less interference and the device's own CPU busy
-            seconds (what ``device_time_ratio`` is measured on); ``wall`` — windows and
-            wall busy seconds.
+        basis: ``own`` — device times less interference, the device's own CPU busy
+            seconds and the simulators' calls less their run-queue wait (what
+            ``device_time_ratio`` is measured on); ``wall`` — windows and wall busy
+            seconds.
     """
+    simulator_s = sum(tr.busy_seconds("environment") for tr in isolated)
     if basis == "wall":
         windows = sum(tr.window_s for tr in isolated)
         device_s = sum(tr.device_busy_seconds() for tr in isolated)
     else:
         windows = sum(tr.own_window_s for tr in isolated)
         device_s = sum(tr.device_own_busy_seconds() for tr in isolated)
-    simulator_s = sum(tr.busy_seconds("environment") for tr in isolated)
+        # The simulators on their own clock too: their calls less their run-queue wait.
+        simulator_s -= sum(tr.simulator_wait_seconds() or 0.0 for tr in isolated)
     floor = max(device_s, simulator_s)
     limited_by = "device" if device_s >= simulator_s else "simulators"
     bound = windows / floor if floor > 0 else None

@@ -16,7 +16,8 @@ Event names (category):
   ``step`` = the policy version after the step).
 * ``rollout.mean_return``, ``rollout.success_rate``, ``eval.mean_return``,
   ``eval.success_rate`` (learning, per tenant).
-* ``env.step_latency_s`` (system, per tenant).
+* ``env.step_latency_s`` (system, per tenant), with ``env.step_wait_s`` just before it
+  where the simulator's run-queue wait was measured (ready, its core busy elsewhere).
 
 Predict-path stage times (admission, queue wait, lock wait, canonicalize, backbone,
 head) go to the Metrics Service's :class:`~joynexus.metrics.stages.StageMeter`, not the
@@ -132,12 +133,18 @@ class Instruments:
 
     # --- environment ----------------------------------------------------------------------
 
-    def env_call(self, tenant_id: str, steps: int, seconds: float) -> None:
-        """A reset (``steps=0``) or step of one of the tenant's sessions."""
+    def env_call(
+        self, tenant_id: str, steps: int, seconds: float, *, wait_s: float | None = None
+    ) -> None:
+        """A reset (``steps=0``) or step of one of the tenant's sessions; ``wait_s``: the
+        simulator's run-queue wait inside it (None: not measured)."""
         try:
             if self.usage is not None:
                 self.usage.record_env(tenant_id, steps, seconds)
             if steps:
+                if wait_s is not None:
+                    # Before the latency event: a sink pairs it with the call that follows.
+                    self._emit("system", "env.step_wait_s", wait_s, tenant_id)
                 self._emit("system", "env.step_latency_s", seconds, tenant_id)
         except Exception:
             log.exception("metering an environment call failed")

@@ -25,6 +25,7 @@ from joynexus import errors
 from joynexus.envs.base import EnvSpec
 from joynexus.errors import EnvironmentServiceError, SimulatorCrashedError, SpecError
 from joynexus.utils.affinity import pin_this_process
+from joynexus.utils.device_clock import process_clock
 
 __all__ = ["SimulatorWorker", "mp_context"]
 
@@ -79,6 +80,8 @@ def _worker_main(
         conn.send(_error_reply(exc))
         return
     while True:
+        # Read before waiting for the request: a wake-up the core delayed counts too.
+        before = process_clock()
         try:
             op, arg = conn.recv()
         except (EOFError, OSError):
@@ -99,10 +102,18 @@ def _worker_main(
                 break
             else:
                 raise errors.InternalError(f"unknown worker op {op!r}")
-            conn.send(("ok", result))
+            conn.send(("ok", result, _waited(before)))
         except Exception as exc:
             conn.send(_error_reply(exc))
     conn.close()
+
+
+def _waited(before: tuple[float, float] | None) -> float | None:
+    """This process's run-queue wait since ``before`` (None: not measurable here)."""
+    after = process_clock()
+    if before is None or after is None:
+        return None
+    return max(after[1] - before[1], 0.0)
 
 
 class SimulatorWorker:
@@ -116,6 +127,10 @@ class SimulatorWorker:
         self.process = process
         self.conn = conn
         self.dead_reason: str | None = None
+        #: The worker's run-queue wait during the last call that answered (None: not
+        #: measurable): seconds its simulator was ready to run while its core ran
+        #: something else. The Environment Service reads it under the session's lock.
+        self.last_wait_s: float | None = None
 
     @classmethod
     async def start(
@@ -170,6 +185,7 @@ class SimulatorWorker:
             )
             raise SimulatorCrashedError(self.dead_reason or "crashed") from None
         if reply[0] == "ok":
+            self.last_wait_s = reply[2] if len(reply) > 2 else None
             return reply[1]
         _, cls_name, message_text, details = reply
         cls = getattr(errors, cls_name, EnvironmentServiceError)

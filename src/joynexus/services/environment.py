@@ -276,7 +276,10 @@ class EnvironmentService:
             start = time.perf_counter()
             result = await self._call(session, "step", acts)
             self._instruments.env_call(
-                session.tenant_id, session.spec.num_envs, time.perf_counter() - start
+                session.tenant_id,
+                session.spec.num_envs,
+                time.perf_counter() - start,
+                wait_s=session.worker.last_wait_s,
             )
             session.last_used = self.clock.now()
         if not isinstance(result, EnvStep):

@@ -24,15 +24,17 @@ costs a list check.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DeviceSpan", "SpanRecorder", "device_span", "thread_clock"]
+__all__ = ["DeviceSpan", "SpanRecorder", "device_span", "process_clock", "thread_clock"]
 
 _SCHEDSTAT = "/proc/thread-self/schedstat"
+_TASKS = "/proc/self/task"
 
 
 def thread_clock() -> tuple[float, float | None]:
@@ -43,6 +45,31 @@ def thread_clock() -> tuple[float, float | None]:
         return int(fields[0]) / 1e9, int(fields[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return time.thread_time(), None
+
+
+def process_clock() -> tuple[float, float] | None:
+    """(CPU seconds, run-queue wait seconds) of this process's live threads so far.
+
+    A simulator worker reads it around each call: its run-queue wait is what other
+    threads and processes took from the simulator (a renderer's threads included).
+    None where the kernel keeps no schedstat.
+    """
+    cpu = wait = 0.0
+    try:
+        tasks = os.listdir(_TASKS)
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"{_TASKS}/{tid}/schedstat", "rb") as f:
+                fields = f.read().split()
+            cpu += int(fields[0]) / 1e9
+            wait += int(fields[1]) / 1e9
+        except FileNotFoundError:
+            continue  # the thread ended meanwhile
+        except (OSError, ValueError, IndexError):
+            return None
+    return cpu, wait
 
 
 @dataclass(frozen=True)
