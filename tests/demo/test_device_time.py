@@ -169,6 +169,48 @@ def test_the_report_records_the_load_of_every_phase(tmp_path: Path) -> None:
     line = load_line(report)
     assert "multi-tenant 2.5–3.0 (mean 2.8)" in line and "isolated replays 2.5–3.0" in line
     assert "ran 50 s of other work during the multi-tenant phase" in line
+    # No process clock in these made-up phases: nothing said of the host threads.
+    assert multi["process"] == {"cpu_s": None, "run_queue_wait_s": None}
+
+
+def test_the_host_threads_wait_is_the_processs_less_the_devices(tmp_path: Path) -> None:
+    multi, iso = _phases(tmp_path, 2.0)
+    multi.machine.process_cpu_s, multi.machine.process_wait_s = 30.0, 55.0
+    report = build_report(
+        multi,
+        iso,
+        profile="fast",
+        reason="test",
+        knobs={},
+        rl_tenants=list(RL),
+        sft_tenant="sft",
+        eval_tenant="eval",
+    )
+    process = report["machine"]["phases"]["multi-tenant"]["process"]
+    # 55 s of the process's threads' wait, 40 s of it the device thread's inside its steps.
+    assert process == {"cpu_s": 30.0, "run_queue_wait_s": 55.0, "host_run_queue_wait_s": 15.0}
+
+
+def test_the_load_probe_reads_this_processs_threads() -> None:
+    import asyncio
+
+    from joynexus.demo.machine import LoadProbe
+    from joynexus.utils.device_clock import process_clock
+
+    if process_clock() is None:
+        pytest.skip("no per-thread schedstat here")
+
+    async def main() -> MachineLoad:
+        probe = LoadProbe(interval_s=10.0)
+        probe.start()
+        total = 0
+        for i in range(300_000):  # some CPU of this thread inside the period
+            total += i
+        return await probe.stop()
+
+    load = asyncio.run(main())
+    assert load.process_cpu_s is not None and load.process_cpu_s > 0.0
+    assert load.process_wait_s is not None and load.process_wait_s >= 0.0
 
 
 def test_the_readout_leads_with_the_ratio_then_the_interference_and_load(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ The demo's phases run on a machine other jobs may share. Each phase records
   something other than the device work (its own CPU seconds are measured apart,
   :mod:`joynexus.utils.device_clock`).
 
-* the CPU seconds and run-queue wait of this process's descendant processes over the
-  phase, from each one's threads' ``/proc/<pid>/task/*/schedstat`` (meant for the
-  simulator workers; with the demo's fast simulators it finds only launcher processes
-  that run no CPU, so it is reported, not used).
+* the CPU seconds and run-queue wait of this process's own threads over the phase
+  (:func:`~joynexus.utils.device_clock.process_clock`): less the device spans' share,
+  what its host threads (event loop, workers) ran and waited for a core. The
+  simulators' wait is measured per call by the workers themselves.
 
 Each part is left empty where the platform lacks it.
 """
@@ -27,7 +27,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LoadProbe", "MachineLoad", "children_clock", "core_busy_seconds"]
+from joynexus.utils.device_clock import process_clock
+
+__all__ = ["LoadProbe", "MachineLoad", "core_busy_seconds"]
 
 _BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user nice system irq softirq steal
 
@@ -55,49 +57,8 @@ def core_busy_seconds(stat_text: str | None = None) -> dict[int, float]:
     return out
 
 
-def _children() -> list[int]:
-    """Pids of this process's descendants (the simulator workers may be a launcher's
-    children; Linux ``/proc``, empty elsewhere)."""
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return []
-    parent: dict[int, int] = {}
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[-1].split()
-            parent[int(name)] = int(fields[1])
-        except (OSError, ValueError, IndexError):
-            continue
-    found, frontier = [], {os.getpid()}
-    while frontier:
-        kids = [pid for pid, pp in parent.items() if pp in frontier]
-        found += kids
-        frontier = set(kids)
-    return found
-
-
-def children_clock() -> dict[int, tuple[float, float]]:
-    """(CPU seconds, run-queue wait seconds) of every descendant process, threads summed."""
-    out: dict[int, tuple[float, float]] = {}
-    for pid in _children():
-        cpu = wait = 0.0
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                    a, b, *_ = f.read().split()
-            except (OSError, ValueError):
-                continue
-            cpu, wait = cpu + int(a) / 1e9, wait + int(b) / 1e9
-        out[pid] = (cpu, wait)
-    return out
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
 
 
 def _load1() -> float | None:
@@ -116,10 +77,8 @@ class MachineLoad:
         period_s: Seconds from the probe's start to its stop.
         load1: The 1-minute load average samples.
         core_busy_s: Busy seconds of each core over the period.
-        children_cpu_s / children_wait_s: CPU seconds and run-queue wait, over the
-            period, of the descendant processes alive at its end (the simulator
-            workers; one started during the period counts from its start).
-        children: How many such processes.
+        process_cpu_s / process_wait_s: CPU seconds and run-queue wait of this
+            process's threads over the period (None: not measurable here).
     """
 
     start: float = 0.0
@@ -127,9 +86,8 @@ class MachineLoad:
     period_s: float = 0.0
     load1: list[float] = field(default_factory=list)
     core_busy_s: dict[int, float] = field(default_factory=dict)
-    children_cpu_s: float = 0.0
-    children_wait_s: float = 0.0
-    children: int = 0
+    process_cpu_s: float | None = None
+    process_wait_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         xs = self.load1
@@ -142,10 +100,9 @@ class MachineLoad:
                 "samples": len(xs),
             },
             "core_busy_s": {str(c): round(s, 2) for c, s in sorted(self.core_busy_s.items())},
-            "descendant_processes": {
-                "processes": self.children,
-                "cpu_s": round(self.children_cpu_s, 2),
-                "run_queue_wait_s": round(self.children_wait_s, 2),
+            "process": {
+                "cpu_s": _round(self.process_cpu_s),
+                "run_queue_wait_s": _round(self.process_wait_s),
             },
         }
 
@@ -159,7 +116,7 @@ class LoadProbe:
         self._t0 = 0.0
         self._start = 0.0
         self._cores0: dict[int, float] = {}
-        self._kids0: dict[int, tuple[float, float]] = {}
+        self._clock0: tuple[float, float] | None = None
         self._samples: list[float] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -176,7 +133,7 @@ class LoadProbe:
     def start(self) -> None:
         self._t0, self._start = time.monotonic(), time.time()
         self._cores0 = core_busy_seconds()
-        self._kids0 = children_clock()
+        self._clock0 = process_clock()
         self._sample()
         self._task = asyncio.get_running_loop().create_task(self._loop())
 
@@ -190,16 +147,18 @@ class LoadProbe:
         self._task = None
         self._sample()
         cores1 = core_busy_seconds()
-        kids1 = children_clock()
-        # A worker started during the phase (sessions start with the loops) counts whole.
-        k0 = self._kids0
+        clock0, clock1 = self._clock0, process_clock()
+        spent = (
+            None
+            if clock0 is None or clock1 is None
+            else (clock1[0] - clock0[0], clock1[1] - clock0[1])
+        )
         return MachineLoad(
             start=self._start,
             end=time.time(),
             period_s=time.monotonic() - self._t0,
             load1=list(self._samples),
             core_busy_s={c: cores1[c] - self._cores0[c] for c in cores1 if c in self._cores0},
-            children_cpu_s=sum(kids1[p][0] - k0.get(p, (0.0, 0.0))[0] for p in kids1),
-            children_wait_s=sum(kids1[p][1] - k0.get(p, (0.0, 0.0))[1] for p in kids1),
-            children=len(kids1),
+            process_cpu_s=None if spent is None else spent[0],
+            process_wait_s=None if spent is None else max(spent[1], 0.0),
         )

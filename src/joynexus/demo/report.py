@@ -260,6 +260,12 @@ def _phase_load(trace: PhaseTrace) -> dict[str, Any]:
     device's own work (other threads of this process and other processes)."""
     m = trace.machine
     out = m.to_json()
+    span_wait = sum(
+        (sp.wait_s or 0.0) * span_fraction(sp, m.start, m.end) for sp in trace.device_spans
+    )
+    if m.process_wait_s is not None:
+        # The process's threads less the device's: what its host threads waited for a core.
+        out["process"]["host_run_queue_wait_s"] = _r(max(m.process_wait_s - span_wait, 0.0), 2)
     cores = trace.device_cores
     if cores and m.core_busy_s and all(c in m.core_busy_s for c in cores):
         own = sum(sp.cpu_s * span_fraction(sp, m.start, m.end) for sp in trace.device_spans)
