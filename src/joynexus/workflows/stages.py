@@ -20,7 +20,6 @@ derived fields are written back against the same samples with ``put``:
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Mapping
 
 import numpy as np
@@ -46,8 +45,6 @@ __all__ = [
 
 ADVANTAGE_TASK = "compute_advantages_and_returns"
 _READ_CHUNK = 4096
-
-log = logging.getLogger(__name__)
 
 
 def _time_major(
