@@ -84,8 +84,7 @@ def _phases(tmp: Path, wait: float) -> tuple[PhaseTrace, list[PhaseTrace]]:
     return multi, iso
 
 
-def _report(tmp: Path, wait: float) -> dict[str, Any]:
-    multi, iso = _phases(tmp, wait)
+def _build(multi: PhaseTrace, iso: list[PhaseTrace]) -> dict[str, Any]:
     return build_report(
         multi,
         iso,
@@ -96,6 +95,10 @@ def _report(tmp: Path, wait: float) -> dict[str, Any]:
         sft_tenant="sft",
         eval_tenant="eval",
     )
+
+
+def _report(tmp: Path, wait: float) -> dict[str, Any]:
+    return _build(*_phases(tmp, wait))
 
 
 def test_the_ratio_is_the_same_on_a_quiet_and_a_busy_machine(tmp_path: Path) -> None:
@@ -142,16 +145,7 @@ def test_no_spans_falls_back_to_the_wall_clock(tmp_path: Path) -> None:
     multi, iso = _phases(tmp_path, 1.0)
     for tr in (multi, *iso):
         tr.device_spans = []
-    report = build_report(
-        multi,
-        iso,
-        profile="fast",
-        reason="test",
-        knobs={},
-        rl_tenants=list(RL),
-        sft_tenant="sft",
-        eval_tenant="eval",
-    )
+    report = _build(multi, iso)
     assert report["device_time"]["basis"] == "wall clock (no device span recorded)"
     assert report["device_time_ratio"] == report["device_time"]["wall"]["ratio"]
     assert report["multi_tenant"]["device"]["device_cpu_s"] is None
@@ -176,16 +170,7 @@ def test_the_report_records_the_load_of_every_phase(tmp_path: Path) -> None:
 def test_the_host_threads_wait_is_the_processs_less_the_devices(tmp_path: Path) -> None:
     multi, iso = _phases(tmp_path, 2.0)
     multi.machine.process_cpu_s, multi.machine.process_wait_s = 30.0, 55.0
-    report = build_report(
-        multi,
-        iso,
-        profile="fast",
-        reason="test",
-        knobs={},
-        rl_tenants=list(RL),
-        sft_tenant="sft",
-        eval_tenant="eval",
-    )
+    report = _build(multi, iso)
     process = report["machine"]["phases"]["multi-tenant"]["process"]
     # 55 s of the process's threads' wait, 40 s of it the device thread's inside its steps.
     assert process == {"cpu_s": 30.0, "run_queue_wait_s": 55.0, "host_run_queue_wait_s": 15.0}
@@ -269,16 +254,7 @@ def test_simulators_slowed_by_other_work_leave_the_ratio_alone(tmp_path: Path) -
     def report(sim_wait: float) -> dict[str, Any]:
         multi, iso = _phases(tmp_path, 0.0)
         iso = [_with_simulators(tr, sim_s=3.0, sim_wait=sim_wait) for tr in iso]
-        return build_report(
-            multi,
-            iso,
-            profile="fast",
-            reason="test",
-            knobs={},
-            rl_tenants=list(RL),
-            sft_tenant="sft",
-            eval_tenant="eval",
-        )
+        return _build(multi, iso)
 
     quiet, busy = report(0.0), report(2.0)
     # The replays' windows grow by 10 calls x 2 s each; the device waited that out.
