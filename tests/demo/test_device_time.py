@@ -284,3 +284,22 @@ def test_an_unmeasured_simulator_wait_takes_nothing_out(tmp_path: Path) -> None:
     trace.busy = [Interval(iv.service, iv.start, iv.end, iv.tenant, None) for iv in trace.busy]
     assert trace.simulator_wait_seconds() is None
     assert trace.simulator_interference_seconds() == 0.0
+
+
+def test_two_device_threads_waiting_at_once_never_take_out_the_devices_own_time(
+    tmp_path: Path,
+) -> None:
+    multi, _ = _phases(tmp_path, 2.0)  # 20 steps of 1 s CPU + 2 s wait, 0.5 s apart
+    # An inference thread ready at the same moments as every step, waiting on the same
+    # core for the same 2 s: a second thread's wait for the same lost seconds.
+    multi.device_spans += [
+        DeviceSpan(sp.start, sp.end, 0.0, sp.wait_s) for sp in multi.device_spans
+    ]
+    assert multi.device_wait_seconds() == pytest.approx(80.0)
+    # The window is 69.5 s and the device computed 20 s of it: 49.5 s at most were lost.
+    assert multi.interference_seconds() == pytest.approx(69.5 - 20.0)
+    assert multi.own_window_s == pytest.approx(multi.device_floor_s()) == pytest.approx(20.0)
+    # Over two device cores the same CPU seconds could have run in half the time.
+    multi.device_cores = [0, 1]
+    assert multi.device_floor_s() == pytest.approx(10.0)
+    assert multi.own_window_s == pytest.approx(10.0)

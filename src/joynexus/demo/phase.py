@@ -20,6 +20,7 @@ workloads concurrently) to the completion of the last matched update.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -228,8 +229,24 @@ class PhaseTrace:
     def interference_seconds(self) -> float:
         """Seconds of the window lost to other threads and processes: the device's own
         (:meth:`device_interference_seconds`) and its simulators' while it waited for
-        them (:meth:`simulator_interference_seconds`)."""
-        return self.device_interference_seconds() + self.simulator_interference_seconds()
+        them (:meth:`simulator_interference_seconds`), never so much that the device
+        time left falls below what the device itself computed (:meth:`device_floor_s`).
+
+        The waits are summed per thread, so two device threads waiting at once (a
+        training step and an inference batch, both ready on the device's one core), or
+        a device thread and a simulator, count the same lost second twice; the floor
+        keeps that from taking out time the device was provably busy."""
+        total = self.device_interference_seconds() + self.simulator_interference_seconds()
+        return min(total, max(self.window_s - self.device_floor_s(), 0.0))
+
+    def device_floor_s(self) -> float:
+        """The least device time the window can have held: the device threads' CPU
+        seconds over the device's cores (they cannot run on more at once), at most the
+        window; 0 where no device span was recorded."""
+        if not self.device_spans:
+            return 0.0
+        cores = len(self.device_cores) if self.device_cores else (os.cpu_count() or 1)
+        return min(self.device_cpu_seconds() / cores, self.window_s)
 
     @property
     def own_window_s(self) -> float:

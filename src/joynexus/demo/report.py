@@ -116,7 +116,9 @@ HOW_TO_READ = {
         "simulator workers' run-queue wait during their calls and "
         "simulator_interference_s the part of it the device waited out (at most the "
         "seconds a simulator call ran while the device was idle); interference_s = "
-        "run_queue_wait_s + simulator_interference_s"
+        "run_queue_wait_s + simulator_interference_s, at most window_s less the device "
+        "threads' CPU seconds over the device's cores (waits are summed per thread, so "
+        "two threads waiting at once would count one lost second twice)"
     ),
     "device_time_ratio_layout_weighted": (
         "the same ratio with the paper's device counts (1-1-2 isolated, 2-2-4 "
