@@ -202,16 +202,7 @@ class PhaseTrace:
         if not calls or any(iv.wait_s is None for iv in calls):
             return None
         lo, hi = self.started_at, self.ended_at
-        total = 0.0
-        for iv in calls:
-            length = iv.end - iv.start
-            share = (
-                (max(min(iv.end, hi) - max(iv.start, lo), 0.0) / length)
-                if length > 0
-                else float(lo <= iv.end <= hi)
-            )
-            total += (iv.wait_s or 0.0) * share
-        return total
+        return sum((iv.wait_s or 0.0) * span_fraction(iv, lo, hi) for iv in calls)
 
     def simulator_interference_seconds(self) -> float:
         """Seconds of the window the device waited out because its simulators lost their
@@ -255,8 +246,9 @@ class PhaseTrace:
         return max(self.window_s - self.interference_seconds(), 1e-9)
 
 
-def span_fraction(span: DeviceSpan, start: float, end: float) -> float:
-    """The share of ``span`` inside ``[start, end]`` (an instant span: 1 inside, else 0)."""
+def span_fraction(span: DeviceSpan | Interval, start: float, end: float) -> float:
+    """The share of ``span`` (a device span or a busy interval) inside ``[start, end]``
+    (an instant span: 1 inside, else 0)."""
     length = span.end - span.start
     if length <= 0:
         return 1.0 if start <= span.end <= end else 0.0
