@@ -141,9 +141,9 @@ def test_a_full_disk_under_every_store_loses_no_job_and_fails_nothing(
     server.run_until(lambda: len(_jobs(server, wid, JobState.COMPLETED)) >= 2, what="2 done")
     switch = _FullSwitch(server)
     switch.full = True
-    # While the disk is full the producer retries every 0.5 s (the other loops soon wait
-    # on it), so 20 refused writes take about 10 s of wall time: a 10 s wait was a coin
-    # toss.
+    # While the disk is full every loop (producers, stages, actor) backs off 0.5 s between
+    # tries, so 20 refused writes take several seconds of wall time: a 10 s wait was a
+    # coin toss.
     server.run_until(lambda: switch.refused >= 20, what="writes refused", timeout_s=40)
     server.run_until(lambda: m.reporter.status(A, wid).fault is not None, what="fault shown")
     assert m.reporter.status(A, wid).state is WorkloadState.RUNNING
