@@ -36,6 +36,14 @@ def test_smallest_grid_json_shape(model_dir: Path) -> None:
     assert cell["serial_s"] > 0 and cell["grouped_s"] > 0
     assert cell["speedup"] == pytest.approx(cell["serial_s"] / cell["grouped_s"])
     assert result["max_abs_diff"] <= 1e-5
+    # The cell's roofline: the serial pass's counted FLOPs at the device's measured peak.
+    roof = cell["roofline"]
+    assert roof["flops"] > 0 and roof["peak_gemm_gflops_per_s"] > 0
+    assert roof["peak_gemm_gflops_per_s"] == result["config"]["peak_gemm_gflops_per_s"]
+    assert roof["speedup_ceiling"] == pytest.approx(
+        roof["peak_gemm_gflops_per_s"] / roof["serial_gflops_per_s"]
+    )
+    assert roof["grouped_gflops_per_s"] == pytest.approx(roof["flops"] / cell["grouped_s"] / 1e9)
     bd = result["breakdown"]
     assert set(bd["action_module_forward_s"]) == {"oft", "flow_matching"}
     assert bd["base_forward_serial_s"] > 0 and bd["base_forward_grouped_s"] > 0

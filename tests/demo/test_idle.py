@@ -79,3 +79,37 @@ def test_the_timeline_bins_cover_each_bin_once(tmp_path: Path) -> None:
     assert tl["busy"][0] == pytest.approx(0.8)  # 100-104 of 100-105
     assert tl["host_work_of_a_leased_job"][0] == pytest.approx(0.2)
     assert tl["nothing_measured"][3] == pytest.approx(0.6)  # 115-118 of 115-120
+
+
+def test_training_grouping_reads_rows_per_step_and_the_device_cost_of_a_row(
+    tmp_path: Path,
+) -> None:
+    from joynexus.utils.device_clock import DeviceSpan
+
+    multi = _multi(tmp_path)
+    # Two steps of 8 rows inside the window and one after it (not counted); the device
+    # computed 4 s in the window (a span half outside counts half).
+    multi.step_rows = [(101.0, 8.0), (111.5, 8.0), (130.0, 64.0)]
+    multi.device_spans = [DeviceSpan(100.0, 103.0, 3.0, 0.0), DeviceSpan(118.0, 122.0, 2.0, 0.0)]
+    alone = _trace(tmp_path, 9.0, [Interval("training", 100.0, 105.0)])
+    alone.name = "isolated:sft"
+    alone.step_rows = [(101.0 + i, 2.0) for i in range(4)]
+    alone.device_spans = [DeviceSpan(100.0, 105.0, 6.0, 0.0)]
+    grouping = device_idle(multi, [alone])["training_grouping"]
+    assert grouping["multi_tenant"] == {
+        "steps": 2.0,
+        "rows": 16.0,
+        "rows_per_step": 8.0,
+        "device_cpu_ms_per_row": 250.0,  # 4 s over 16 rows
+    }
+    # Alone the same tenant stepped 2 rows at a time and paid 750 ms a row.
+    assert grouping["isolated:sft"]["rows_per_step"] == 2.0
+    assert grouping["isolated:sft"]["device_cpu_ms_per_row"] == 750.0
+    # A phase with no device spans or no steps says so instead of dividing by zero.
+    bare = _trace(tmp_path, 5.0, [])
+    assert bare.training_grouping() == {
+        "steps": 0.0,
+        "rows": 0.0,
+        "rows_per_step": None,
+        "device_cpu_ms_per_row": None,
+    }

@@ -31,6 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from joynexus.bench.memory import PeakRss, rss_mb
+from joynexus.bench.roofline import count_flops, model_widths, peak_gemm_gflops, roofline
 from joynexus.models.archs.lerobot_pi.checkpoint import Pi05Checkpoint
 from joynexus.models.archs.smolvlm.resident import SMOLVLA_ARCH, SmolVLAResident
 from joynexus.models.backbone import ResidentBaseModel
@@ -47,8 +48,13 @@ from joynexus.models.types import BackboneOutput
 Group = tuple[str, DataSchema, ObservationBatch]
 #: ``--size real``: :mod:`joynexus.bench.real_models`'s configurations.
 REAL_SIZE = "real"
-#: ``--arch pi05``: a tiny LeRobot π0.5 saved by lerobot 0.6.1 (the reference environment).
+#: ``--arch pi05``: a LeRobot π0.5 saved by lerobot 0.6.1 (the reference environment).
 PI05 = "pi05"
+#: What ``--arch pi05 --size real`` builds.
+PI05_REAL = (
+    "lerobot PI05Config at its defaults: the gemma_300m variants (~1.9 B parameters), "
+    "224 px cameras, random weights"
+)
 
 
 def _sync(device: torch.device) -> None:
@@ -167,9 +173,20 @@ def _lerobot_prefix(base: ResidentBaseModel) -> bool:
 
 
 def measure_cell(
-    base: ResidentBaseModel, num_tenants: int, batch: int, *, repeats: int, warmup: int
+    base: ResidentBaseModel,
+    num_tenants: int,
+    batch: int,
+    *,
+    repeats: int,
+    warmup: int,
+    peak_gflops: float | None = None,
 ) -> dict[str, Any]:
-    """Time serial vs grouped shared forward for one grid cell."""
+    """Time serial vs grouped shared forward for one grid cell.
+
+    With ``peak_gflops`` (the device's best matrix-product rate), the serial pass's
+    FLOPs are counted first, in an untimed pass, and the cell carries its ``roofline``:
+    the rates both passes reached and the speedup that peak would allow.
+    """
     groups = tenant_groups(base, num_tenants, batch)
     device = base.device
     start = time.perf_counter()
@@ -188,6 +205,7 @@ def measure_cell(
     def grouped() -> None:
         last["grouped"] = base.encode(grouped_feature)
 
+    flops = None if peak_gflops is None else count_flops(serial)
     serial_s = _median_time(serial, device, repeats=repeats, warmup=warmup)
     grouped_s = _median_time(grouped, device, repeats=repeats, warmup=warmup)
     diff = _max_diff(
@@ -197,7 +215,7 @@ def measure_cell(
         # LeRobot's prefixes (SmolVLA, π0.5) pad their prompts on the right.
         right_padded=_lerobot_prefix(base),
     )
-    return {
+    cell: dict[str, Any] = {
         "tenants": num_tenants,
         "batch": batch,
         "serial_s": serial_s,
@@ -207,6 +225,9 @@ def measure_cell(
         "canonicalize_grouped_s": canon_grouped,
         "max_abs_diff": diff,
     }
+    if flops is not None and peak_gflops is not None:
+        cell["roofline"] = roofline(flops, serial_s, grouped_s, peak_gflops)
+    return cell
 
 
 def measure_breakdown(
@@ -273,8 +294,12 @@ def measure_breakdown(
 def _build(arch: str, tmp: Path, size: str) -> Path:
     """The bench's model: a tiny/small VLM, a real-size one (``size="real"``, built in a
     child process), or (``smolvla``) a tiny LeRobot SmolVLA with two cameras, built by
-    the real lerobot in its venv, or (``pi05``) a tiny LeRobot π0.5 built by lerobot
-    0.6.1 in the reference environment."""
+    the real lerobot in its venv, or (``pi05``) a LeRobot π0.5 built by lerobot 0.6.1
+    in the reference environment: tiny, or (``size="real"``) its smallest real variant."""
+    if arch == PI05:
+        from joynexus.interop.tiny_pi import make_tiny_pi
+
+        return make_tiny_pi("pi05", tmp / "pi05", size="real" if size == REAL_SIZE else "tiny")
     if size == REAL_SIZE:
         from joynexus.bench.real_models import build_real_isolated
 
@@ -285,10 +310,6 @@ def _build(arch: str, tmp: Path, size: str) -> Path:
         out = tmp / "smolvla"
         make_tiny_lerobot(arch, out, cameras=["top", "wrist"])
         return out
-    if arch == PI05:
-        from joynexus.interop.tiny_pi import make_tiny_pi05
-
-        return make_tiny_pi05(tmp / "pi05")
     return make_tiny(arch, tmp, size=size)
 
 
@@ -310,7 +331,7 @@ def run_group_batching(
 
     Args:
         arch, size: Which tiny/small model to build (``joynexus models make-tiny``), or
-            ``size="real"``: ``arch`` ``smolvla`` or ``qwen2_5_vl`` at real size.
+            ``size="real"``: ``arch`` ``smolvla``, ``qwen2_5_vl`` or ``pi05`` at real size.
         tenants, batches: The grid (Figure 10).
         device: ``cpu`` (fp32) or ``cuda`` (bf16).
         repeats, warmup: Timed and untimed runs per measurement; the median is kept.
@@ -346,13 +367,20 @@ def run_group_batching(
                 for p in base.model.parameters():
                     p.sum()
             rss_loaded = rss_mb()
+            if progress is not None:
+                progress("the device's peak matrix-product rate at the model's widths")
+            peak = peak_gemm_gflops(model_widths(base.model), device=base.device, dtype=base.dtype)
             grid = []
-            with PeakRss(base.device) as peak:
+            with PeakRss(base.device) as peak_rss:
                 for t in tenants:
                     for b in batches:
                         if progress is not None:
                             progress(f"{t} tenants x batch {b}")
-                        grid.append(measure_cell(base, t, b, repeats=repeats, warmup=warmup))
+                        grid.append(
+                            measure_cell(
+                                base, t, b, repeats=repeats, warmup=warmup, peak_gflops=peak
+                            )
+                        )
             result: dict[str, Any] = {
                 "config": {
                     "arch": arch,
@@ -368,6 +396,7 @@ def run_group_batching(
                     "cpu_count": os.cpu_count(),
                     "load_avg_1m_at_start": load_start,
                     "load_avg_1m_at_end": os.getloadavg()[0],
+                    "peak_gemm_gflops_per_s": peak,
                 },
                 "grid": grid,
                 "breakdown": None,
@@ -381,11 +410,13 @@ def run_group_batching(
                         p.numel() * p.element_size() for p in base.model.parameters()
                     )
                     / 2**20,
-                    **peak.as_dict(),
+                    **peak_rss.as_dict(),
                 },
             }
             sidecar = path / "joynexus.json"
-            if size == REAL_SIZE and sidecar.is_file():
+            if size == REAL_SIZE and arch == PI05:
+                result["config"]["real"] = {"arch": PI05, "follows": PI05_REAL}
+            elif size == REAL_SIZE and sidecar.is_file():
                 result["config"]["real"] = json.loads(sidecar.read_text()).get("real")
             if breakdown is not None:
                 if progress is not None:
@@ -425,6 +456,15 @@ def print_report(result: dict[str, Any], console: Console) -> None:
     console.print(speed)
     console.print(times)
     console.print(f"max |grouped - serial| feature diff: {result['max_abs_diff']:.2e}")
+    for c in grid:
+        roof = c.get("roofline")
+        if roof is not None:
+            console.print(
+                f"{c['tenants']} x {c['batch']}: serial ran {roof['serial_gflops_per_s']:.1f} "
+                f"GFLOP/s, grouped {roof['grouped_gflops_per_s']:.1f}; the device's peak "
+                f"{roof['peak_gemm_gflops_per_s']:.1f} allows at most "
+                f"{roof['speedup_ceiling']:.2f}x"
+            )
     if cfg.get("load_avg_1m_at_start") is not None:
         console.print(
             f"load average {cfg['load_avg_1m_at_start']:.2f} at start, "

@@ -57,7 +57,7 @@ def check_pi05_reference(model_dir: Path | None) -> None:
     problem = None if model_dir is not None else reference_problem()
     if problem is not None:
         raise typer.BadParameter(
-            f"pi05 builds its tiny checkpoint with lerobot: {problem}", param_hint="--arch"
+            f"pi05 builds its checkpoint with lerobot: {problem}", param_hint="--arch"
         )
 
 
@@ -81,8 +81,9 @@ def bench_group_batching(
             "--arch",
             help="qwen2_5_vl | qwen3_vl | paligemma | smolvlm | pi0 | smolvla (tiny: a "
             "LeRobot SmolVLA checkpoint built by the real lerobot; real: its VLM prefix) | "
-            "pi05 (tiny: a LeRobot π0.5 built by lerobot 0.6.1 in the reference "
-            "environment, pi05_expert tenants)",
+            "pi05 (a LeRobot π0.5 built by lerobot 0.6.1 in the reference environment: "
+            "tiny, or real: its smallest variant, gemma_300m, ~1.9 B parameters, needs "
+            "~16 GiB free; pi05_expert tenants)",
         ),
     ] = "qwen2_5_vl",
     size: ModelSizeOption = "tiny",
@@ -116,7 +117,13 @@ def bench_group_batching(
     from joynexus.bench.group_batching import print_report, run_group_batching
 
     real = size == REAL
-    if real:
+    if arch == PI05:
+        # lerobot builds it, tiny or at its smallest real variant.
+        _check_model_options("paligemma", "tiny", device)
+        if size not in ("tiny", REAL):
+            raise typer.BadParameter("pi05 is built at --size tiny or real", param_hint="--size")
+        check_pi05_reference(model_dir)
+    elif real:
         check_real_arch(arch)
         _check_model_options("qwen2_5_vl", "tiny", device)
     elif arch == "smolvla":
@@ -124,11 +131,6 @@ def bench_group_batching(
         _check_model_options("smolvlm", size, device)
         if size != "tiny":
             raise typer.BadParameter("smolvla is built at --size tiny or real", param_hint="--size")
-    elif arch == PI05:
-        _check_model_options("paligemma", size, device)
-        if size != "tiny":
-            raise typer.BadParameter("pi05 is built at --size tiny", param_hint="--size")
-        check_pi05_reference(model_dir)
     else:
         _check_model_options(arch, size, device)
     result = run_group_batching(

@@ -125,8 +125,11 @@ def device_idle(multi: PhaseTrace, isolated: Sequence[PhaseTrace]) -> dict[str, 
         ``window_s``, ``device_busy_s`` and ``idle_s`` of the multi-tenant window;
         ``idle_by_cause_s``; ``isolated_device_busy_s`` (the bound's window when the
         device limits it); ``stretch_s`` = multi-tenant device-busy - isolated
-        device-busy, per service in ``busy_by_service_s``; and ``largest_part``,
-        the biggest of stretch and the idle causes.
+        device-busy, per service in ``busy_by_service_s``; ``largest_part``, the
+        biggest of stretch and the idle causes; and ``training_grouping`` per phase
+        (:meth:`PhaseTrace.training_grouping`): a negative stretch is the shared run
+        computing less for the same work, and a step grouping more rows is where that
+        shows.
     """
     by_cause = dict.fromkeys(IDLE_CAUSES, 0.0)
     busy = 0.0
@@ -153,4 +156,12 @@ def device_idle(multi: PhaseTrace, isolated: Sequence[PhaseTrace]) -> dict[str, 
         "stretch_s": round(busy - iso_busy, 2),
         "busy_by_service_s": services,
         "largest_part": max(parts, key=lambda k: parts[k]),
+        "training_grouping": {
+            "multi_tenant": _rounded(multi.training_grouping()),
+            **{tr.name: _rounded(tr.training_grouping()) for tr in isolated},
+        },
     }
+
+
+def _rounded(values: dict[str, float | None]) -> dict[str, float | None]:
+    return {k: None if v is None else round(v, 3) for k, v in values.items()}

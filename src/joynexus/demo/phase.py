@@ -58,6 +58,9 @@ DEVICE_SERVICES = ("training", "inference")
 
 #: A simulator call's run-queue wait, emitted just before its ``env.step_latency_s``.
 SIM_WAIT_EVENT = "env.step_wait_s"
+#: The rows of one (grouped) training step: a step of several jobs' microbatches runs
+#: one shared forward over all their rows.
+STEP_ROWS_EVENT = "training.step_rows"
 
 #: Metric event name -> service whose busy time it measures.
 BUSY_EVENTS: dict[str, str] = {
@@ -115,6 +118,7 @@ class PhaseTrace:
             seconds and run-queue wait (:mod:`joynexus.utils.device_clock`).
         machine: The machine's load over the phase.
         device_cores: The device's cores (None: not pinned).
+        step_rows: ``(time, rows)`` of every training step (:data:`STEP_ROWS_EVENT`).
     """
 
     name: str
@@ -132,6 +136,7 @@ class PhaseTrace:
     device_spans: list[DeviceSpan] = field(default_factory=list)
     machine: MachineLoad = field(default_factory=MachineLoad)
     device_cores: list[int] | None = None
+    step_rows: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def window_s(self) -> float:
@@ -238,6 +243,24 @@ class PhaseTrace:
             return 0.0
         cores = len(self.device_cores) if self.device_cores else (os.cpu_count() or 1)
         return min(self.device_cpu_seconds() / cores, self.window_s)
+
+    def training_grouping(self) -> dict[str, float | None]:
+        """How the window's training steps were grouped, and what a row cost the device.
+
+        Returns:
+            ``steps`` and ``rows`` inside the window, ``rows_per_step``, and
+            ``device_cpu_ms_per_row``: the device threads' CPU seconds (training and
+            inference alike) over the training rows (None without rows or spans).
+        """
+        rows = [r for t, r in self.step_rows if self.started_at <= t <= self.ended_at + 1e-6]
+        total = float(sum(rows))
+        cpu = self.device_cpu_seconds() if self.device_spans else None
+        return {
+            "steps": float(len(rows)),
+            "rows": total,
+            "rows_per_step": total / len(rows) if rows else None,
+            "device_cpu_ms_per_row": None if cpu is None or not total else cpu / total * 1e3,
+        }
 
     @property
     def own_window_s(self) -> float:
@@ -395,10 +418,14 @@ async def run_phase(
             on_status(msg)
 
     sim_waits: dict[str | None, float] = {}  # a call's wait, until its latency event
+    step_rows: list[tuple[float, float]] = []
 
     def on_event(e: MetricEvent) -> None:
         if e.name == SIM_WAIT_EVENT:
             sim_waits[e.tenant_id] = e.value
+            return
+        if e.name == STEP_ROWS_EVENT:
+            step_rows.append((e.timestamp, e.value))
             return
         service = BUSY_EVENTS.get(e.name)
         if service is not None:
@@ -507,4 +534,5 @@ async def run_phase(
         device_spans=sorted(recorder.spans, key=lambda sp: sp.start),
         machine=machine,
         device_cores=None if (cores := pinned_device_cores()) is None else sorted(cores),
+        step_rows=sorted(step_rows),
     )

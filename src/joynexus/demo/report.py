@@ -135,7 +135,10 @@ HOW_TO_READ = {
         "the multi-tenant window taken apart: device-busy seconds + idle seconds by "
         "cause; window - isolated_device_busy_s (the bound's window when the device "
         "limits it) = stretch_s (the same work kept the device busy longer than in the "
-        "replays: contention) + idle_s (see device_idle.png and joynexus.demo.idle)"
+        "replays: contention) + idle_s (see device_idle.png and joynexus.demo.idle); "
+        "training_grouping gives each phase's training steps, rows per step and the "
+        "device's CPU ms per row: a step grouping more jobs' rows computes less per row, "
+        "so a negative stretch is the shared run doing less work, not a measuring error"
     ),
     "utilization": (
         "busy seconds / window of a shared service, multi-tenant and isolated side by "
