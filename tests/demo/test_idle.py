@@ -101,6 +101,9 @@ def test_training_grouping_reads_rows_per_step_and_the_device_cost_of_a_row(
         "rows": 16.0,
         "rows_per_step": 8.0,
         "device_cpu_ms_per_row": 250.0,  # 4 s over 16 rows
+        # These spans carry no per-thread usage: not measured.
+        "device_sys_share": None,
+        "device_minor_faults_per_row": None,
     }
     # Alone the same tenant stepped 2 rows at a time and paid 750 ms a row.
     assert grouping["isolated:sft"]["rows_per_step"] == 2.0
@@ -112,4 +115,26 @@ def test_training_grouping_reads_rows_per_step_and_the_device_cost_of_a_row(
         "rows": 0.0,
         "rows_per_step": None,
         "device_cpu_ms_per_row": None,
+        "device_sys_share": None,
+        "device_minor_faults_per_row": None,
     }
+
+
+def test_training_grouping_reads_the_kernel_share_and_the_faults_per_row(
+    tmp_path: Path,
+) -> None:
+    from joynexus.utils.device_clock import DeviceSpan
+
+    trace = _trace(tmp_path, 10.0, [Interval("training", 100.0, 105.0)])
+    trace.step_rows = [(101.0, 50.0), (102.0, 50.0)]
+    trace.device_spans = [
+        DeviceSpan(100.0, 101.0, 2.0, 0.0, sys_s=0.5, minor_faults=300),
+        DeviceSpan(101.0, 102.0, 2.0, 0.0, sys_s=0.5, minor_faults=100),
+    ]
+    got = trace.training_grouping()
+    assert got["device_sys_share"] == 0.25  # 1 s of the kernel's in 4 s of CPU
+    assert got["device_minor_faults_per_row"] == 4.0  # 400 faults over 100 rows
+    # One span without the usage (a platform that has none): not measured, not zero.
+    trace.device_spans.append(DeviceSpan(102.0, 103.0, 1.0, 0.0))
+    got = trace.training_grouping()
+    assert got["device_sys_share"] is None and got["device_minor_faults_per_row"] is None

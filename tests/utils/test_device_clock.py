@@ -103,3 +103,23 @@ def test_the_process_clock_adds_up_every_live_thread() -> None:
     # The other thread's CPU is in the sum, although it is not the caller.
     assert after[0] - before[0] >= seen
     assert after[1] >= 0.0
+
+
+def test_a_span_counts_the_pages_its_work_first_touched() -> None:
+    import resource
+
+    if not hasattr(resource, "RUSAGE_THREAD"):
+        pytest.skip("no per-thread usage on this platform")
+    with SpanRecorder() as rec:
+        with device_span():
+            pages = bytearray(32 * 2**20)  # 32 MiB, zero pages mapped on first write
+            for i in range(0, len(pages), 4096):
+                pages[i] = 1
+        with device_span():
+            _spin(1000)
+    touched, idle = rec.spans
+    # 8,192 pages written for the first time; the loop touches next to none.
+    assert touched.minor_faults is not None and touched.minor_faults >= 4000
+    assert idle.minor_faults is not None and idle.minor_faults < 100
+    # Faulting pages in is the kernel's work, a share of the span's CPU.
+    assert touched.sys_s is not None and 0 < touched.sys_s <= touched.cpu_s + 0.01

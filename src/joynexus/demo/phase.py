@@ -248,18 +248,27 @@ class PhaseTrace:
         """How the window's training steps were grouped, and what a row cost the device.
 
         Returns:
-            ``steps`` and ``rows`` inside the window, ``rows_per_step``, and
+            ``steps`` and ``rows`` inside the window, ``rows_per_step``,
             ``device_cpu_ms_per_row``: the device threads' CPU seconds (training and
-            inference alike) over the training rows (None without rows or spans).
+            inference alike) over the training rows, ``device_sys_share``: the kernel's
+            share of that CPU, and ``device_minor_faults_per_row`` (None where not
+            measured, or without rows).
         """
-        rows = [r for t, r in self.step_rows if self.started_at <= t <= self.ended_at + 1e-6]
+        lo, hi = self.started_at, self.ended_at
+        rows = [r for t, r in self.step_rows if lo <= t <= hi + 1e-6]
         total = float(sum(rows))
         cpu = self.device_cpu_seconds() if self.device_spans else None
+        spans = self.device_spans
+        measured = bool(spans) and all(sp.sys_s is not None for sp in spans)
+        sys_s = sum((sp.sys_s or 0.0) * span_fraction(sp, lo, hi) for sp in spans)
+        faults = sum((sp.minor_faults or 0) * span_fraction(sp, lo, hi) for sp in spans)
         return {
             "steps": float(len(rows)),
             "rows": total,
             "rows_per_step": total / len(rows) if rows else None,
             "device_cpu_ms_per_row": None if cpu is None or not total else cpu / total * 1e3,
+            "device_sys_share": sys_s / cpu if measured and cpu else None,
+            "device_minor_faults_per_row": faults / total if measured and total else None,
         }
 
     @property

@@ -136,9 +136,10 @@ HOW_TO_READ = {
         "cause; window - isolated_device_busy_s (the bound's window when the device "
         "limits it) = stretch_s (the same work kept the device busy longer than in the "
         "replays: contention) + idle_s (see device_idle.png and joynexus.demo.idle); "
-        "training_grouping gives each phase's training steps, rows per step and the "
-        "device's CPU ms per row: a step grouping more jobs' rows computes less per row, "
-        "so a negative stretch is the shared run doing less work, not a measuring error"
+        "training_grouping gives each phase's training steps, rows per step, the "
+        "device's CPU ms per row, the kernel's share of that CPU and the pages first "
+        "touched per row: whether a phase computed the same work at another cost per row "
+        "(a negative stretch), and whether that was grouping or memory"
     ),
     "utilization": (
         "busy seconds / window of a shared service, multi-tenant and isolated side by "

@@ -15,6 +15,10 @@ the thread itself got:
   loop, worker threads) when the kernel runs it on the device's core while a step is
   ready: on a GPU that host work would run beside the device.
 
+Beside them, where the platform has ``RUSAGE_THREAD``, ``sys_s`` (the kernel's share of
+``cpu_s``) and ``minor_faults`` (pages the thread touched for the first time): the same
+work can cost more CPU when its memory must be faulted in again.
+
 Time blocked on a lock, the GIL or I/O is in neither: it is the system's own wait, not
 the machine's. Recording costs two small file reads per stretch and happens only while
 a :class:`SpanRecorder` is open (the demo opens one per phase); otherwise a stretch
@@ -25,13 +29,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DeviceSpan", "SpanRecorder", "device_span", "process_clock", "thread_clock"]
+__all__ = [
+    "DeviceSpan",
+    "SpanRecorder",
+    "device_span",
+    "process_clock",
+    "thread_clock",
+    "thread_usage",
+]
 
 _SCHEDSTAT = "/proc/thread-self/schedstat"
 _TASKS = "/proc/self/task"
@@ -45,6 +57,19 @@ def thread_clock() -> tuple[float, float | None]:
         return int(fields[0]) / 1e9, int(fields[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return time.thread_time(), None
+
+
+def thread_usage() -> tuple[float, int] | None:
+    """(kernel CPU seconds, minor page faults) of the calling thread so far; None where
+    the platform has no per-thread usage."""
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    if who is None:
+        return None
+    try:
+        usage = resource.getrusage(who)
+    except OSError:
+        return None
+    return usage.ru_stime, usage.ru_minflt
 
 
 def process_clock() -> tuple[float, float] | None:
@@ -80,15 +105,26 @@ class DeviceSpan:
         start / end: Wall-clock times (``time.time()``) of its start and end.
         cpu_s: The thread's CPU seconds inside it.
         wait_s: Its run-queue wait inside it (None: not measurable here).
+        sys_s: The kernel's share of ``cpu_s`` (None: not measurable here).
+        minor_faults: Pages first touched inside it (None: not measurable here).
     """
 
     start: float
     end: float
     cpu_s: float
     wait_s: float | None
+    sys_s: float | None = None
+    minor_faults: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"start": self.start, "end": self.end, "cpu_s": self.cpu_s, "wait_s": self.wait_s}
+        return {
+            "start": self.start,
+            "end": self.end,
+            "cpu_s": self.cpu_s,
+            "wait_s": self.wait_s,
+            "sys_s": self.sys_s,
+            "minor_faults": self.minor_faults,
+        }
 
 
 class SpanRecorder:
@@ -141,14 +177,18 @@ def device_span() -> Iterator[None]:
             _depth.n = depth
         return
     _depth.n = 1
-    start, (cpu0, wait0) = time.time(), thread_clock()
+    start, (cpu0, wait0), usage0 = time.time(), thread_clock(), thread_usage()
     try:
         yield
     finally:
         _depth.n = 0
         cpu1, wait1 = thread_clock()
+        usage1 = thread_usage()
         wait = None if wait0 is None or wait1 is None else max(wait1 - wait0, 0.0)
-        span = DeviceSpan(start, time.time(), max(cpu1 - cpu0, 0.0), wait)
+        sys_s = faults = None
+        if usage0 is not None and usage1 is not None:
+            sys_s, faults = max(usage1[0] - usage0[0], 0.0), max(usage1[1] - usage0[1], 0)
+        span = DeviceSpan(start, time.time(), max(cpu1 - cpu0, 0.0), wait, sys_s, faults)
         with _lock:
             for rec in _recorders:
                 rec.spans.append(span)

@@ -32,14 +32,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 
 from joynexus.errors import SpecError
 from joynexus.interop.lerobot import (
@@ -218,16 +218,18 @@ def _as_named_by(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> dict
     return out
 
 
-def lerobot_names(
-    state: dict[str, torch.Tensor], family: str = PI05_TYPE
-) -> dict[str, torch.Tensor]:
+V = TypeVar("V")
+
+
+def lerobot_names(state: dict[str, V], family: str = PI05_TYPE) -> dict[str, V]:
     """A π0.5 (π0: ``family`` ``pi0``) ``model.safetensors`` under the names lerobot
     0.6.1's ``PI05Policy`` (``PI0Policy``) loads it by (what its ``from_pretrained``
     fixes, so hub checkpoints saved by openpi's converter load too): no ``model.``
     prefix; π0.5's time MLP is ``time_mlp_*`` (openpi's ``action_time_mlp_*``), π0's
     ``action_time_mlp_*``; a tied PaliGemma saved as its ``lm_head`` alone gives the
-    embedding; π0.5 drops ``state_proj`` (π0's)."""
-    out: dict[str, torch.Tensor] = {}
+    embedding; π0.5 drops ``state_proj`` (π0's). The values are carried as they are (a
+    map of names to the file's own keys gives the renaming alone)."""
+    out: dict[str, V] = {}
     for key, value in state.items():
         name = key.removeprefix("model.")
         if family == PI05_TYPE and name.startswith("state_proj."):
@@ -258,6 +260,44 @@ def pi05_prompt(task: str, state: np.ndarray) -> str:
     return f"Task: {cleaned}, State: {numbers};\nAction: "
 
 
+class FileTensors(Mapping[str, torch.Tensor]):
+    """Some of a ``.safetensors`` file's tensors, by names of our own, read when asked.
+
+    Every tensor read from one open file is a view of one memory map of the *whole*
+    file: keeping a few of them (a π checkpoint's expert) kept all of it resident, the
+    prefix's pages included, after the prefix had been copied into the model (a real
+    π0.5 resident took 7.6 GB for 3.8 GB of parameters). Each tensor here is copied out
+    of its map, and the map closed, before it is returned.
+
+    Args:
+        path: The file.
+        names: Our name -> the file's key.
+    """
+
+    def __init__(self, path: Path, names: Mapping[str, str]) -> None:
+        self.path = path
+        self._names = dict(names)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        key = self._names[name]
+        with safe_open(str(self.path), framework="pt") as f:
+            tensor: torch.Tensor = f.get_tensor(key).clone()
+        return tensor
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def read_all(self) -> dict[str, torch.Tensor]:
+        """Every tensor, from one open of the file, *not* copied: views of one map of it,
+        which lives while any of them does. For a caller that copies them at once and
+        drops them (``load_state_dict``)."""
+        with safe_open(str(self.path), framework="pt") as f:
+            return {name: f.get_tensor(key) for name, key in self._names.items()}
+
+
 class LeRobotPiCheckpoint:
     """A loaded LeRobot π checkpoint: the frozen prefix (:attr:`vlm`), its tokenizer,
     the config, and the expert's tensors (:attr:`expert_state`, by the tenant module's
@@ -285,22 +325,31 @@ class LeRobotPiCheckpoint:
         self.tokenizer_step = _tokenizer_step(root, self.LABEL)
         resolution = self.config.get("image_resolution") or [224, 224]
         self.image_size = int(resolution[0])
-        state = self.lerobot_names(load_file(str(root / WEIGHTS)))
+        weights = root / WEIGHTS
+        with safe_open(str(weights), framework="pt") as f:
+            # Our names -> the file's keys: the renaming alone, nothing read yet.
+            keys: list[str] = list(f.keys())  # a safe_open handle is not iterable
+        names = self.lerobot_names({key: key for key in keys})
         self.vlm = self._build_vlm(vision)
-        prefix = {k[len(PREFIX_KEYS) :]: v for k, v in state.items() if k.startswith(PREFIX_KEYS)}
-        self.vlm.load_state_dict(_as_named_by(self.vlm, prefix), strict=True)
+        prefix = FileTensors(
+            weights,
+            {n[len(PREFIX_KEYS) :]: key for n, key in names.items() if n.startswith(PREFIX_KEYS)},
+        )
+        self.vlm.load_state_dict(_as_named_by(self.vlm, prefix.read_all()), strict=True)
         self.vlm.requires_grad_(False)
         self.vlm.to(device=device, dtype=dtype).eval()
-        self.expert_state: dict[str, torch.Tensor] = {
-            "gemma_expert." + k[len(EXPERT_KEYS) :]: v
-            for k, v in state.items()
-            if k.startswith(EXPERT_KEYS)
+        expert = {
+            "gemma_expert." + n[len(EXPERT_KEYS) :]: key
+            for n, key in names.items()
+            if n.startswith(EXPERT_KEYS)
         }
-        self.expert_state.update({k: v for k, v in state.items() if k.startswith(self.PROJECTIONS)})
+        expert.update({n: key for n, key in names.items() if n.startswith(self.PROJECTIONS)})
+        # Read from the file when a tenant starts from it, never held by the resident.
+        self.expert_state: Mapping[str, torch.Tensor] = FileTensors(weights, expert)
         self.tokenizer = self._load_tokenizer()
 
     @classmethod
-    def lerobot_names(cls, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def lerobot_names(cls, state: dict[str, V]) -> dict[str, V]:
         """``state`` under the names lerobot 0.6.1 loads this family by."""
         return lerobot_names(state, cls.TYPE)
 
