@@ -128,8 +128,8 @@ def device_idle(multi: PhaseTrace, isolated: Sequence[PhaseTrace]) -> dict[str, 
         device-busy, per service in ``busy_by_service_s``; ``largest_part``, the
         biggest of stretch and the idle causes; and ``training_grouping`` per phase
         (:meth:`PhaseTrace.training_grouping`): a negative stretch is the shared run
-        computing less for the same work, and a step grouping more rows is where that
-        shows.
+        computing less for the same work, and its rows per step, CPU per row, kernel
+        share and page faults per row say whether grouping or memory made it so.
     """
     by_cause = dict.fromkeys(IDLE_CAUSES, 0.0)
     busy = 0.0

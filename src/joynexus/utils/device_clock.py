@@ -20,9 +20,9 @@ Beside them, where the platform has ``RUSAGE_THREAD``, ``sys_s`` (the kernel's s
 work can cost more CPU when its memory must be faulted in again.
 
 Time blocked on a lock, the GIL or I/O is in neither: it is the system's own wait, not
-the machine's. Recording costs two small file reads per stretch and happens only while
-a :class:`SpanRecorder` is open (the demo opens one per phase); otherwise a stretch
-costs a list check.
+the machine's. Recording costs two small file reads and two ``getrusage`` calls per
+stretch and happens only while a :class:`SpanRecorder` is open (the demo opens one per
+phase); otherwise a stretch costs a list check.
 """
 
 from __future__ import annotations
