@@ -106,20 +106,24 @@ def test_the_process_clock_adds_up_every_live_thread() -> None:
 
 
 def test_a_span_counts_the_pages_its_work_first_touched() -> None:
+    import mmap
     import resource
 
     if not hasattr(resource, "RUSAGE_THREAD"):
         pytest.skip("no per-thread usage on this platform")
+    size = 64 * 2**20
     with SpanRecorder() as rec:
-        with device_span():
-            pages = bytearray(32 * 2**20)  # 32 MiB, zero pages mapped on first write
-            for i in range(0, len(pages), 4096):
+        # A fresh anonymous mapping: none of its pages is resident before it is written
+        # (a bytearray may reuse heap pages an earlier test already touched).
+        with device_span(), mmap.mmap(-1, size) as pages:
+            for i in range(0, size, 4096):
                 pages[i] = 1
         with device_span():
             _spin(1000)
     touched, idle = rec.spans
-    # 8,192 pages written for the first time; the loop touches next to none.
-    assert touched.minor_faults is not None and touched.minor_faults >= 4000
+    # 16,384 pages written for the first time; the loop touches next to none.
+    assert touched.minor_faults is not None and touched.minor_faults >= 8000
     assert idle.minor_faults is not None and idle.minor_faults < 100
-    # Faulting pages in is the kernel's work, a share of the span's CPU.
-    assert touched.sys_s is not None and 0 < touched.sys_s <= touched.cpu_s + 0.01
+    # The kernel's share is measured and never more than the span's CPU (the kernel
+    # samples it per tick, so a short span's share may read 0).
+    assert touched.sys_s is not None and touched.sys_s <= touched.cpu_s + 0.02
