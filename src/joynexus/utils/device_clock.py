@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import resource
 import threading
 import time
 from collections.abc import Iterator
@@ -62,6 +61,10 @@ def thread_clock() -> tuple[float, float | None]:
 def thread_usage() -> tuple[float, int] | None:
     """(kernel CPU seconds, minor page faults) of the calling thread so far; None where
     the platform has no per-thread usage."""
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return None
     who = getattr(resource, "RUSAGE_THREAD", None)
     if who is None:
         return None
